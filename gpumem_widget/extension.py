@@ -1,0 +1,60 @@
+"""IPython extension entry points: `%load_ext`, `%unload_ext`, `%reload_ext gpumem_widget`.
+
+Loading registers the two cell hooks and the `%gpumem` magic, starts the sampler and shows the
+widget; unloading removes every one of them, so a reload leaves exactly one of each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .magics import CORE_COMMANDS, Command, run_magic
+from .session import Session
+
+_session: Session | None = None
+
+
+def commands() -> tuple[Command, ...]:
+    return CORE_COMMANDS
+
+
+def current_session() -> Session | None:
+    return _session
+
+
+def gpumem(line: str = "", cell: str | None = None) -> Any:
+    """%gpumem COMMAND ... (see %gpumem --help)"""
+    return run_magic(_session, commands(), line, cell)
+
+
+def load_ipython_extension(ip: Any) -> None:
+    global _session
+    if _session is not None:  # loaded into another shell before: start clean
+        unload_ipython_extension(ip)
+    session = Session(shell=ip)
+    ip.events.register("pre_run_cell", session.pre_run_cell)
+    ip.events.register("post_run_cell", session.post_run_cell)
+    ip.register_magic_function(gpumem, magic_kind="line_cell", magic_name="gpumem")
+    session.start()
+    _session = session
+    from IPython.display import display
+
+    display(session.widget)
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    global _session
+    session, _session = _session, None
+    if session is None:
+        return
+    for event, hook in (
+        ("pre_run_cell", session.pre_run_cell),
+        ("post_run_cell", session.post_run_cell),
+    ):
+        try:
+            ip.events.unregister(event, hook)
+        except ValueError:
+            pass  # already gone
+    for kind in ("line", "cell"):
+        ip.magics_manager.magics[kind].pop("gpumem", None)
+    session.stop()

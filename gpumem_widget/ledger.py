@@ -1,0 +1,185 @@
+"""The per-cell ledger: one immutable record per executed cell, in execution order.
+
+Records are built by `CellTracker` (the IPython hooks call its `start` and `finish`) from
+allocator readings taken at the cell's edges, so deltas and peaks are exact rather than polled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The browser shows the first lines of a cell; the full source stays in the Python records.
+WIRE_SOURCE_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCellUsage:
+    """One CUDA device's memory across one cell (bytes)."""
+
+    device: int
+    allocated_before: int
+    allocated_after: int
+    reserved_before: int
+    reserved_after: int
+    peak_allocated: int
+    peak_reserved: int
+    # False in passive peak mode when the cell did not set a new high-water mark: the peaks are
+    # then lower bounds (the largest of the edges and the sampled values).
+    peak_exact: bool
+    alloc_retries: int
+    ooms: int
+    process_used_after: int | None  # NVML, this process on this device; None with a reason
+    device_used_after: int | None  # NVML, the whole device
+
+    @property
+    def delta_allocated(self) -> int:
+        return self.allocated_after - self.allocated_before
+
+    @property
+    def delta_reserved(self) -> int:
+        return self.reserved_after - self.reserved_before
+
+    @property
+    def outside_pytorch(self) -> int | None:
+        """Driver-level use that PyTorch's allocator does not account for (context, cuBLAS, NCCL)."""
+        if self.process_used_after is None:
+            return None
+        return self.process_used_after - self.reserved_after
+
+
+@dataclass(frozen=True, slots=True)
+class CellRecord:
+    execution_count: int
+    cell_id: str | None
+    source: str
+    started: float  # unix seconds
+    duration: float  # seconds
+    error: str | None  # exception type name when the cell raised
+    oom: bool
+    devices: tuple[DeviceCellUsage, ...]
+    host_rss_before: int | None
+    host_rss_after: int | None
+    host_rss_peak: int | None  # sampled: a lower bound
+
+    @property
+    def delta_allocated(self) -> int:
+        return sum(d.delta_allocated for d in self.devices)
+
+    @property
+    def peak_allocated(self) -> int:
+        return max((d.peak_allocated for d in self.devices), default=0)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON the browser gets (`cells` trait); derived figures included so JS computes none."""
+        src = self.source
+        return {
+            "execution_count": self.execution_count,
+            "cell_id": self.cell_id,
+            "source": src if len(src) <= WIRE_SOURCE_CHARS else src[:WIRE_SOURCE_CHARS] + "\n…",
+            "started": self.started,
+            "duration": self.duration,
+            "error": self.error,
+            "oom": self.oom,
+            "host_rss_before": self.host_rss_before,
+            "host_rss_after": self.host_rss_after,
+            "host_rss_peak": self.host_rss_peak,
+            "devices": [
+                {
+                    **dataclasses.asdict(d),
+                    "delta_allocated": d.delta_allocated,
+                    "delta_reserved": d.delta_reserved,
+                    "outside_pytorch": d.outside_pytorch,
+                }
+                for d in self.devices
+            ],
+        }
+
+    def flat(self) -> dict[str, Any]:
+        """One flat row (for pandas/CSV): device fields prefixed ``cuda{i}_``."""
+        row: dict[str, Any] = {
+            "execution_count": self.execution_count,
+            "cell_id": self.cell_id,
+            "source": self.source,
+            "started": self.started,
+            "duration": self.duration,
+            "error": self.error,
+            "oom": self.oom,
+            "host_rss_before": self.host_rss_before,
+            "host_rss_after": self.host_rss_after,
+            "host_rss_peak": self.host_rss_peak,
+        }
+        for d in self.devices:
+            p = f"cuda{d.device}_"
+            for f in dataclasses.fields(d):
+                if f.name != "device":
+                    row[p + f.name] = getattr(d, f.name)
+            row[p + "delta_allocated"] = d.delta_allocated
+            row[p + "delta_reserved"] = d.delta_reserved
+            row[p + "outside_pytorch"] = d.outside_pytorch
+        return row
+
+
+class LedgerRecords(Sequence[CellRecord]):
+    """An immutable, ordered view of the ledger (what `gpumem_widget.ledger()` returns)."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: Sequence[CellRecord]) -> None:
+        self._records = tuple(records)
+
+    @overload
+    def __getitem__(self, i: int) -> CellRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> LedgerRecords: ...
+    def __getitem__(self, i: int | slice) -> CellRecord | LedgerRecords:
+        if isinstance(i, slice):
+            return LedgerRecords(self._records[i])
+        return self._records[i]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[CellRecord]:
+        return iter(self._records)
+
+    def __repr__(self) -> str:
+        return f"LedgerRecords({len(self)} cells)"
+
+    def to_pandas(self) -> pd.DataFrame:
+        """A DataFrame indexed by execution count (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("LedgerRecords.to_pandas() needs pandas: pip install pandas") from e
+        df = pd.DataFrame([r.flat() for r in self._records])
+        return df.set_index("execution_count") if len(df) else df
+
+
+class Ledger:
+    """Thread-safe append-only store of cell records (hooks write, the publisher reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[CellRecord] = []
+        self.version = 0  # bumps on every change, so the publisher can tell when to resend
+
+    def append(self, record: CellRecord) -> None:
+        with self._lock:
+            self._records.append(record)
+            self.version += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
+            self.version += 1
+
+    def records(self) -> LedgerRecords:
+        with self._lock:
+            return LedgerRecords(self._records)

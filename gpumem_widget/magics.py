@@ -1,0 +1,162 @@
+"""`%gpumem`: one line magic with subcommands, each answering `--help`.
+
+Each subcommand is a `Command` (a name, its arguments, and what it does with the session), so a
+feature module adds its own without touching the parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from IPython.core.error import UsageError
+
+from .session import Session
+
+
+class _HelpShown(Exception):
+    """argparse printed help: nothing more to do."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports through IPython instead of exiting the kernel."""
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            print(message)
+        raise _HelpShown
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}\n(see `%gpumem --help`)")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    run: Callable[[Session, argparse.Namespace, str | None], Any]
+    configure: Callable[[argparse.ArgumentParser], None] | None = None
+    description: str | None = None
+
+
+def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="%gpumem",
+        description="GPU memory in this notebook: a live chart, a per-cell ledger, and tools "
+        "for what holds memory. Without a subcommand, shows the widget.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for c in commands:
+        p = sub.add_parser(c.name, help=c.help, description=c.description or c.help)
+        if c.configure is not None:
+            c.configure(p)
+    return parser
+
+
+def run_magic(
+    session: Session | None, commands: Sequence[Command], line: str, cell: str | None = None
+) -> Any:
+    parser = build_parser(commands)
+    try:
+        args = parser.parse_args(shlex.split(line))
+    except _HelpShown:
+        return None
+    name = args.command or "show"
+    if session is None:
+        raise UsageError("gpumem_widget is not loaded: run `%load_ext gpumem_widget` first")
+    command = next(c for c in commands if c.name == name)
+    return command.run(session, args, cell)
+
+
+# Core subcommands --------------------------------------------------------------------------
+
+
+def _show(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from IPython.display import display
+
+    display(session.widget)
+
+
+def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    print(format_status(session.status()))
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"mode: {status['mode']}"
+        + ("" if status["mode"] == "cuda" else " (no CUDA: host memory only)"),
+        f"sampler: {status['sampler']} (every {status['busy_interval']:g} s while a cell runs, "
+        f"{status['idle_interval']:g} s idle)",
+        f"peak mode: {status['peak_mode']}",
+    ]
+    for name, r in status["readers"].items():
+        lines.append(f"reader {name}: " + ("ok" if r["ok"] else f"unavailable ({r['reason']})"))
+    if status.get("error"):
+        lines.append(f"error: {status['error']}")
+    return "\n".join(lines)
+
+
+def _pause(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    session.sampler.pause()
+    print("gpumem: sampling paused (the ledger still records each cell)")
+
+
+def _resume(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    session.sampler.resume()
+    print("gpumem: sampling resumed")
+
+
+def _reset(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    session.reset()
+    print("gpumem: ledger, timeline and session peaks cleared")
+
+
+def _configure_peak(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "mode",
+        choices=["exact", "passive"],
+        help="exact: reset the allocator's peak counters at each cell start, so every cell's "
+        "peak is exact (torch.cuda.max_memory_allocated() then counts from the cell's start); "
+        "passive: never reset them; a cell's peak is exact when it sets a new high-water "
+        "mark, otherwise a lower bound, marked as such",
+    )
+
+
+def _peak(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    session.tracker.peak_mode = args.mode
+    print(f"gpumem: peak mode {args.mode}")
+
+
+def _configure_interval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("busy", type=float, help="seconds between samples while a cell runs (0.05)")
+    p.add_argument(
+        "idle", type=float, nargs="?", help="seconds between samples while idle (1.0)"
+    )
+
+
+def _interval(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    try:
+        session.sampler.set_intervals(args.busy, args.idle)
+    except ValueError as e:
+        raise UsageError(f"%gpumem interval: {e}") from None
+    print(
+        f"gpumem: sampling every {session.sampler.busy_interval:g} s while a cell runs, "
+        f"{session.sampler.idle_interval:g} s idle"
+    )
+
+
+CORE_COMMANDS: tuple[Command, ...] = (
+    Command("show", "show the widget (again) in this cell's output", _show),
+    Command("status", "print mode, sampler state and why any reader is unavailable", _status),
+    Command("pause", "stop sampling the timeline (the per-cell ledger goes on)", _pause),
+    Command("resume", "resume sampling", _resume),
+    Command("reset", "clear the ledger, the timeline and the session peaks", _reset),
+    Command("peak", "how per-cell peaks are measured: exact or passive", _peak, _configure_peak),
+    Command(
+        "interval", "set the sampling intervals in seconds", _interval, _configure_interval
+    ),
+)

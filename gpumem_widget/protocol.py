@@ -1,0 +1,82 @@
+"""The contract between the kernel and the browser: trait names and the packed-table format.
+
+Everything the browser draws arrives through the widget's synced traits (so a saved notebook
+reopens showing the last state) and is computed in the kernel; the browser only decodes and draws.
+`js/src/protocol.ts` mirrors this module; change both together.
+
+Traits (all written by the kernel; the browser never writes them):
+
+``devices``  list of ``{"index", "name", "uuid", "total", "nvml"}``: one per visible CUDA device
+             (``total`` in bytes; ``nvml`` is false when NVML could not be matched to it).
+``status``   ``{"mode": "cuda"|"host", "sampler": "running"|"paused"|"stopped",
+             "busy_interval", "idle_interval" (seconds), "peak_mode": "exact"|"passive",
+             "readers": {name: {"ok": bool, "reason": str|None}}, "error": str|None,
+             "running_cell": int|None, "session_peak": [{"device", "allocated", "reserved"}]}``
+``cells``    list of ledger records, oldest first (see ``ledger.CellRecord.to_wire``).
+``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds
+             older, possibly decimated samples and changes rarely; the tail holds the samples since
+             and changes up to ``MAX_PUBLISH_HZ`` times a second. The chart is base + tail.
+
+Packed table: ``{"n": rows, "columns": [name, ...], "dtypes": ["f8"|"f4", ...],
+"buffers": [bytes, ...]}`` with one little-endian buffer per column (ipywidgets sends each as a
+binary frame, so no per-sample JSON). Column ``t`` is float64 unix seconds; value columns are
+float32 bytes (NaN where a reader had nothing), named ``"cuda:{i}/{field}"`` for ``DEVICE_FIELDS``
+and ``"host/rss"``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+MAX_PUBLISH_HZ: Final = 4.0
+TIME_COLUMN: Final = "t"
+HOST_RSS_COLUMN: Final = "host/rss"
+# allocated/reserved/active from the torch allocator; process_used/device_used from NVML.
+DEVICE_FIELDS: Final = ("allocated", "reserved", "active", "process_used", "device_used")
+
+Table = dict[str, Any]
+
+
+def device_column(device: int, field: str) -> str:
+    return f"cuda:{device}/{field}"
+
+
+def timeline_columns(num_devices: int) -> list[str]:
+    cols = [TIME_COLUMN]
+    for d in range(num_devices):
+        cols.extend(device_column(d, f) for f in DEVICE_FIELDS)
+    cols.append(HOST_RSS_COLUMN)
+    return cols
+
+
+def pack_table(columns: Sequence[str], data: Mapping[str, npt.NDArray[Any]]) -> Table:
+    """Pack column arrays (equal length) into the wire table; ``t`` stays float64."""
+    n = len(data[columns[0]]) if columns else 0
+    dtypes: list[str] = []
+    buffers: list[bytes] = []
+    for name in columns:
+        arr = np.asarray(data[name])
+        if len(arr) != n:
+            raise ValueError(f"column {name!r} has {len(arr)} rows, expected {n}")
+        wire = np.dtype("<f8") if name == TIME_COLUMN else np.dtype("<f4")
+        dtypes.append("f8" if wire.itemsize == 8 else "f4")
+        buffers.append(np.ascontiguousarray(arr, dtype=wire).tobytes())
+    return {"n": n, "columns": list(columns), "dtypes": dtypes, "buffers": buffers}
+
+
+def unpack_table(table: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
+    """Inverse of `pack_table` (used by tests and reports)."""
+    out: dict[str, npt.NDArray[Any]] = {}
+    for name, dtype, buf in zip(table["columns"], table["dtypes"], table["buffers"], strict=True):
+        arr = np.frombuffer(bytes(buf), dtype="<" + dtype)
+        out[name] = arr.astype(arr.dtype.newbyteorder("=")) if sys.byteorder != "little" else arr
+    return out
+
+
+def empty_table(columns: Sequence[str]) -> Table:
+    return pack_table(columns, {c: np.zeros(0) for c in columns})

@@ -1,0 +1,139 @@
+"""NVML: what the driver sees, for the whole device and for this process.
+
+Torch device indices are matched to NVML handles by UUID (torch's equals NVML's without "GPU-"),
+then by PCI bus id, then by CUDA_VISIBLE_DEVICES ordinals; an unmatched device gets a reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .torch_cuda import DeviceInfo
+
+
+class NvmlReader:
+    def __init__(self, devices: Sequence[DeviceInfo], pid: int | None = None) -> None:
+        self.available = False
+        self.reason: str | None = None
+        self.pid = os.getpid() if pid is None else pid
+        self._handles: dict[int, Any] = {}
+        # Per device: why this process's usage is unknown (None while it is known).
+        self.process_reason: dict[int, str | None] = {}
+        try:
+            import pynvml
+        except ImportError:
+            self.reason = "nvidia-ml-py (pynvml) is not installed"
+            return
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except Exception as e:
+            self.reason = f"NVML could not start: {_describe(e)}"
+            return
+        self._initialised = True
+        try:
+            self._handles, unmatched = _match_devices(pynvml, devices)
+        except Exception as e:
+            self.reason = f"NVML device query failed: {_describe(e)}"
+            return
+        self.available = bool(self._handles)
+        if unmatched:
+            self.reason = "no NVML device matched CUDA device(s) " + ", ".join(map(str, unmatched))
+        self._v2 = getattr(pynvml, "nvmlMemory_v2", None)
+
+    def has(self, device: int) -> bool:
+        return device in self._handles
+
+    def device_memory(self, device: int) -> tuple[int, int] | None:
+        """(used, total) for the whole device. The v2 struct's `used` excludes driver-reserved
+        memory, where v1 included it; v2 is used where the driver has it."""
+        h = self._handles.get(device)
+        if h is None:
+            return None
+        if self._v2 is not None:
+            try:
+                m = self._nvml.nvmlDeviceGetMemoryInfo(h, version=self._v2)
+                return int(m.used), int(m.total)
+            except Exception:
+                self._v2 = None  # old driver: fall back to v1 for good
+        m = self._nvml.nvmlDeviceGetMemoryInfo(h)
+        return int(m.used), int(m.total)
+
+    def process_used(self, device: int) -> int | None:
+        """This process's memory on `device` from the running-process list, or None with a reason
+        in `process_reason[device]` (containers hide host PIDs; MIG and some drivers report N/A)."""
+        h = self._handles.get(device)
+        if h is None:
+            self.process_reason[device] = self.reason or "NVML unavailable"
+            return None
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(h)
+        except Exception as e:
+            self.process_reason[device] = f"NVML process list failed: {_describe(e)}"
+            return None
+        for p in procs:
+            if int(p.pid) == self.pid:
+                if p.usedGpuMemory is None:
+                    self.process_reason[device] = "NVML reports this process's usage as N/A (MIG?)"
+                    return None
+                self.process_reason[device] = None
+                return int(p.usedGpuMemory)
+        self.process_reason[device] = (
+            "this process is not in NVML's process list (no CUDA context yet, "
+            "or a container's PID namespace hides it)"
+        )
+        return None
+
+    def close(self) -> None:
+        if getattr(self, "_initialised", False):
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._initialised = False
+
+
+def _describe(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _visible_ordinals() -> list[int] | None:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return None
+    try:
+        return [int(x) for x in env.split(",") if x.strip()]
+    except ValueError:
+        return None  # UUID entries: matched by UUID already
+
+
+def _match_devices(nvml: Any, devices: Sequence[DeviceInfo]) -> tuple[dict[int, Any], list[int]]:
+    count = nvml.nvmlDeviceGetCount()
+    by_uuid: dict[str, Any] = {}
+    by_bus: dict[int, Any] = {}
+    for i in range(count):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = nvml.nvmlDeviceGetUUID(h)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        by_uuid[uuid.split("-", 1)[1] if "-" in uuid else uuid] = h
+        try:
+            by_bus[int(nvml.nvmlDeviceGetPciInfo(h).bus)] = h
+        except Exception:
+            pass
+    ordinals = _visible_ordinals()
+    handles: dict[int, Any] = {}
+    unmatched: list[int] = []
+    for d in devices:
+        h = by_uuid.get(d.uuid.removeprefix("GPU-")) if d.uuid else None
+        if h is None and d.pci_bus_id:
+            h = by_bus.get(d.pci_bus_id)
+        if h is None and not d.uuid:  # ordinals only when nothing better identifies the device
+            ordinal = ordinals[d.index] if ordinals and d.index < len(ordinals) else d.index
+            h = nvml.nvmlDeviceGetHandleByIndex(ordinal) if ordinal < count else None
+        if h is None:
+            unmatched.append(d.index)
+        else:
+            handles[d.index] = h
+    return handles, unmatched

@@ -1,0 +1,128 @@
+"""PyTorch's CUDA caching allocator, per device: what PyTorch itself allocated and cached.
+
+Reads the allocator's nested stats dict directly (`memory_stats` flattens it, which costs more),
+and never initialises CUDA or creates a context on a device the user has not touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class AllocatorStats(NamedTuple):
+    """One device's allocator counters, in bytes (counts for retries and OOMs)."""
+
+    allocated: int
+    reserved: int
+    active: int
+    inactive_split: int
+    peak_allocated: int
+    peak_reserved: int
+    peak_active: int
+    alloc_retries: int
+    ooms: int
+
+
+ZERO_STATS = AllocatorStats(0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def stats_from_nested(s: dict[str, Any]) -> AllocatorStats:
+    """Convert `torch.cuda.memory_stats_as_nested_dict()` (empty before CUDA init) to our tuple."""
+    if not s:
+        return ZERO_STATS
+
+    def bytes_of(key: str, field: str) -> int:
+        return int(s[key]["all"][field])
+
+    return AllocatorStats(
+        allocated=bytes_of("allocated_bytes", "current"),
+        reserved=bytes_of("reserved_bytes", "current"),
+        active=bytes_of("active_bytes", "current"),
+        inactive_split=bytes_of("inactive_split_bytes", "current"),
+        peak_allocated=bytes_of("allocated_bytes", "peak"),
+        peak_reserved=bytes_of("reserved_bytes", "peak"),
+        peak_active=bytes_of("active_bytes", "peak"),
+        alloc_retries=int(s.get("num_alloc_retries", 0)),
+        ooms=int(s.get("num_ooms", 0)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    index: int
+    name: str
+    uuid: str | None  # without NVML's "GPU-" prefix, as torch reports it
+    pci_bus_id: int | None
+    total: int
+
+
+class TorchCudaReader:
+    def __init__(self) -> None:
+        self.available = False
+        self.reason: str | None = None
+        self.devices: tuple[DeviceInfo, ...] = ()
+        try:
+            import torch
+        except ImportError:
+            self.reason = "torch is not installed"
+            return
+        self._torch = torch
+        try:
+            if not torch.cuda.is_available():
+                self.reason = "torch.cuda.is_available() is False: host-memory mode"
+                return
+            self.devices = tuple(_device_info(torch, i) for i in range(torch.cuda.device_count()))
+        except Exception as e:  # a broken driver must not break the extension
+            self.reason = f"CUDA query failed: {type(e).__name__}: {e}"
+            return
+        self.available = bool(self.devices)
+        if not self.available:
+            self.reason = "no CUDA devices visible"
+        from torch.cuda import memory
+
+        self._nested = memory.memory_stats_as_nested_dict
+        self._set_metadata = getattr(memory, "_set_memory_metadata", None)
+        self._has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+
+    def stats(self, device: int) -> AllocatorStats:
+        """Counters for one device; zeros before CUDA is initialised (the allocator has none)."""
+        if not self.available:
+            return ZERO_STATS
+        return stats_from_nested(self._nested(device))
+
+    def reset_peaks(self, device: int) -> None:
+        if self.available and self._torch.cuda.is_initialized():
+            self._torch.cuda.reset_peak_memory_stats(device)
+
+    def mem_get_info(self, device: int) -> tuple[int, int] | None:
+        """(free, total) from the driver, only where a context exists (the call would make one)."""
+        if not self.available or not self._torch.cuda.is_initialized():
+            return None
+        if self._has_context is not None and not self._has_context(device):
+            return None
+        free, total = self._torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+
+    @property
+    def can_tag(self) -> bool:
+        return self.available and self._set_metadata is not None
+
+    def set_tag(self, tag: str) -> None:
+        """Attach `tag` to every allocation from now on (shows in snapshots as user_metadata)."""
+        if self.can_tag and self._torch.cuda.is_initialized():
+            assert self._set_metadata is not None
+            self._set_metadata(tag)
+
+
+def _device_info(torch: Any, i: int) -> DeviceInfo:
+    props = torch.cuda.get_device_properties(i)
+    uuid = getattr(props, "uuid", None)
+    bus = getattr(props, "pci_bus_id", None)
+    return DeviceInfo(
+        index=i,
+        name=str(props.name),
+        uuid=str(uuid) if uuid is not None else None,
+        pci_bus_id=int(bus) if bus else None,  # torch has reported 0 here on H200s: unusable
+        total=int(props.total_memory),
+    )

@@ -1,0 +1,163 @@
+"""The sampler: one daemon thread that reads every source into the timeline and publishes.
+
+Fast while a cell runs, slow while idle; it waits on an Event, so a cell's start wakes it at once
+and nothing busy-polls. It is also the only thread that publishes to the widget (at most
+`protocol.MAX_PUBLISH_HZ` times a second), so trait updates never interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from . import protocol
+from .readers import Readers
+from .timeline import Timeline
+
+log = logging.getLogger(__name__)
+
+
+def read_row(readers: Readers) -> npt.NDArray[np.float64]:
+    """One sample in `protocol.timeline_columns` order; NaN where a source has nothing."""
+    n = readers.num_devices
+    row = np.full(2 + n * len(protocol.DEVICE_FIELDS), np.nan)
+    row[0] = time.time()
+    k = 1
+    for d in range(n):
+        s = readers.torch.stats(d)
+        row[k : k + 3] = (s.allocated, s.reserved, s.active)
+        if readers.nvml.has(d):
+            used = readers.nvml.process_used(d)
+            if used is not None:
+                row[k + 3] = used
+            mem = readers.nvml.device_memory(d)
+            if mem is not None:
+                row[k + 4] = mem[0]
+        k += len(protocol.DEVICE_FIELDS)
+    rss = readers.host.rss()
+    if rss is not None:
+        row[k] = rss
+    return row
+
+
+class Sampler:
+    def __init__(
+        self,
+        readers: Readers,
+        timeline: Timeline,
+        publish: Callable[[], None] | None = None,
+        busy_interval: float = 0.05,
+        idle_interval: float = 1.0,
+    ) -> None:
+        self.readers = readers
+        self.timeline = timeline
+        self._publish = publish
+        self.busy_interval = busy_interval
+        self.idle_interval = idle_interval
+        self.busy = False
+        self.paused = False
+        self.error: str | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._cell_max: npt.NDArray[np.float64] | None = None
+        self._last_publish = 0.0
+
+    @property
+    def state(self) -> str:
+        if self._thread is None or not self._thread.is_alive():
+            return "stopped"
+        return "paused" if self.paused else "running"
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpumem-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._thread = None
+
+    def set_intervals(self, busy: float | None = None, idle: float | None = None) -> None:
+        for v in (busy, idle):
+            if v is not None and not (0.001 <= v <= 3600 and math.isfinite(v)):
+                raise ValueError(f"interval {v!r} s is out of range (0.001 to 3600)")
+        self.busy_interval = busy if busy is not None else self.busy_interval
+        self.idle_interval = idle if idle is not None else self.idle_interval
+        self._wake.set()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
+    def begin_cell(self) -> None:
+        """Enter the fast rate and start tracking each column's maximum for this cell."""
+        with self._lock:
+            self._cell_max = None
+        self.busy = True
+        self._wake.set()
+
+    def end_cell(self) -> npt.NDArray[np.float64] | None:
+        """Leave the fast rate; the per-column maxima sampled during the cell (None if none)."""
+        self.busy = False
+        with self._lock:
+            out, self._cell_max = self._cell_max, None
+        self._wake.set()
+        return out
+
+    def sample(self) -> None:
+        """Take one sample now (also called from the hooks, at a cell's edges)."""
+        row = read_row(self.readers)
+        self.timeline.append(row)
+        if self.busy:
+            with self._lock:
+                self._cell_max = row if self._cell_max is None else np.fmax(self._cell_max, row)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            publish_due: float | None = None
+            try:
+                if not self.paused:
+                    self.sample()
+                publish_due = self._maybe_publish()
+                failures = 0
+            except Exception as e:  # keep sampling; say it once
+                failures += 1
+                if self.error is None:
+                    self.error = f"sampler: {type(e).__name__}: {e}"
+                    log.exception("gpumem_widget sampler failed")
+            interval = self.busy_interval if self.busy else self.idle_interval
+            # Back off on repeated failures so a broken reader cannot spin a core.
+            wait = min(interval * (2 ** min(failures, 6)), 60.0)
+            if publish_due is not None:
+                wait = min(wait, publish_due)
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def _maybe_publish(self) -> float | None:
+        """Publish if the rate allows; else the seconds until it will (None: nothing to do)."""
+        if self._publish is None:
+            return None
+        since = time.monotonic() - self._last_publish
+        period = 1.0 / protocol.MAX_PUBLISH_HZ
+        if since < period:
+            return period - since
+        self._last_publish = time.monotonic()
+        self._publish()
+        return None

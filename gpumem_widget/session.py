@@ -1,0 +1,152 @@
+"""One monitoring session per kernel: readers, timeline, ledger, sampler, tracker and widget.
+
+The IPython hooks live here and are guarded: an error inside the extension is logged, shown once
+in the widget's status, and never reaches the user's cell.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import IPython
+
+from . import protocol
+from .ledger import Ledger, LedgerRecords
+from .publisher import Publisher
+from .readers import Readers
+from .sampler import Sampler
+from .timeline import Timeline
+from .tracker import CellTracker, PeakMode
+from .widget import GpuMemWidget
+
+log = logging.getLogger(__name__)
+_COUNTS_BEFORE_PRE_RUN = int(IPython.version_info[0]) >= 9
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guarded(method: F) -> F:
+    """Run a hook so that no exception escapes into the user's cell."""
+
+    @functools.wraps(method)
+    def wrapper(self: Session, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            self.report_error(f"{method.__name__}: {type(e).__name__}: {e}")
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Session:
+    def __init__(
+        self,
+        shell: Any = None,
+        readers: Readers | None = None,
+        busy_interval: float = 0.05,
+        idle_interval: float = 1.0,
+        peak_mode: PeakMode = "exact",
+    ) -> None:
+        self.shell = shell
+        self.readers = readers if readers is not None else Readers.open()
+        n = self.readers.num_devices
+        self.timeline = Timeline(protocol.timeline_columns(n))
+        self.ledger = Ledger()
+        self.widget = GpuMemWidget(
+            num_devices=n,
+            devices=[
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "uuid": d.uuid,
+                    "total": d.total,
+                    "nvml": self.readers.nvml.has(d.index),
+                }
+                for d in self.readers.torch.devices
+            ],
+        )
+        self.sampler = Sampler(
+            self.readers,
+            self.timeline,
+            publish=Publisher(self.widget, self.timeline, self.ledger, self.status),
+            busy_interval=busy_interval,
+            idle_interval=idle_interval,
+        )
+        self.tracker = CellTracker(self.readers, self.ledger, self.sampler, peak_mode)
+        self.error: str | None = None
+        self.widget.status = self.status()
+
+    @property
+    def mode(self) -> str:
+        return "cuda" if self.readers.torch.available else "host"
+
+    def report_error(self, message: str) -> None:
+        log.error("gpumem_widget: %s", message, exc_info=True)
+        if self.error is None:  # shown once; later errors go to the log only
+            self.error = message
+
+    def status(self) -> dict[str, Any]:
+        readers = self.readers.states()
+        for d, why in self.readers.nvml.process_reason.items():
+            if why:
+                readers[f"nvml process (cuda:{d})"] = {"ok": False, "reason": why}
+        return {
+            "mode": self.mode,
+            "sampler": self.sampler.state,
+            "busy_interval": self.sampler.busy_interval,
+            "idle_interval": self.sampler.idle_interval,
+            "peak_mode": self.tracker.peak_mode,
+            "readers": readers,
+            "error": self.error or self.sampler.error,
+            "running_cell": self.tracker.running_cell,
+            "session_peak": [
+                {"device": d, "allocated": p.allocated, "reserved": p.reserved}
+                for d, p in enumerate(self.tracker.session_peaks)
+            ],
+        }
+
+    # IPython hooks ------------------------------------------------------------------------
+    @guarded
+    def pre_run_cell(self, info: Any) -> None:
+        self.tracker.start(
+            execution_count=self._upcoming_count(info),
+            source=str(getattr(info, "raw_cell", "") or ""),
+            cell_id=getattr(info, "cell_id", None),
+        )
+
+    @guarded
+    def post_run_cell(self, result: Any) -> None:
+        error = getattr(result, "error_in_exec", None) or getattr(
+            result, "error_before_exec", None
+        )
+        self.tracker.finish(error, execution_count=getattr(result, "execution_count", None))
+
+    def _upcoming_count(self, info: Any) -> int:
+        """The running cell's number, as far as pre_run_cell can tell (post_run_cell confirms)."""
+        count = getattr(self.shell, "execution_count", None)
+        if count is None:
+            records = self.ledger.records()
+            return records[-1].execution_count + 1 if len(records) else 1
+        # IPython 9 counts the cell before pre_run_cell fires; 8 after.
+        return int(count) - 1 if _COUNTS_BEFORE_PRE_RUN and getattr(info, "store_history", True) else int(count)
+
+    # Lifecycle and controls ---------------------------------------------------------------
+    def start(self) -> None:
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.readers.close()
+        self.widget.close()
+
+    def records(self) -> LedgerRecords:
+        return self.ledger.records()
+
+    def reset(self) -> None:
+        """Forget the ledger, the timeline and the session peaks."""
+        self.ledger.clear()
+        self.timeline.clear()
+        self.tracker.reset()

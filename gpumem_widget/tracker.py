@@ -1,0 +1,184 @@
+"""Per-cell measurement: readings at a cell's edges become one `CellRecord`.
+
+Exact peaks come from the allocator's own peak counters. In the default "exact" mode they are
+reset at each cell's start, so `torch.cuda.max_memory_allocated()` counts from that cell's start
+and the session peak is kept here instead. "passive" mode never resets them: a cell's peak is
+then exact when it set a new high-water mark, and otherwise a lower bound (the largest of the
+edges and the sampled values), marked as such.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from . import protocol
+from .ledger import CellRecord, DeviceCellUsage, Ledger
+from .readers import AllocatorStats, Readers
+from .sampler import Sampler
+
+PeakMode = Literal["exact", "passive"]
+
+
+@dataclass(slots=True)
+class _CellStart:
+    execution_count: int
+    cell_id: str | None
+    source: str
+    started: float
+    t0: float
+    stats: list[AllocatorStats]
+    rss: int | None
+
+
+@dataclass(slots=True)
+class SessionPeak:
+    allocated: int = 0
+    reserved: int = 0
+
+
+class CellTracker:
+    def __init__(
+        self, readers: Readers, ledger: Ledger, sampler: Sampler, peak_mode: PeakMode = "exact"
+    ) -> None:
+        self.readers = readers
+        self.ledger = ledger
+        self.sampler = sampler
+        self.peak_mode: PeakMode = peak_mode
+        self.session_peaks = [SessionPeak() for _ in range(readers.num_devices)]
+        self._cols = {c: i for i, c in enumerate(protocol.timeline_columns(readers.num_devices))}
+        self._current: _CellStart | None = None
+
+    @property
+    def running_cell(self) -> int | None:
+        return self._current.execution_count if self._current else None
+
+    def start(self, execution_count: int, source: str, cell_id: str | None = None) -> None:
+        stats = [self.readers.torch.stats(d) for d in range(self.readers.num_devices)]
+        for d, s in enumerate(stats):
+            # Whatever happened between cells still counts toward the session peak.
+            self._bump_session_peak(d, s.peak_allocated, s.peak_reserved)
+            if self.peak_mode == "exact":
+                self.readers.torch.reset_peaks(d)
+        self._current = _CellStart(
+            execution_count=execution_count,
+            cell_id=cell_id,
+            source=source,
+            started=time.time(),
+            t0=time.perf_counter(),
+            stats=stats,
+            rss=self.readers.host.rss(),
+        )
+        self.readers.torch.set_tag(f"cell:{execution_count}")
+        self.sampler.begin_cell()
+        self.sampler.sample()
+
+    def finish(
+        self, error: BaseException | None = None, execution_count: int | None = None
+    ) -> CellRecord | None:
+        """Close the running cell (`execution_count`, when given, is the authoritative number);
+        None if no cell was started (e.g. the hooks were added mid-cell)."""
+        start, self._current = self._current, None
+        if start is None:
+            return None
+        duration = time.perf_counter() - start.t0
+        self.readers.torch.set_tag("")
+        self.sampler.sample()
+        sampled = self.sampler.end_cell()
+        devices = tuple(
+            self._device_usage(d, before, sampled) for d, before in enumerate(start.stats)
+        )
+        rss_after = self.readers.host.rss()
+        record = CellRecord(
+            execution_count=start.execution_count if execution_count is None else execution_count,
+            cell_id=start.cell_id,
+            source=start.source,
+            started=start.started,
+            duration=duration,
+            error=type(error).__name__ if error is not None else None,
+            oom=_is_oom(error) or any(d.ooms > 0 for d in devices),
+            devices=devices,
+            host_rss_before=start.rss,
+            host_rss_after=rss_after,
+            host_rss_peak=_max_known(
+                start.rss, rss_after, self._sampled(sampled, protocol.HOST_RSS_COLUMN)
+            ),
+        )
+        self.ledger.append(record)
+        return record
+
+    def _device_usage(
+        self, d: int, before: AllocatorStats, sampled: npt.NDArray[np.float64] | None
+    ) -> DeviceCellUsage:
+        after = self.readers.torch.stats(d)
+        if self.peak_mode == "exact":
+            peak_alloc, peak_res, exact = after.peak_allocated, after.peak_reserved, True
+        else:
+            # The counter only moved if this cell set a new high: then it is this cell's peak.
+            exact = after.peak_allocated > before.peak_allocated
+            edges_alloc = _max_known(
+                before.allocated,
+                after.allocated,
+                self._sampled(sampled, protocol.device_column(d, "allocated")),
+            )
+            edges_res = _max_known(
+                before.reserved,
+                after.reserved,
+                self._sampled(sampled, protocol.device_column(d, "reserved")),
+            )
+            peak_alloc = after.peak_allocated if exact else (edges_alloc or 0)
+            peak_res = (
+                after.peak_reserved
+                if after.peak_reserved > before.peak_reserved
+                else (edges_res or 0)
+            )
+        self._bump_session_peak(d, peak_alloc, peak_res)
+        nvml = self.readers.nvml
+        device_mem = nvml.device_memory(d) if nvml.has(d) else None
+        return DeviceCellUsage(
+            device=d,
+            allocated_before=before.allocated,
+            allocated_after=after.allocated,
+            reserved_before=before.reserved,
+            reserved_after=after.reserved,
+            peak_allocated=peak_alloc,
+            peak_reserved=peak_res,
+            peak_exact=exact,
+            alloc_retries=after.alloc_retries - before.alloc_retries,
+            ooms=after.ooms - before.ooms,
+            process_used_after=nvml.process_used(d) if nvml.has(d) else None,
+            device_used_after=device_mem[0] if device_mem else None,
+        )
+
+    def _bump_session_peak(self, d: int, allocated: int, reserved: int) -> None:
+        p = self.session_peaks[d]
+        p.allocated = max(p.allocated, allocated)
+        p.reserved = max(p.reserved, reserved)
+
+    def _sampled(self, sampled: npt.NDArray[np.float64] | None, column: str) -> int | None:
+        if sampled is None:
+            return None
+        v = float(sampled[self._cols[column]])
+        return None if np.isnan(v) else int(v)
+
+    def reset(self) -> None:
+        self.session_peaks = [SessionPeak() for _ in range(self.readers.num_devices)]
+
+
+def _max_known(*values: int | None) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _is_oom(error: BaseException | None) -> bool:
+    if error is None:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(error, torch.OutOfMemoryError)
