@@ -1,0 +1,422 @@
+"""The extension in a real Jupyter kernel, watched from outside through the messaging protocol.
+
+A kernel is started with this interpreter (`sys.executable -m ipykernel_launcher`) and the source
+tree on PYTHONPATH; the tests read what a frontend would receive on iopub: the widget's
+comm_open, its comm_msg updates (binary buffers arrive apart from the JSON state, at
+`buffer_paths`), and the ledger records in the `cells` trait.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import pathlib
+import queue
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(90)]
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+MAX_PUBLISH_HZ = 4.0  # the contract in gpumem_widget/protocol.py, restated so a change is seen
+SLEEP_S = 3.0
+LONG_CELL = f"import time; time.sleep({SLEEP_S:g})"
+RAISING_CELL = "raise ValueError('raised by the user')"
+# Run inside the kernel: our hooks (by the module that defines them), sampler threads, magic.
+INSPECT_CELL = """\
+import json as _json, threading as _threading
+from IPython import get_ipython as _get_ipython
+def _ours(event):
+    return [
+        getattr(cb, "__qualname__", repr(cb))
+        for cb in _get_ipython().events.callbacks[event]
+        if str(getattr(cb, "__module__", "")).startswith("gpumem_widget")
+    ]
+print(_json.dumps({
+    "pre_run_cell": _ours("pre_run_cell"),
+    "post_run_cell": _ours("post_run_cell"),
+    "threads": [t.name for t in _threading.enumerate() if t.name.startswith("gpumem")],
+    "magic": "gpumem" in _get_ipython().magics_manager.magics["line"],
+}))
+"""
+
+
+# Reading the protocol --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Received:
+    msg: dict[str, Any]
+    at: float  # time.time() when this process read it
+
+    @property
+    def type(self) -> str:
+        return str(self.msg["msg_type"])
+
+    @property
+    def content(self) -> dict[str, Any]:
+        return dict(self.msg["content"])
+
+    @property
+    def parent_id(self) -> str | None:
+        msg_id = self.msg["parent_header"].get("msg_id")
+        return None if msg_id is None else str(msg_id)
+
+    @property
+    def sent(self) -> float:
+        """When the kernel built the message (its header date), unix seconds."""
+        return float(self.msg["header"]["date"].timestamp())
+
+
+def widget_state(r: Received) -> dict[str, Any]:
+    """The state a comm_open/comm_msg carries, with its binary buffers put back at their paths."""
+    data = r.content["data"]
+    state: dict[str, Any] = copy.deepcopy(data.get("state", {}))
+    paths = data.get("buffer_paths", [])
+    buffers = r.msg.get("buffers", [])
+    assert len(paths) == len(buffers), f"{len(paths)} buffer paths for {len(buffers)} buffers"
+    for path, buf in zip(paths, buffers, strict=True):
+        target: Any = state
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = bytes(buf)
+    return state
+
+
+def decode_table(table: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
+    """Decode a packed table independently of gpumem_widget.protocol (one buffer per column)."""
+    out: dict[str, npt.NDArray[Any]] = {}
+    for name, dtype, buf in zip(table["columns"], table["dtypes"], table["buffers"], strict=True):
+        assert isinstance(buf, bytes), f"column {name!r} did not arrive as a binary buffer"
+        out[name] = np.frombuffer(buf, dtype="<" + dtype)
+        assert len(out[name]) == table["n"], f"column {name!r}: {len(out[name])} != n"
+    return out
+
+
+@dataclass
+class Execution:
+    code: str
+    msg_id: str
+    reply: dict[str, Any]
+    messages: list[Received]  # iopub, from before execute_input to this request's idle status
+
+    @property
+    def count(self) -> int:
+        return int(self.reply["content"]["execution_count"])
+
+    def first(self, msg_type: str) -> Received:
+        return next(r for r in self.messages if r.type == msg_type and r.parent_id == self.msg_id)
+
+    def stderr(self) -> str:
+        return "".join(
+            r.content["text"]
+            for r in self.messages
+            if r.type == "stream" and r.content["name"] == "stderr" and r.parent_id == self.msg_id
+        )
+
+    def stdout(self) -> str:
+        return "".join(
+            r.content["text"]
+            for r in self.messages
+            if r.type == "stream" and r.content["name"] == "stdout" and r.parent_id == self.msg_id
+        )
+
+
+@dataclass
+class Kernel:
+    client: BlockingKernelClient
+    log: list[Received] = field(default_factory=list)  # every iopub message read, in order
+
+    def _read(self, timeout: float) -> Received | None:
+        try:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+        except queue.Empty:
+            return None
+        r = Received(msg, time.time())
+        self.log.append(r)
+        return r
+
+    def wait_for(
+        self, what: str, match: Callable[[Received], bool], start: int = 0, timeout: float = 20
+    ) -> int:
+        """Index in the log of the first message from `start` on that matches."""
+        deadline = time.monotonic() + timeout
+        i = start
+        while True:
+            while i < len(self.log):
+                if match(self.log[i]):
+                    return i
+                i += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                seen = [r.type for r in self.log[start:]]
+                raise AssertionError(f"no {what} within {timeout} s; iopub since: {seen}")
+            self._read(min(left, 1.0))
+
+    def execute(self, code: str, timeout: float = 30) -> Execution:
+        start = len(self.log)
+        msg_id = self.client.execute(code)
+        idle = self.wait_for(
+            f"idle status for {code!r}",
+            lambda r: (
+                r.type == "status"
+                and r.parent_id == msg_id
+                and r.content["execution_state"] == "idle"
+            ),
+            start,
+            timeout,
+        )
+        while True:
+            reply = self.client.get_shell_msg(timeout=timeout)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        return Execution(code, msg_id, reply, self.log[start : idle + 1])
+
+    def updates(self, comm_id: str, start: int = 0) -> Iterator[tuple[int, Received]]:
+        for i in range(start, len(self.log)):
+            r = self.log[i]
+            if r.type == "comm_msg" and r.content["comm_id"] == comm_id:
+                yield i, r
+
+    def wait_for_record(self, comm_id: str, count: int, start: int) -> dict[str, Any]:
+        """The ledger record for cell `count`, from the first `cells` update that has it."""
+
+        def has_record(r: Received) -> bool:
+            if r.type != "comm_msg" or r.content["comm_id"] != comm_id:
+                return False
+            cells = r.content["data"].get("state", {}).get("cells", [])
+            return any(c["execution_count"] == count for c in cells)
+
+        i = self.wait_for(f"a `cells` update with cell {count}", has_record, start)
+        cells = widget_state(self.log[i])["cells"]
+        mine = [c for c in cells if c["execution_count"] == count]
+        assert len(mine) == 1, f"cell {count} recorded {len(mine)} times: {mine}"
+        return dict(mine[0])
+
+    def inspect(self) -> dict[str, Any]:
+        ex = self.execute(INSPECT_CELL)
+        assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+        return dict(json.loads(ex.stdout()))
+
+
+def is_our_widget_open(r: Received) -> bool:
+    if r.type != "comm_open" or r.content.get("target_name") != "jupyter.widget":
+        return False
+    return "timeline_tail" in r.content["data"].get("state", {})
+
+
+# Fixtures ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def kernel_specs(tmp_path_factory: pytest.TempPathFactory) -> KernelSpecManager:
+    """A `python3` kernelspec that runs this very interpreter, whatever else is installed."""
+    kernels = tmp_path_factory.mktemp("kernelspecs")
+    spec = kernels / "python3"
+    spec.mkdir()
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec.joinpath("kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python 3 (test)", "language": "python"})
+    )
+    return KernelSpecManager(kernel_dirs=[str(kernels)], ensure_native_kernel=False)
+
+
+def start_kernel(specs: KernelSpecManager) -> tuple[KernelManager, Kernel]:
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=specs)
+    km.start_kernel(env=env)
+    client = km.blocking_client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+    except BaseException:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+        raise
+    return km, Kernel(client)
+
+
+@pytest.fixture
+def kernel(kernel_specs: KernelSpecManager) -> Iterator[Kernel]:
+    km, k = start_kernel(kernel_specs)
+    try:
+        yield k
+    finally:
+        k.client.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@dataclass
+class Loaded:
+    kernel: Kernel
+    load: Execution
+    comm_id: str
+    opened: dict[str, Any]  # the widget's state in its comm_open
+
+
+def load(k: Kernel) -> Loaded:
+    ex = k.execute("%load_ext gpumem_widget")
+    assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+    opens = [r for r in ex.messages if is_our_widget_open(r)]
+    assert len(opens) == 1, f"{len(opens)} gpumem widgets opened: {[r.type for r in ex.messages]}"
+    return Loaded(k, ex, opens[0].content["comm_id"], widget_state(opens[0]))
+
+
+@pytest.fixture(scope="module")
+def loaded(kernel_specs: KernelSpecManager) -> Iterator[Loaded]:
+    km, k = start_kernel(kernel_specs)
+    try:
+        yield load(k)
+    finally:
+        k.client.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def long_cell(loaded: Loaded) -> Execution:
+    ex = loaded.kernel.execute(LONG_CELL)
+    assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+    return ex
+
+
+# Tests ----------------------------------------------------------------------------------------
+def test_load_opens_and_displays_the_widget(loaded: Loaded) -> None:
+    state = loaded.opened
+    statuses = [
+        widget_state(r)["status"]
+        for r in loaded.load.messages
+        if r.type == "comm_msg"
+        and r.content["comm_id"] == loaded.comm_id
+        and "status" in r.content["data"]["state"]
+    ]
+    assert statuses, "no status update while loading"
+    assert statuses[-1]["mode"] == "host"  # CPU torch here: host-memory mode
+    assert statuses[-1]["sampler"] == "running"
+    assert state["devices"] == []
+    base = decode_table(state["timeline_base"])
+    assert list(base) == ["t", "host/rss"]
+    assert isinstance(state["_esm"], str)
+    assert "gpumem-widget" in state["_esm"]  # the bundle or the fallback, both set the root class
+    views = [
+        r.content["data"][WIDGET_MIME]["model_id"]
+        for r in loaded.load.messages
+        if r.type == "display_data" and WIDGET_MIME in r.content["data"]
+    ]
+    assert views == [loaded.comm_id]
+    assert "gpumem" not in loaded.load.stderr(), loaded.load.stderr()
+
+
+def test_timeline_updates_arrive_while_a_cell_runs(loaded: Loaded, long_cell: Execution) -> None:
+    began = long_cell.first("execute_input").sent
+    # The cell sleeps SLEEP_S from after execute_input: anything the kernel sent before
+    # began + SLEEP_S was sent while it still ran, and it came before the cell's idle status.
+    during = [
+        widget_state(r)
+        for r in long_cell.messages
+        if r.type == "comm_msg"
+        and r.content["comm_id"] == loaded.comm_id
+        and "timeline_tail" in r.content["data"]["state"]
+        and began < r.sent < began + SLEEP_S
+    ]
+    assert len(during) >= 2, f"only {len(during)} timeline updates while the cell ran"
+    last_t = [decode_table(s["timeline_tail"])["t"][-1] for s in during]
+    assert all(a < b for a, b in itertools.pairwise(last_t)), "the tail stopped moving"
+    assert began - 1.0 < last_t[0]
+    assert last_t[-1] < began + SLEEP_S + 1.0
+    rss = decode_table(during[-1]["timeline_tail"])["host/rss"]
+    assert np.all(np.isfinite(rss)), rss
+    assert rss.min() > 1e6, rss  # a real process's RSS, in bytes
+
+
+def test_updates_are_rate_limited(loaded: Loaded, long_cell: Execution) -> None:
+    began = long_cell.first("execute_input").sent
+    ended = float(long_cell.reply["header"]["date"].timestamp())
+    sent = [r.sent for _, r in loaded.kernel.updates(loaded.comm_id) if began < r.sent < ended]
+    assert len(sent) >= 2
+    gaps = np.diff(sent)
+    # The sampler spaces publishes by monotonic time; header dates are wall-clock: allow jitter.
+    assert gaps.min() >= 1 / MAX_PUBLISH_HZ - 0.03, gaps
+    span = sent[-1] - sent[0]
+    assert (len(sent) - 1) / span <= MAX_PUBLISH_HZ + 0.1, (len(sent), span)
+
+
+def test_ledger_records_the_cell(loaded: Loaded, long_cell: Execution) -> None:
+    k = loaded.kernel
+    start = k.log.index(long_cell.messages[0])
+    rec = k.wait_for_record(loaded.comm_id, long_cell.count, start)
+    assert rec["source"] == LONG_CELL
+    assert SLEEP_S <= rec["duration"] < SLEEP_S + 1.5, rec["duration"]
+    assert rec["error"] is None
+    assert rec["oom"] is False
+    assert rec["devices"] == []
+    assert rec["host_rss_after"] > 1e6
+    assert rec["host_rss_peak"] >= rec["host_rss_after"]
+    assert rec["started"] == pytest.approx(long_cell.first("execute_input").sent, abs=0.5)
+
+
+def test_a_raising_cell_keeps_its_own_error(loaded: Loaded) -> None:
+    k = loaded.kernel
+    ex = k.execute(RAISING_CELL)
+    reply = ex.reply["content"]
+    assert reply["status"] == "error"
+    assert (reply["ename"], reply["evalue"]) == ("ValueError", "raised by the user")
+    tb = "\n".join(ex.first("error").content["traceback"])
+    assert "gpumem_widget" not in tb, tb
+    assert ex.stderr() == ""
+    start = k.log.index(ex.messages[0])
+    assert k.wait_for_record(loaded.comm_id, ex.count, start)["error"] == "ValueError"
+
+    after = k.execute("print(6 * 7)")
+    assert after.reply["content"]["status"] == "ok"
+    assert after.stdout() == "42\n"
+    rec = k.wait_for_record(loaded.comm_id, after.count, k.log.index(after.messages[0]))
+    assert rec["error"] is None
+    # The extension itself reported nothing wrong at any point.
+    states = [loaded.opened, *(widget_state(r) for _, r in k.updates(loaded.comm_id))]
+    errors = [s["status"]["error"] for s in states if s.get("status")]
+    assert errors
+    assert all(e is None for e in errors), errors
+
+
+def test_reload_leaves_one_of_each(kernel: Kernel) -> None:
+    first = load(kernel)
+    ex = kernel.execute("%reload_ext gpumem_widget")
+    assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+    assert any(
+        r.type == "comm_close" and r.content["comm_id"] == first.comm_id for r in ex.messages
+    ), "the first widget was not closed"
+    opens = [r.content["comm_id"] for r in ex.messages if is_our_widget_open(r)]
+    assert len(opens) == 1
+    assert opens[0] != first.comm_id
+
+    state = kernel.inspect()
+    assert state["pre_run_cell"] == ["Session.pre_run_cell"], state
+    assert state["post_run_cell"] == ["Session.post_run_cell"], state
+    assert len(state["threads"]) == 1, state
+    assert state["magic"] is True
+    # Exactly one record per cell: the hooks did not run twice.
+    after = kernel.execute("x = 1")
+    kernel.wait_for_record(opens[0], after.count, kernel.log.index(after.messages[0]))
+
+
+def test_unload_stops_the_sampler(kernel: Kernel) -> None:
+    loaded = load(kernel)
+    assert len(kernel.inspect()["threads"]) == 1
+    ex = kernel.execute("%unload_ext gpumem_widget")
+    assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+    assert any(
+        r.type == "comm_close" and r.content["comm_id"] == loaded.comm_id for r in ex.messages
+    ), "the widget was not closed"
+    state = kernel.inspect()
+    assert state == {"pre_run_cell": [], "post_run_cell": [], "threads": [], "magic": False}
+    assert kernel.execute("1 + 1").reply["content"]["status"] == "ok"
