@@ -1,0 +1,108 @@
+// What the chart bands, the ledger and the details panel say about one cell. The kernel sends
+// per-device figures; across devices a cell's change is the sum and its peak the largest.
+
+import { formatBytes, formatDelta, formatDuration, sourcePreview } from "./format";
+import type { CellRecord, Status } from "./protocol";
+
+export type Mode = Status["mode"];
+
+export interface CellSummary {
+  delta: number | null; // allocated (CUDA) or host RSS (host mode)
+  peak: number | null;
+  peakExact: boolean; // false: the peak is a lower bound
+  deltaReserved: number | null; // CUDA only
+}
+
+export function summarize(cell: CellRecord, mode: Mode): CellSummary {
+  if (mode === "host") {
+    const { host_rss_before: before, host_rss_after: after } = cell;
+    return {
+      delta: before !== null && after !== null ? after - before : null,
+      peak: cell.host_rss_peak,
+      peakExact: false, // sampled
+      deltaReserved: null,
+    };
+  }
+  if (cell.devices.length === 0) return { delta: null, peak: null, peakExact: true, deltaReserved: null };
+  let delta = 0;
+  let deltaReserved = 0;
+  let peak = -Infinity;
+  let peakExact = true;
+  for (const d of cell.devices) {
+    delta += d.delta_allocated;
+    deltaReserved += d.delta_reserved;
+    peak = Math.max(peak, d.peak_allocated);
+    peakExact &&= d.peak_exact;
+  }
+  return { delta, peak, peakExact, deltaReserved };
+}
+
+export type Outcome = "ok" | "error" | "oom";
+
+export function outcome(cell: CellRecord): Outcome {
+  if (cell.oom) return "oom";
+  return cell.error !== null ? "error" : "ok";
+}
+
+export function outcomeLabel(cell: CellRecord): string {
+  if (cell.oom) return "out of memory";
+  return cell.error !== null ? `raised ${cell.error}` : "";
+}
+
+/** "≥ 3.20 GiB" for a lower bound. */
+export function formatPeak(summary: CellSummary): string {
+  const text = formatBytes(summary.peak);
+  return summary.peak !== null && !summary.peakExact ? `\u2265 ${text}` : text;
+}
+
+export type SortKey = "execution_count" | "duration" | "delta" | "peak" | "delta_reserved";
+
+function sortValue(cell: CellRecord, s: CellSummary, key: SortKey): number | null {
+  switch (key) {
+    case "execution_count":
+      return cell.execution_count;
+    case "duration":
+      return cell.duration;
+    case "delta":
+      return s.delta;
+    case "peak":
+      return s.peak;
+    case "delta_reserved":
+      return s.deltaReserved;
+  }
+}
+
+/** A sorted copy; cells without the figure go last either way, ties keep execution order. */
+export function sortCells(cells: readonly CellRecord[], mode: Mode, key: SortKey, descending: boolean): CellRecord[] {
+  const keyed = cells.map((cell) => ({ cell, v: sortValue(cell, summarize(cell, mode), key) }));
+  keyed.sort((a, b) => {
+    if (a.v === null || b.v === null) {
+      if (a.v === b.v) return a.cell.execution_count - b.cell.execution_count;
+      return a.v === null ? 1 : -1;
+    }
+    const order = descending ? b.v - a.v : a.v - b.v;
+    return order !== 0 ? order : a.cell.execution_count - b.cell.execution_count;
+  });
+  return keyed.map((k) => k.cell);
+}
+
+export const TOOLTIP_SOURCE_LINES = 6;
+
+/** The band's hover text, one string per line (shown as text, never parsed as HTML). */
+export function tooltipLines(cell: CellRecord, mode: Mode): string[] {
+  const s = summarize(cell, mode);
+  const what = mode === "host" ? "RSS" : "allocated";
+  const head = [`[${cell.execution_count}]`, formatDuration(cell.duration), outcomeLabel(cell)].filter(Boolean);
+  const figures = [`\u0394 ${what} ${formatDelta(s.delta)}`, `peak ${formatPeak(s)}`];
+  if (mode === "cuda") figures.push(`\u0394 reserved ${formatDelta(s.deltaReserved)}`);
+  return [head.join("  "), ...sourcePreview(cell.source, TOOLTIP_SOURCE_LINES, 80), figures.join("  \u00b7  ")];
+}
+
+/** The first line of code worth showing in a one-line ledger cell. */
+export function firstCodeLine(source: string): string {
+  for (const line of source.split(/\r?\n/)) {
+    const trimmed = line.trim();
+    if (trimmed !== "") return trimmed;
+  }
+  return "";
+}

@@ -1,0 +1,692 @@
+// The live chart: one uPlot panel per CUDA device (allocated, reserved, NVML process and device
+// use, capacity as a ceiling) and a small host RSS panel, sharing one time range; a strip of cell
+// bands above them; a legend with current values per panel; zoom (drag), pan (shift-drag), a
+// "follow live" toggle. Nothing here draws until `draw()`, which the widget calls once per frame.
+
+import uPlot from "uplot";
+import { outcome, tooltipLines, type Mode } from "./cells";
+import { decimate, nearestIndex, seriesMax, type PlotSeries } from "./decimate";
+import { byteTicks, formatBytes, formatClock, formatTick } from "./format";
+import { deviceColumn, HOST_RSS_COLUMN, type CellRecord, type DeviceField, type DeviceInfo, type Timeline } from "./protocol";
+import { readPalette, type Palette } from "./theme";
+
+interface SeriesSpec {
+  column: (device: number) => string;
+  label: string;
+  color: (p: Palette) => string;
+  fill?: boolean;
+  dash?: number[];
+}
+
+const deviceSeries = (field: DeviceField, label: string, color: (p: Palette) => string, extra: Partial<SeriesSpec> = {}): SeriesSpec => ({
+  column: (d) => deviceColumn(d, field),
+  label,
+  color,
+  ...extra,
+});
+
+const DEVICE_SERIES: readonly SeriesSpec[] = [
+  deviceSeries("allocated", "allocated", (p) => p.allocated, { fill: true }),
+  deviceSeries("reserved", "reserved", (p) => p.reserved),
+  deviceSeries("process_used", "process (NVML)", (p) => p.processUsed, { dash: [4, 3] }),
+  deviceSeries("device_used", "whole device", (p) => p.deviceUsed, { dash: [1, 2] }),
+];
+const HOST_SERIES: readonly SeriesSpec[] = [{ column: () => HOST_RSS_COLUMN, label: "host RSS", color: (p) => p.hostRss, fill: true }];
+
+const Y_AXIS_WIDTH = 60; // the same in every panel, so the plots (and the band strip) line up
+const RIGHT_PADDING = 8;
+const MIN_VISIBLE_SPAN = 1; // seconds
+const CLICK_SLOP_PX = 3;
+
+interface LegendEntry {
+  value: HTMLElement;
+  item: HTMLElement;
+}
+
+interface Panel {
+  el: HTMLElement;
+  plot: uPlot;
+  device: DeviceInfo | null; // null: the host RSS panel
+  specs: readonly SeriesSpec[];
+  columns: string[];
+  legend: LegendEntry[];
+  capacityValue: HTMLElement | null;
+  height: number;
+}
+
+export interface ChartOptions {
+  /** The widget root: its styles give the palette, and it hosts the band tooltip. */
+  root: HTMLElement;
+  requestFrame: () => void;
+  onSelectCell: (executionCount: number) => void;
+}
+
+type Range = { min: number; max: number };
+
+let nextSyncKey = 0;
+
+export class Chart {
+  readonly el: HTMLElement;
+  private readonly opts: ChartOptions;
+  private readonly toolbar: HTMLElement;
+  private readonly followBox: HTMLInputElement;
+  private readonly hoverText: HTMLElement;
+  private readonly strip: HTMLElement;
+  private readonly panelsEl: HTMLElement;
+  private readonly empty: HTMLElement;
+  private readonly tooltip: HTMLElement;
+  private readonly syncKey = `gpumem-${nextSyncKey++}`;
+  private readonly resizeObserver: ResizeObserver;
+  private readonly hidden = new Set<string>(); // "panel/series label" the user switched off
+
+  private panels: Panel[] = [];
+  private palette: Palette | null = null;
+  private layoutKey = "";
+  private devices: DeviceInfo[] = [];
+  private mode: Mode = "host";
+  private timeline: Timeline = { n: 0, t: new Float64Array(0), values: new Map() };
+  private cells: CellRecord[] = [];
+  private bands = new Map<number, HTMLElement>();
+  private selected: number | null = null;
+  private width = 0;
+  private dirty = true;
+  private rebuildWanted = true;
+  private settingScales = false;
+  private hoverX: number | null = null;
+
+  // The time range: while following live, the newest `followSpan` seconds (null: everything);
+  // otherwise the fixed range the user zoomed or panned to.
+  private follow = true;
+  private followSpan: number | null = null;
+  private fixed: Range = { min: 0, max: 1 };
+  private shown: Range = { min: 0, max: 1 };
+
+  constructor(opts: ChartOptions) {
+    this.opts = opts;
+    this.el = div("gpumem-chart");
+    this.toolbar = div("gpumem-toolbar");
+    const followLabel = document.createElement("label");
+    followLabel.className = "gpumem-follow";
+    this.followBox = document.createElement("input");
+    this.followBox.type = "checkbox";
+    this.followBox.checked = true;
+    this.followBox.addEventListener("change", () => this.setFollow(this.followBox.checked));
+    followLabel.append(this.followBox, " Follow live");
+    const zoomOut = button("Zoom out", () => this.zoomOut());
+    const showAll = button("Show all", () => this.showAll());
+    showAll.title = "Show every sample and follow live (or double-click the chart)";
+    this.hoverText = div("gpumem-hover-time");
+    this.toolbar.append(followLabel, zoomOut, showAll, this.hoverText);
+    this.toolbar.title = "Drag to zoom, shift-drag to pan, double-click to show all";
+
+    this.strip = div("gpumem-strip");
+    this.strip.addEventListener("pointermove", (e) => this.onStripHover(e));
+    this.strip.addEventListener("pointerleave", () => this.hideTooltip());
+    this.strip.addEventListener("click", (e) => {
+      const band = (e.target as Element).closest<HTMLElement>(".gpumem-band");
+      const n = Number(band?.dataset["executionCount"]);
+      if (band && Number.isFinite(n)) this.opts.onSelectCell(n);
+    });
+    this.panelsEl = div("gpumem-panels");
+    this.empty = div("gpumem-empty");
+    this.empty.textContent = "Waiting for the first samples\u2026";
+    this.tooltip = div("gpumem-tooltip");
+    this.tooltip.hidden = true;
+    opts.root.append(this.tooltip);
+    this.el.append(this.toolbar, this.strip, this.panelsEl, this.empty);
+
+    this.resizeObserver = new ResizeObserver((entries) => {
+      const w = Math.floor(entries[entries.length - 1]?.contentRect.width ?? 0);
+      if (w > 0 && w !== this.width) {
+        this.width = w;
+        this.invalidate();
+      }
+    });
+    this.resizeObserver.observe(this.el);
+  }
+
+  setLayout(devices: DeviceInfo[], mode: Mode): void {
+    const key = JSON.stringify([mode, devices.map((d) => [d.index, d.name, d.total])]);
+    if (key === this.layoutKey) return;
+    this.layoutKey = key;
+    this.devices = devices;
+    this.mode = mode;
+    this.rebuildWanted = true;
+    this.invalidate();
+  }
+
+  setTimeline(timeline: Timeline): void {
+    this.timeline = timeline;
+    this.invalidate();
+  }
+
+  setCells(cells: CellRecord[]): void {
+    this.cells = cells;
+    const keep = new Set<number>();
+    for (const cell of cells) {
+      const n = cell.execution_count;
+      keep.add(n);
+      let band = this.bands.get(n);
+      if (!band) {
+        band = div("gpumem-band");
+        band.dataset["executionCount"] = String(n);
+        band.textContent = `[${n}]`;
+        this.bands.set(n, band);
+        this.strip.append(band);
+      }
+      band.dataset["outcome"] = outcome(cell);
+    }
+    for (const [n, band] of this.bands) {
+      if (!keep.has(n)) {
+        band.remove();
+        this.bands.delete(n);
+      }
+    }
+    this.invalidate();
+  }
+
+  /** Highlight a cell; with `zoom`, show its time span (the user asked for that cell). */
+  setSelected(n: number | null, zoom: boolean): void {
+    this.selected = n;
+    for (const [k, band] of this.bands) band.classList.toggle("gpumem-band--selected", k === n);
+    const cell = this.cells.find((c) => c.execution_count === n);
+    if (zoom && cell) {
+      const pad = Math.max(cell.duration * 0.15, 0.25);
+      this.setFollow(false, false);
+      this.fixed = { min: cell.started - pad, max: cell.started + cell.duration + pad };
+    }
+    this.invalidate();
+  }
+
+  /** Re-read the palette (after a theme switch); panels are rebuilt only if a colour changed. */
+  themeChanged(): void {
+    if (!this.palette || !this.opts.root.isConnected) return;
+    if (JSON.stringify(readPalette(this.opts.root)) !== JSON.stringify(this.palette)) {
+      this.rebuildWanted = true;
+      this.invalidate();
+    }
+  }
+
+  get needsDraw(): boolean {
+    return this.dirty;
+  }
+
+  /** Bring the canvas up to date; call at most once per animation frame. */
+  draw(): void {
+    if (!this.dirty || this.width <= 0 || !this.opts.root.isConnected) return;
+    this.dirty = false;
+    if (this.rebuildWanted) this.rebuild();
+    const { n, t } = this.timeline;
+    this.shown = this.currentRange();
+    this.empty.hidden = n > 0;
+    for (const panel of this.panels) this.drawPanel(panel);
+    this.placeBands();
+    this.updateLegends();
+    // Tests and the benchmark read these to know what is on screen.
+    this.el.dataset["samples"] = String(n);
+    this.el.dataset["drawnUntil"] = n > 0 ? String(t[n - 1]) : "";
+  }
+
+  destroy(): void {
+    this.resizeObserver.disconnect();
+    for (const p of this.panels) p.plot.destroy();
+    this.panels = [];
+    this.tooltip.remove();
+    this.el.remove();
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // time range
+
+  private invalidate(): void {
+    this.dirty = true;
+    this.opts.requestFrame();
+  }
+
+  private dataExtent(): Range | null {
+    const { n, t } = this.timeline;
+    return n > 0 ? { min: t[0] as number, max: t[n - 1] as number } : null;
+  }
+
+  private currentRange(): Range {
+    let range: Range;
+    if (this.follow) {
+      const extent = this.dataExtent() ?? { min: Date.now() / 1000 - 60, max: Date.now() / 1000 };
+      range = { min: this.followSpan === null ? extent.min : extent.max - this.followSpan, max: extent.max };
+    } else {
+      range = this.fixed;
+    }
+    if (range.max - range.min < MIN_VISIBLE_SPAN) {
+      const mid = (range.min + range.max) / 2;
+      range = { min: mid - MIN_VISIBLE_SPAN / 2, max: mid + MIN_VISIBLE_SPAN / 2 };
+    }
+    return range;
+  }
+
+  private setFollow(follow: boolean, invalidate = true): void {
+    if (follow && !this.follow) {
+      // Keep the zoom level the user chose, anchored at the newest sample.
+      const extent = this.dataExtent();
+      const span = this.shown.max - this.shown.min;
+      this.followSpan = extent && span < extent.max - extent.min ? span : null;
+    } else if (!follow && this.follow) {
+      this.fixed = { ...this.shown };
+    }
+    this.follow = follow;
+    this.followBox.checked = follow;
+    if (invalidate) this.invalidate();
+  }
+
+  private showAll(): void {
+    this.follow = true;
+    this.followBox.checked = true;
+    this.followSpan = null;
+    this.invalidate();
+  }
+
+  private zoomOut(): void {
+    const { min, max } = this.shown;
+    const span = max - min;
+    const extent = this.dataExtent();
+    if (this.follow) {
+      this.followSpan = extent && 2 * span < extent.max - extent.min ? 2 * span : null;
+    } else {
+      this.fixed = { min: min - span / 2, max: max + span / 2 };
+    }
+    this.invalidate();
+  }
+
+  /** A range the user picked on a plot (drag zoom) or dragged to (pan). */
+  private userRange(range: Range): void {
+    this.fixed = range;
+    this.shown = range;
+    this.follow = false;
+    this.followBox.checked = false;
+    this.invalidate();
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // panels
+
+  private rebuild(): void {
+    this.rebuildWanted = false;
+    for (const p of this.panels) p.plot.destroy();
+    this.panelsEl.replaceChildren();
+    this.palette = readPalette(this.opts.root);
+    const devices = this.mode === "cuda" ? this.devices : [];
+    const deviceHeight = devices.length <= 1 ? 190 : devices.length === 2 ? 150 : 120;
+    this.panels = devices.map((d) => this.createPanel(d, DEVICE_SERIES, deviceHeight, false));
+    this.panels.push(this.createPanel(null, HOST_SERIES, devices.length === 0 ? 190 : 90, true));
+    // The strip's bands are placed in plot coordinates: indent it by the y axis.
+    this.strip.style.marginLeft = `${Y_AXIS_WIDTH}px`;
+  }
+
+  private createPanel(device: DeviceInfo | null, specs: readonly SeriesSpec[], height: number, bottom: boolean): Panel {
+    const p = this.palette as Palette;
+    const el = div("gpumem-panel");
+    if (device) el.dataset["device"] = String(device.index);
+    else el.classList.add("gpumem-panel--host");
+    const legendEl = div("gpumem-legend");
+    const title = div("gpumem-legend-title");
+    title.textContent = device ? `cuda:${device.index} ${device.name}` : "host RSS";
+    legendEl.append(title);
+    const columns = specs.map((s) => s.column(device?.index ?? 0));
+    const panelKey = device ? `cuda:${device.index}` : "host";
+
+    const legend = specs.map((spec, i): LegendEntry => {
+      const item = document.createElement("button");
+      item.type = "button";
+      item.className = "gpumem-legend-item";
+      const swatch = document.createElement("span");
+      swatch.className = "gpumem-swatch";
+      swatch.style.background = spec.color(p);
+      const label = document.createElement("span");
+      label.textContent = spec.label;
+      const value = document.createElement("span");
+      value.className = "gpumem-legend-value";
+      item.append(swatch, label, value);
+      const hiddenKey = `${panelKey}/${spec.label}`;
+      item.classList.toggle("gpumem-legend-item--off", this.hidden.has(hiddenKey));
+      item.title = "Show or hide this line";
+      item.addEventListener("click", () => {
+        const show = this.hidden.has(hiddenKey);
+        if (show) this.hidden.delete(hiddenKey);
+        else this.hidden.add(hiddenKey);
+        item.classList.toggle("gpumem-legend-item--off", !show);
+        plot.setSeries(i + 1, { show });
+        this.invalidate();
+      });
+      legendEl.append(item);
+      return { value, item };
+    });
+
+    let capacityValue: HTMLElement | null = null;
+    if (device?.total != null) {
+      const item = div("gpumem-legend-item gpumem-legend-item--static");
+      const swatch = document.createElement("span");
+      swatch.className = "gpumem-swatch gpumem-swatch--dashed";
+      swatch.style.borderColor = p.capacity;
+      const label = document.createElement("span");
+      label.textContent = "capacity";
+      capacityValue = document.createElement("span");
+      capacityValue.className = "gpumem-legend-value";
+      capacityValue.textContent = formatBytes(device.total);
+      item.append(swatch, label, capacityValue);
+      legendEl.append(item);
+    }
+
+    const capacity = device?.total ?? null;
+    const axisFont = p.font;
+    const opts: uPlot.Options = {
+      width: this.width,
+      height,
+      legend: { show: false },
+      padding: [6, RIGHT_PADDING, bottom ? 0 : 2, 0],
+      cursor: {
+        sync: { key: this.syncKey },
+        points: { show: false },
+        drag: { x: true, y: false, setScale: true },
+        // Double-click is ours ("show all"), so uPlot gets no listener for it.
+        bind: { dblclick: () => null },
+      },
+      scales: {
+        x: { time: true, auto: false, range: (_u, min, max) => [min, max] },
+        y: { auto: false, range: (_u, min, max) => [min, max] },
+      },
+      axes: [
+        {
+          stroke: p.muted,
+          font: axisFont,
+          grid: { stroke: p.grid, width: 1 },
+          ticks: { stroke: p.grid, width: 1, size: bottom ? 4 : 0 },
+          size: bottom ? 26 : 2,
+          space: 70,
+          // Clock times; only the bottom panel labels them, the others keep the grid lines.
+          values: (_u: uPlot, splits: number[], _axis: number, _space: number, incr: number) =>
+            splits.map((v) => (bottom ? formatClock(v, incr < 60) : "")),
+        },
+        {
+          stroke: p.muted,
+          font: axisFont,
+          size: Y_AXIS_WIDTH,
+          gap: 4,
+          grid: { stroke: p.grid, width: 1 },
+          ticks: { show: false },
+          splits: (u) => byteTicks(u.scales["y"]?.max ?? 1, Math.max(2, Math.floor(height / 32))).ticks,
+          values: (u, splits) => {
+            const unit = byteTicks(u.scales["y"]?.max ?? 1, 2).unit;
+            return splits.map((v) => formatTick(v, unit));
+          },
+        },
+      ],
+      series: [
+        {},
+        ...specs.map((spec): uPlot.Series => ({
+          label: spec.label,
+          stroke: spec.color(p),
+          width: 1.5,
+          show: !this.hidden.has(`${panelKey}/${spec.label}`),
+          points: { show: false },
+          ...(spec.fill ? { fill: withAlpha(spec.color(p), 0.14) } : {}),
+          ...(spec.dash ? { dash: spec.dash } : {}),
+        })),
+      ],
+      hooks: {
+        drawClear: [(u) => this.paintBands(u)],
+        draw: [
+          (u) => {
+            if (capacity !== null) this.paintCapacity(u, capacity);
+          },
+        ],
+        setScale: [(u, key) => this.onPlotScale(u, key)],
+        setCursor: [(u) => this.onPlotCursor(u)],
+      },
+    };
+    const plotEl = div("gpumem-plot");
+    el.append(legendEl, plotEl);
+    this.panelsEl.append(el);
+    const plot = new uPlot(opts, [[], ...specs.map(() => [])], plotEl);
+    this.attachPointer(plot);
+    return { el, plot, device, specs, columns, legend, capacityValue, height };
+  }
+
+  private drawPanel(panel: Panel): void {
+    const { plot } = panel;
+    const { min, max } = this.shown;
+    const plotWidth = Math.max(1, this.width - Y_AXIS_WIDTH - RIGHT_PADDING);
+    const columns = panel.columns.map((c) => this.timeline.values.get(c) ?? null);
+    const data: PlotSeries = decimate(this.timeline.t, columns, min, max, plotWidth);
+    const visible = data.ys.filter((_y, i) => plot.series[i + 1]?.show !== false);
+    const top = yTop(seriesMax(visible), panel.device?.total ?? null);
+    this.settingScales = true;
+    try {
+      plot.batch(() => {
+        if (plot.width !== this.width) plot.setSize({ width: this.width, height: panel.height });
+        plot.setData([data.x, ...data.ys], false);
+        plot.setScale("x", { min, max });
+        plot.setScale("y", { min: 0, max: top });
+      });
+    } finally {
+      this.settingScales = false;
+    }
+  }
+
+  private onPlotScale(u: uPlot, key: string): void {
+    if (key !== "x" || this.settingScales) return;
+    const min = u.scales["x"]?.min;
+    const max = u.scales["x"]?.max;
+    if (min != null && max != null && max > min) this.userRange({ min, max });
+  }
+
+  /** Shift-drag pans, a click (not a drag) selects the cell under the pointer, double-click shows all. */
+  private attachPointer(plot: uPlot): void {
+    const over = plot.over;
+    let downX = NaN;
+    over.addEventListener("mousedown", (e) => (downX = e.clientX));
+    over.addEventListener("click", (e) => {
+      if (Math.abs(e.clientX - downX) > CLICK_SLOP_PX) return;
+      const x = plot.posToVal(e.clientX - over.getBoundingClientRect().left, "x");
+      const cell = this.cellAt(x);
+      if (cell) this.opts.onSelectCell(cell.execution_count);
+    });
+    over.addEventListener("dblclick", () => this.showAll());
+    // Capture phase on the plot's root, so uPlot's own drag-to-zoom never sees a shift-drag.
+    plot.root.addEventListener(
+      "mousedown",
+      (e) => {
+        if (!e.shiftKey || e.button !== 0 || !over.contains(e.target as Node)) return;
+        e.stopPropagation();
+        e.preventDefault();
+        const start = { ...this.shown };
+        const x0 = e.clientX;
+        const perPx = (start.max - start.min) / Math.max(1, over.clientWidth);
+        const move = (ev: MouseEvent): void => {
+          const dt = (ev.clientX - x0) * perPx;
+          this.userRange({ min: start.min - dt, max: start.max - dt });
+        };
+        const up = (): void => {
+          document.removeEventListener("mousemove", move);
+          document.removeEventListener("mouseup", up);
+        };
+        document.addEventListener("mousemove", move);
+        document.addEventListener("mouseup", up);
+      },
+      true,
+    );
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // cell bands: shaded on every panel's canvas, labelled and interactive in the strip
+
+  private cellAt(x: number): CellRecord | undefined {
+    for (let i = this.cells.length - 1; i >= 0; i--) {
+      const c = this.cells[i] as CellRecord;
+      if (x >= c.started && x <= c.started + c.duration) return c;
+    }
+    return undefined;
+  }
+
+  private paintBands(u: uPlot): void {
+    const p = this.palette;
+    if (!p) return;
+    const { ctx, bbox } = u;
+    const { min, max } = this.shown;
+    for (const cell of this.cells) {
+      const end = cell.started + cell.duration;
+      if (end < min || cell.started > max) continue;
+      const x0 = Math.max(bbox.left, u.valToPos(cell.started, "x", true));
+      const x1 = Math.min(bbox.left + bbox.width, u.valToPos(end, "x", true));
+      const kind = outcome(cell);
+      ctx.fillStyle =
+        cell.execution_count === this.selected
+          ? p.bandSelected
+          : kind === "oom"
+            ? p.bandOom
+            : kind === "error"
+              ? p.bandError
+              : cell.execution_count % 2 === 0
+                ? p.band
+                : p.bandAlt;
+      ctx.fillRect(x0, bbox.top, Math.max(uPlot.pxRatio, x1 - x0), bbox.height);
+    }
+  }
+
+  private paintCapacity(u: uPlot, capacity: number): void {
+    const p = this.palette;
+    const top = u.scales["y"]?.max;
+    if (!p || top == null || capacity > top) return;
+    const { ctx, bbox } = u;
+    const y = Math.round(u.valToPos(capacity, "y", true)) + 0.5;
+    ctx.save();
+    ctx.strokeStyle = p.capacity;
+    ctx.lineWidth = uPlot.pxRatio;
+    ctx.setLineDash([6 * uPlot.pxRatio, 4 * uPlot.pxRatio]);
+    ctx.beginPath();
+    ctx.moveTo(bbox.left, y);
+    ctx.lineTo(bbox.left + bbox.width, y);
+    ctx.stroke();
+    ctx.restore();
+  }
+
+  private placeBands(): void {
+    const plot = this.panels[0]?.plot;
+    if (!plot) return;
+    const { min, max } = this.shown;
+    const width = plot.bbox.width / uPlot.pxRatio;
+    this.strip.style.width = `${width}px`;
+    for (const cell of this.cells) {
+      const band = this.bands.get(cell.execution_count);
+      if (!band) continue;
+      const end = cell.started + cell.duration;
+      if (end < min || cell.started > max) {
+        band.hidden = true;
+        continue;
+      }
+      const left = Math.max(0, plot.valToPos(cell.started, "x"));
+      const right = Math.min(width, plot.valToPos(end, "x"));
+      const w = Math.max(2, right - left);
+      band.hidden = false;
+      band.style.left = `${left}px`;
+      band.style.width = `${w}px`;
+      band.classList.toggle("gpumem-band--narrow", w < 26);
+    }
+  }
+
+  private onStripHover(e: PointerEvent): void {
+    const band = (e.target as Element).closest<HTMLElement>(".gpumem-band");
+    const n = Number(band?.dataset["executionCount"]);
+    const cell = band ? this.cells.find((c) => c.execution_count === n) : undefined;
+    if (!cell) {
+      this.hideTooltip();
+      return;
+    }
+    const lines = tooltipLines(cell, this.mode);
+    this.tooltip.replaceChildren(
+      ...lines.map((line, i) => {
+        const el = div(i === 0 ? "gpumem-tooltip-head" : i === lines.length - 1 ? "gpumem-tooltip-figures" : "gpumem-tooltip-source");
+        el.textContent = line;
+        return el;
+      }),
+    );
+    this.tooltip.dataset["outcome"] = outcome(cell);
+    this.tooltip.hidden = false;
+    const rootBox = this.opts.root.getBoundingClientRect();
+    const maxLeft = Math.max(0, rootBox.width - this.tooltip.offsetWidth - 4);
+    this.tooltip.style.left = `${Math.min(maxLeft, Math.max(0, e.clientX - rootBox.left + 12))}px`;
+    this.tooltip.style.top = `${e.clientY - rootBox.top + 16}px`;
+  }
+
+  private hideTooltip(): void {
+    this.tooltip.hidden = true;
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // legends: values under the cursor while hovering a plot, the newest values otherwise
+
+  private onPlotCursor(u: uPlot): void {
+    const left = u.cursor.left ?? -1;
+    const x = left >= 0 ? u.posToVal(left, "x") : null;
+    if (x === this.hoverX) return;
+    this.hoverX = x;
+    this.updateLegends();
+  }
+
+  private updateLegends(): void {
+    const { n, t, values } = this.timeline;
+    const idx = this.hoverX === null ? n - 1 : nearestIndex(t, this.hoverX);
+    for (const panel of this.panels) {
+      panel.columns.forEach((name, i) => {
+        const col = values.get(name);
+        const entry = panel.legend[i];
+        if (!entry) return;
+        const v = col && idx >= 0 ? (col[idx] as number) : NaN;
+        entry.value.textContent = formatBytes(v);
+      });
+    }
+    if (this.hoverX === null) {
+      this.hoverText.textContent = this.follow ? "live" : "";
+    } else {
+      const cell = this.cellAt(this.hoverX);
+      this.hoverText.textContent = formatClock(this.hoverX) + (cell ? ` \u00b7 in [${cell.execution_count}]` : "");
+    }
+  }
+}
+
+/** The y axis top: the data with headroom, rounded to a tick; the capacity once data nears it. */
+export function yTop(dataMax: number, capacity: number | null): number {
+  if (capacity !== null && capacity > 0 && dataMax >= 0.6 * capacity) return Math.max(capacity * 1.04, dataMax);
+  const wanted = Math.max(dataMax * 1.1, 1024 ** 2);
+  const { step } = byteTicks(wanted, 5);
+  return Math.ceil(wanted / step) * step;
+}
+
+/** A translucent fill from a hex or rgb() colour (a neutral grey for anything else). */
+export function withAlpha(color: string, alpha: number): string {
+  const c = color.trim();
+  let rgb: number[] | null = null;
+  const hex = /^#([0-9a-f]{3}|[0-9a-f]{6})$/i.exec(c)?.[1];
+  if (hex) {
+    const full = hex.length === 3 ? [...hex].map((h) => h + h).join("") : hex;
+    const v = parseInt(full, 16);
+    rgb = [(v >> 16) & 255, (v >> 8) & 255, v & 255];
+  } else {
+    const m = /^rgba?\(\s*([\d.]+)[\s,]+([\d.]+)[\s,]+([\d.]+)/i.exec(c);
+    if (m) rgb = [Number(m[1]), Number(m[2]), Number(m[3])];
+  }
+  const [r, g, b] = rgb ?? [128, 128, 128];
+  return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+}
+
+function div(className: string): HTMLDivElement {
+  const el = document.createElement("div");
+  el.className = className;
+  return el;
+}
+
+function button(label: string, onClick: () => void): HTMLButtonElement {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.addEventListener("click", onClick);
+  return b;
+}

@@ -1,0 +1,386 @@
+// The browser's half of the kernel contract: mirrors gpumem_widget/protocol.py (trait contents,
+// packed tables) and ledger.CellRecord.to_wire(). Change both sides together.
+//
+// Everything here validates what the model holds, because a malformed trait must cost one clear
+// message in the header, never a broken view.
+
+export const TIME_COLUMN = "t";
+export const HOST_RSS_COLUMN = "host/rss";
+// allocated/reserved/active from the torch allocator; process_used/device_used from NVML.
+export const DEVICE_FIELDS = ["allocated", "reserved", "active", "process_used", "device_used"] as const;
+export type DeviceField = (typeof DEVICE_FIELDS)[number];
+
+export function deviceColumn(device: number, field: DeviceField): string {
+  return `cuda:${device}/${field}`;
+}
+
+/** The trait names; the browser only reads them. */
+export type Traits = {
+  devices: unknown;
+  status: unknown;
+  cells: unknown;
+  timeline_base: unknown;
+  timeline_tail: unknown;
+};
+
+export class ProtocolError extends Error {
+  override name = "ProtocolError";
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON traits
+
+export interface DeviceInfo {
+  index: number;
+  name: string;
+  uuid: string | null;
+  total: number | null; // bytes
+  nvml: boolean; // false when NVML could not be matched to this device
+}
+
+export interface ReaderState {
+  ok: boolean;
+  reason: string | null;
+}
+
+export interface SessionPeak {
+  device: number;
+  allocated: number;
+  reserved: number;
+}
+
+export interface Status {
+  mode: "cuda" | "host";
+  sampler: "running" | "paused" | "stopped" | null; // null: no status published yet
+  busy_interval: number | null;
+  idle_interval: number | null;
+  peak_mode: "exact" | "passive" | null;
+  readers: Record<string, ReaderState>;
+  error: string | null;
+  running_cell: number | null;
+  session_peak: SessionPeak[];
+}
+
+export interface DeviceCellUsage {
+  device: number;
+  allocated_before: number;
+  allocated_after: number;
+  reserved_before: number;
+  reserved_after: number;
+  peak_allocated: number;
+  peak_reserved: number;
+  peak_exact: boolean; // false: the peaks are lower bounds (passive peak mode)
+  alloc_retries: number;
+  ooms: number;
+  process_used_after: number | null;
+  device_used_after: number | null;
+  delta_allocated: number;
+  delta_reserved: number;
+  outside_pytorch: number | null;
+}
+
+export interface CellRecord {
+  execution_count: number;
+  cell_id: string | null;
+  source: string;
+  started: number; // unix seconds
+  duration: number; // seconds
+  error: string | null; // exception type name when the cell raised
+  oom: boolean;
+  host_rss_before: number | null;
+  host_rss_after: number | null;
+  host_rss_peak: number | null; // sampled: a lower bound
+  devices: DeviceCellUsage[];
+}
+
+type Json = Record<string, unknown>;
+
+function isObject(x: unknown): x is Json {
+  return typeof x === "object" && x !== null && !Array.isArray(x);
+}
+
+function field<T>(obj: Json, key: string, what: string, check: (v: unknown) => v is T, expected: string): T {
+  const v = obj[key];
+  if (!check(v)) throw new ProtocolError(`${what}.${key}: expected ${expected}, got ${describe(v)}`);
+  return v;
+}
+
+function describe(v: unknown): string {
+  if (v === undefined) return "nothing";
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "a list";
+  return typeof v === "string" ? `"${v.slice(0, 40)}"` : typeof v;
+}
+
+const isNumber = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v);
+const isNumberOrNull = (v: unknown): v is number | null => v === null || isNumber(v);
+const isString = (v: unknown): v is string => typeof v === "string";
+const isStringOrNull = (v: unknown): v is string | null => v === null || typeof v === "string";
+const isBool = (v: unknown): v is boolean => typeof v === "boolean";
+
+/** Optional fields: absent or wrong-typed reads as `fallback` (older kernels, partial status). */
+function optional<T>(obj: Json, key: string, check: (v: unknown) => v is T, fallback: T): T {
+  const v = obj[key];
+  return check(v) ? v : fallback;
+}
+
+export function parseDevices(raw: unknown): DeviceInfo[] {
+  if (raw == null) return [];
+  if (!Array.isArray(raw)) throw new ProtocolError(`devices: expected a list, got ${describe(raw)}`);
+  return raw.map((d, i): DeviceInfo => {
+    const what = `devices[${i}]`;
+    if (!isObject(d)) throw new ProtocolError(`${what}: expected an object, got ${describe(d)}`);
+    return {
+      index: field(d, "index", what, isNumber, "a number"),
+      name: optional(d, "name", isString, `cuda:${String(d["index"])}`),
+      uuid: optional(d, "uuid", isStringOrNull, null),
+      total: optional(d, "total", isNumberOrNull, null),
+      nvml: optional(d, "nvml", isBool, false),
+    };
+  });
+}
+
+function oneOf<T extends string>(values: readonly T[]): (v: unknown) => v is T {
+  return (v: unknown): v is T => typeof v === "string" && (values as readonly string[]).includes(v);
+}
+
+/** `devices` decides the mode when the kernel has not published a status yet. */
+export function parseStatus(raw: unknown, devices: readonly DeviceInfo[]): Status {
+  const s = isObject(raw) ? raw : {};
+  const readers: Record<string, ReaderState> = {};
+  const rawReaders = s["readers"];
+  if (isObject(rawReaders)) {
+    for (const [name, r] of Object.entries(rawReaders)) {
+      if (!isObject(r)) continue;
+      readers[name] = { ok: optional(r, "ok", isBool, false), reason: optional(r, "reason", isStringOrNull, null) };
+    }
+  }
+  const peaks: SessionPeak[] = [];
+  const rawPeaks = s["session_peak"];
+  if (Array.isArray(rawPeaks)) {
+    for (const p of rawPeaks) {
+      if (isObject(p) && isNumber(p["device"]) && isNumber(p["allocated"]) && isNumber(p["reserved"])) {
+        peaks.push({ device: p["device"], allocated: p["allocated"], reserved: p["reserved"] });
+      }
+    }
+  }
+  return {
+    mode: optional(s, "mode", oneOf(["cuda", "host"] as const), devices.length > 0 ? "cuda" : "host"),
+    sampler: optional(s, "sampler", oneOf(["running", "paused", "stopped"] as const), null),
+    busy_interval: optional(s, "busy_interval", isNumberOrNull, null),
+    idle_interval: optional(s, "idle_interval", isNumberOrNull, null),
+    peak_mode: optional(s, "peak_mode", oneOf(["exact", "passive"] as const), null),
+    readers,
+    error: optional(s, "error", isStringOrNull, null),
+    running_cell: optional(s, "running_cell", isNumberOrNull, null),
+    session_peak: peaks,
+  };
+}
+
+function parseDeviceUsage(d: unknown, what: string): DeviceCellUsage {
+  if (!isObject(d)) throw new ProtocolError(`${what}: expected an object, got ${describe(d)}`);
+  const n = (key: string): number => field(d, key, what, isNumber, "a number");
+  const allocatedBefore = n("allocated_before");
+  const allocatedAfter = n("allocated_after");
+  const reservedBefore = n("reserved_before");
+  const reservedAfter = n("reserved_after");
+  const processUsed = optional(d, "process_used_after", isNumberOrNull, null);
+  return {
+    device: n("device"),
+    allocated_before: allocatedBefore,
+    allocated_after: allocatedAfter,
+    reserved_before: reservedBefore,
+    reserved_after: reservedAfter,
+    peak_allocated: n("peak_allocated"),
+    peak_reserved: n("peak_reserved"),
+    peak_exact: optional(d, "peak_exact", isBool, true),
+    alloc_retries: optional(d, "alloc_retries", isNumber, 0),
+    ooms: optional(d, "ooms", isNumber, 0),
+    process_used_after: processUsed,
+    device_used_after: optional(d, "device_used_after", isNumberOrNull, null),
+    // The kernel sends the derived figures; recomputing them only covers an older kernel.
+    delta_allocated: optional(d, "delta_allocated", isNumber, allocatedAfter - allocatedBefore),
+    delta_reserved: optional(d, "delta_reserved", isNumber, reservedAfter - reservedBefore),
+    outside_pytorch: optional(
+      d,
+      "outside_pytorch",
+      isNumberOrNull,
+      processUsed === null ? null : processUsed - reservedAfter,
+    ),
+  };
+}
+
+export function parseCell(c: unknown, what: string): CellRecord {
+  if (!isObject(c)) throw new ProtocolError(`${what}: expected an object, got ${describe(c)}`);
+  const devices = optional(c, "devices", Array.isArray, []);
+  return {
+    execution_count: field(c, "execution_count", what, isNumber, "a number"),
+    cell_id: optional(c, "cell_id", isStringOrNull, null),
+    source: optional(c, "source", isString, ""),
+    started: field(c, "started", what, isNumber, "a number"),
+    duration: field(c, "duration", what, isNumber, "a number"),
+    error: optional(c, "error", isStringOrNull, null),
+    oom: optional(c, "oom", isBool, false),
+    host_rss_before: optional(c, "host_rss_before", isNumberOrNull, null),
+    host_rss_after: optional(c, "host_rss_after", isNumberOrNull, null),
+    host_rss_peak: optional(c, "host_rss_peak", isNumberOrNull, null),
+    devices: devices.map((d, i) => parseDeviceUsage(d, `${what}.devices[${i}]`)),
+  };
+}
+
+/** Every well-formed record, plus one message per malformed one (which is left out). */
+export function parseCells(raw: unknown): { cells: CellRecord[]; problems: string[] } {
+  if (raw == null) return { cells: [], problems: [] };
+  if (!Array.isArray(raw)) return { cells: [], problems: [`cells: expected a list, got ${describe(raw)}`] };
+  const cells: CellRecord[] = [];
+  const problems: string[] = [];
+  raw.forEach((c, i) => {
+    try {
+      cells.push(parseCell(c, `cells[${i}]`));
+    } catch (e) {
+      if (!(e instanceof ProtocolError)) throw e;
+      problems.push(e.message);
+    }
+  });
+  return { cells, problems };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed tables: {"n", "columns", "dtypes": ["f8"|"f4"], "buffers"}, one little-endian buffer per
+// column. ipywidgets hands binary buffers over as DataViews, which may start at any byte offset.
+
+export type Column = Float64Array | Float32Array;
+
+export interface DecodedTable {
+  n: number;
+  columns: Map<string, Column>;
+}
+
+const EMPTY_TABLE: DecodedTable = { n: 0, columns: new Map() };
+
+const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+function bytesOf(buf: unknown, what: string): { buffer: ArrayBufferLike; offset: number; length: number } {
+  if (buf instanceof ArrayBuffer) return { buffer: buf, offset: 0, length: buf.byteLength };
+  if (ArrayBuffer.isView(buf)) return { buffer: buf.buffer, offset: buf.byteOffset, length: buf.byteLength };
+  throw new ProtocolError(`${what}: expected binary data, got ${describe(buf)}`);
+}
+
+function decodeColumn(buf: unknown, dtype: unknown, n: number, what: string): Column {
+  if (dtype !== "f8" && dtype !== "f4") throw new ProtocolError(`${what}: unknown dtype ${describe(dtype)}`);
+  const size = dtype === "f8" ? 8 : 4;
+  const { buffer, offset, length } = bytesOf(buf, what);
+  if (length !== n * size) {
+    throw new ProtocolError(`${what}: ${length} bytes for ${n} rows of ${dtype} (expected ${n * size})`);
+  }
+  const view = (b: ArrayBufferLike, at: number): Column => (size === 8 ? new Float64Array(b, at, n) : new Float32Array(b, at, n));
+  if (!LITTLE_ENDIAN_HOST) {
+    const data = new DataView(buffer, offset, length);
+    const out = size === 8 ? new Float64Array(n) : new Float32Array(n);
+    for (let i = 0; i < n; i++) out[i] = size === 8 ? data.getFloat64(i * 8, true) : data.getFloat32(i * 4, true);
+    return out;
+  }
+  if (offset % size === 0) return view(buffer, offset);
+  // Unaligned: a typed array cannot view it, so copy the bytes to a fresh (aligned) buffer.
+  return view(new Uint8Array(buffer, offset, length).slice().buffer, 0);
+}
+
+/** Decode one packed table; `{}` or null (a trait not yet set) is the empty table. */
+export function decodeTable(raw: unknown, what: string): DecodedTable {
+  if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return EMPTY_TABLE;
+  if (!isObject(raw)) throw new ProtocolError(`${what}: expected a table, got ${describe(raw)}`);
+  const n = raw["n"];
+  if (!isNumber(n) || n < 0 || !Number.isInteger(n)) throw new ProtocolError(`${what}.n: expected a row count, got ${describe(n)}`);
+  const names = raw["columns"];
+  const dtypes = raw["dtypes"];
+  const buffers = raw["buffers"];
+  if (!Array.isArray(names) || !Array.isArray(dtypes) || !Array.isArray(buffers)) {
+    throw new ProtocolError(`${what}: columns, dtypes and buffers must be lists`);
+  }
+  if (dtypes.length !== names.length || buffers.length !== names.length) {
+    throw new ProtocolError(`${what}: ${names.length} columns but ${dtypes.length} dtypes and ${buffers.length} buffers`);
+  }
+  const columns = new Map<string, Column>();
+  names.forEach((name, i) => {
+    if (!isString(name)) throw new ProtocolError(`${what}.columns[${i}]: expected a name, got ${describe(name)}`);
+    columns.set(name, decodeColumn(buffers[i], dtypes[i], n, `${what}.${name}`));
+  });
+  if (n > 0 && !columns.has(TIME_COLUMN)) throw new ProtocolError(`${what}: no "${TIME_COLUMN}" column`);
+  return { n, columns };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The timeline is base + tail. The base changes rarely and the tail up to 4 times a second, so
+// the joined columns keep spare capacity and a tail update only rewrites the rows after the base.
+
+export interface Timeline {
+  n: number;
+  t: Float64Array; // unix seconds, ascending
+  values: ReadonlyMap<string, Float32Array>; // bytes; NaN where a reader had nothing
+}
+
+export class TimelineStore {
+  private base: DecodedTable = EMPTY_TABLE;
+  private tail: DecodedTable = EMPTY_TABLE;
+  private names: string[] = [];
+  private capacity = 0;
+  private t = new Float64Array(0);
+  private cols = new Map<string, Float32Array>();
+  private n = 0;
+
+  setBase(table: DecodedTable): void {
+    this.base = table;
+    this.rebuild();
+  }
+
+  setTail(table: DecodedTable): void {
+    this.tail = table;
+    const known = new Set(this.names);
+    const newColumn = [...table.columns.keys()].some((c) => c !== TIME_COLUMN && !known.has(c));
+    if (newColumn || this.base.n + table.n > this.capacity) this.rebuild();
+    else this.writeTail();
+  }
+
+  get timeline(): Timeline {
+    const values = new Map<string, Float32Array>();
+    for (const [name, col] of this.cols) values.set(name, col.subarray(0, this.n));
+    return { n: this.n, t: this.t.subarray(0, this.n), values };
+  }
+
+  private rebuild(): void {
+    const names = new Set<string>();
+    for (const table of [this.base, this.tail]) {
+      for (const c of table.columns.keys()) if (c !== TIME_COLUMN) names.add(c);
+    }
+    this.names = [...names];
+    this.capacity = Math.ceil((this.base.n + this.tail.n) * 1.25) + 1024;
+    this.t = new Float64Array(this.capacity);
+    this.cols = new Map(this.names.map((c) => [c, new Float32Array(this.capacity)]));
+    this.copyRows(this.base, 0, 0);
+    this.writeTail();
+  }
+
+  private writeTail(): void {
+    const baseN = this.base.n;
+    // Rows the base already covers are skipped, so the time column stays ascending.
+    const lastBase = baseN > 0 ? (this.t[baseN - 1] as number) : -Infinity;
+    const tailT = this.tail.columns.get(TIME_COLUMN);
+    let skip = 0;
+    if (tailT) while (skip < this.tail.n && (tailT[skip] as number) <= lastBase) skip++;
+    this.n = baseN + this.copyRows(this.tail, skip, baseN);
+  }
+
+  /** Copy `table`'s rows from `from` on to row `at`; returns how many were copied. */
+  private copyRows(table: DecodedTable, from: number, at: number): number {
+    const count = table.n - from;
+    if (count <= 0) return 0;
+    const t = table.columns.get(TIME_COLUMN);
+    if (t) this.t.set(t.subarray(from), at);
+    for (const [name, dest] of this.cols) {
+      const src = table.columns.get(name);
+      if (src) dest.set(src.subarray(from), at);
+      else dest.fill(NaN, at, at + count);
+    }
+    return count;
+  }
+}

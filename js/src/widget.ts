@@ -1,0 +1,201 @@
+// The anywidget entry point. Every view draws only from the model's traits (so several views of
+// one widget agree, and a notebook reopened without a kernel shows the last state). Trait changes
+// mark what is stale; one requestAnimationFrame callback per frame reads and draws it, so a burst
+// of updates costs one redraw and an update never waits longer than the next frame.
+
+import "uplot/dist/uPlot.min.css";
+import "./widget.css";
+import type { AnyModel } from "@anywidget/types";
+import { Chart } from "./chart";
+import { Details } from "./details";
+import { renderDrilldown } from "./drilldown";
+import { Header } from "./header";
+import { Ledger } from "./ledger";
+import {
+  decodeTable,
+  parseCells,
+  parseDevices,
+  parseStatus,
+  ProtocolError,
+  TimelineStore,
+  type CellRecord,
+  type DeviceInfo,
+  type Status,
+  type Traits,
+} from "./protocol";
+import { watchTheme } from "./theme";
+
+type TraitName = keyof Traits;
+const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "timeline_base", "timeline_tail"];
+
+class WidgetView {
+  private readonly model: AnyModel<Traits>;
+  private readonly root: HTMLElement;
+  private readonly header = new Header();
+  private readonly chart: Chart;
+  private readonly ledger: Ledger;
+  private readonly details: Details;
+  private readonly snapshotPanel: HTMLElement;
+  private readonly store = new TimelineStore();
+  private readonly listeners: [string, () => void][] = [];
+  private readonly stale = new Set<TraitName>(TRAITS);
+  private readonly problems = new Map<string, string>();
+  private readonly stopWatchingTheme: () => void;
+  private stopDrilldown: (() => void) | null = null;
+  private frameId = 0;
+  private devices: DeviceInfo[] = [];
+  private status: Status;
+  private cells: CellRecord[] = [];
+  private selected: number | null = null;
+  private problemsChanged = true;
+
+  constructor(model: AnyModel<Traits>, host: HTMLElement) {
+    this.model = model;
+    this.root = document.createElement("div");
+    this.root.className = "gpumem-widget";
+    this.status = parseStatus(undefined, []);
+    this.chart = new Chart({
+      root: this.root,
+      requestFrame: () => this.requestFrame(),
+      onSelectCell: (n) => this.select(n),
+    });
+    this.ledger = new Ledger((n) => this.select(n));
+    this.details = new Details(() => this.select(null));
+
+    const memoryPanel = document.createElement("div");
+    memoryPanel.className = "gpumem-tab-panel";
+    memoryPanel.dataset["tab"] = "memory";
+    memoryPanel.append(this.chart.el, this.details.el, this.ledger.el);
+    this.snapshotPanel = document.createElement("div");
+    this.snapshotPanel.className = "gpumem-tab-panel gpumem-drilldown";
+    this.snapshotPanel.dataset["tab"] = "snapshot";
+    this.snapshotPanel.hidden = true;
+    this.root.append(this.header.el, this.tabs([memoryPanel, this.snapshotPanel]), memoryPanel, this.snapshotPanel);
+    host.append(this.root);
+
+    for (const name of TRAITS) {
+      const onChange = (): void => {
+        this.stale.add(name);
+        this.requestFrame();
+      };
+      model.on(`change:${name}`, onChange);
+      this.listeners.push([`change:${name}`, onChange]);
+    }
+    this.stopWatchingTheme = watchTheme(() => this.chart.themeChanged());
+    this.requestFrame();
+  }
+
+  destroy(): void {
+    cancelAnimationFrame(this.frameId);
+    for (const [event, callback] of this.listeners) this.model.off(event, callback);
+    this.stopWatchingTheme();
+    this.stopDrilldown?.();
+    this.chart.destroy();
+    this.root.remove();
+  }
+
+  private requestFrame(): void {
+    if (this.frameId === 0) this.frameId = requestAnimationFrame(() => this.frame());
+  }
+
+  private frame(): void {
+    this.frameId = 0;
+    const stale = new Set(this.stale);
+    this.stale.clear();
+    const layout = stale.has("devices") || stale.has("status");
+    if (layout) {
+      this.attempt("devices", () => (this.devices = parseDevices(this.model.get("devices"))));
+      this.status = parseStatus(this.model.get("status"), this.devices);
+      this.chart.setLayout(this.devices, this.status.mode);
+    }
+    if (stale.has("cells") || layout) {
+      if (stale.has("cells")) {
+        const { cells, problems } = parseCells(this.model.get("cells"));
+        this.cells = cells;
+        this.setProblem("cells", problems.length > 0 ? `${problems.length} cell record(s) left out: ${problems[0]}` : null);
+        this.chart.setCells(cells);
+      }
+      this.ledger.update(this.cells, this.status.mode);
+      this.refreshDetails();
+    }
+    let timeline = false;
+    if (stale.has("timeline_base")) {
+      timeline = this.attempt("timeline_base", () => this.store.setBase(decodeTable(this.model.get("timeline_base"), "timeline_base"))) || timeline;
+    }
+    if (stale.has("timeline_tail")) {
+      timeline = this.attempt("timeline_tail", () => this.store.setTail(decodeTable(this.model.get("timeline_tail"), "timeline_tail"))) || timeline;
+    }
+    if (timeline) this.chart.setTimeline(this.store.timeline);
+    if (layout || stale.has("cells") || this.problemsChanged) {
+      this.problemsChanged = false;
+      this.header.update(this.devices, this.status, [...this.problems.values()]);
+    }
+    this.chart.draw();
+  }
+
+  private setProblem(source: string, message: string | null): void {
+    const before = this.problems.get(source) ?? null;
+    if (before === message) return;
+    if (message === null) this.problems.delete(source);
+    else this.problems.set(source, message);
+    this.problemsChanged = true;
+  }
+
+  /** Run one decoding step; a malformed trait keeps the last good state and says why in the header. */
+  private attempt(source: string, step: () => unknown): boolean {
+    try {
+      step();
+      this.setProblem(source, null);
+      return true;
+    } catch (e) {
+      if (!(e instanceof ProtocolError)) throw e;
+      this.setProblem(source, e.message);
+      return false;
+    }
+  }
+
+  private select(n: number | null): void {
+    this.selected = n;
+    this.ledger.setSelected(n);
+    this.chart.setSelected(n, n !== null);
+    this.refreshDetails();
+  }
+
+  private refreshDetails(): void {
+    const cell = this.cells.find((c) => c.execution_count === this.selected);
+    if (cell) this.details.show(cell, this.devices, this.status.mode);
+    else this.details.hide();
+  }
+
+  private tabs(panels: HTMLElement[]): HTMLElement {
+    const nav = document.createElement("nav");
+    nav.className = "gpumem-tabs";
+    nav.setAttribute("role", "tablist");
+    const labels = ["Memory", "Snapshot"];
+    const buttons = panels.map((panel, i) => {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.setAttribute("role", "tab");
+      b.dataset["tab"] = panel.dataset["tab"] ?? "";
+      b.textContent = labels[i] ?? "";
+      b.setAttribute("aria-selected", String(i === 0));
+      b.addEventListener("click", () => {
+        panels.forEach((p, j) => (p.hidden = j !== i));
+        buttons.forEach((other) => other.setAttribute("aria-selected", String(other === b)));
+        if (panel === this.snapshotPanel && !this.stopDrilldown) {
+          this.stopDrilldown = renderDrilldown(this.snapshotPanel, this.model as unknown as AnyModel);
+        }
+      });
+      return b;
+    });
+    nav.append(...buttons);
+    return nav;
+  }
+}
+
+export default {
+  render({ model, el }: { model: AnyModel<Traits>; el: HTMLElement }): () => void {
+    const view = new WidgetView(model, el);
+    return () => view.destroy();
+  },
+};

@@ -1,0 +1,246 @@
+import { readFileSync } from "node:fs";
+import { describe, expect, it } from "vitest";
+import {
+  decodeTable,
+  parseCells,
+  parseDevices,
+  parseStatus,
+  ProtocolError,
+  TimelineStore,
+  type DecodedTable,
+} from "../src/protocol";
+
+type Data = Record<string, readonly number[]>;
+
+/** Pack like protocol.pack_table; each buffer a DataView at byte offset `pad` of a larger buffer. */
+function pack(data: Data, pad = 0): { n: number; columns: string[]; dtypes: string[]; buffers: DataView[] } {
+  const columns = Object.keys(data);
+  const n = columns.length > 0 ? (data[columns[0] as string] as number[]).length : 0;
+  return {
+    n,
+    columns,
+    dtypes: columns.map((c) => (c === "t" ? "f8" : "f4")),
+    buffers: columns.map((c) => {
+      const typed = c === "t" ? Float64Array.from(data[c] as number[]) : Float32Array.from(data[c] as number[]);
+      const bytes = new Uint8Array(typed.byteLength + pad);
+      bytes.set(new Uint8Array(typed.buffer), pad);
+      return new DataView(bytes.buffer, pad, typed.byteLength);
+    }),
+  };
+}
+
+const decode = (data: Data, pad = 0): DecodedTable => decodeTable(pack(data, pad), "table");
+const list = (x: ArrayLike<number> | undefined): number[] => Array.from(x ?? []);
+
+describe("decodeTable", () => {
+  it("decodes aligned and unaligned DataViews to the same numbers", () => {
+    const data = { t: [1.5, 2.25, 1e9 + 0.125], "cuda:0/allocated": [0, 1024, 2 ** 35] };
+    for (const pad of [0, 1, 3, 8]) {
+      const table = decode(data, pad);
+      expect(table.n).toBe(3);
+      expect(list(table.columns.get("t"))).toEqual(data.t);
+      expect(list(table.columns.get("cuda:0/allocated"))).toEqual(data["cuda:0/allocated"]);
+      expect(table.columns.get("t")).toBeInstanceOf(Float64Array);
+      expect(table.columns.get("cuda:0/allocated")).toBeInstanceOf(Float32Array);
+    }
+  });
+
+  it("views aligned buffers without copying and copies unaligned ones", () => {
+    const aligned = pack({ t: [1, 2] }, 8);
+    expect(decodeTable(aligned, "x").columns.get("t")?.buffer).toBe(aligned.buffers[0]?.buffer);
+    const unaligned = pack({ t: [1, 2] }, 3);
+    expect(decodeTable(unaligned, "x").columns.get("t")?.buffer).not.toBe(unaligned.buffers[0]?.buffer);
+  });
+
+  it("accepts ArrayBuffers and typed arrays as buffers too", () => {
+    const t = new Float64Array([5, 6]);
+    const v = new Float32Array([7, 8]);
+    const table = decodeTable({ n: 2, columns: ["t", "host/rss"], dtypes: ["f8", "f4"], buffers: [t.buffer, v] }, "x");
+    expect(list(table.columns.get("t"))).toEqual([5, 6]);
+    expect(list(table.columns.get("host/rss"))).toEqual([7, 8]);
+  });
+
+  it("keeps NaN (a reader had nothing)", () => {
+    const table = decode({ t: [1, 2], "host/rss": [NaN, 3] });
+    expect(Number.isNaN(table.columns.get("host/rss")?.[0])).toBe(true);
+  });
+
+  it("reads an unset trait as the empty table", () => {
+    expect(decodeTable({}, "x").n).toBe(0);
+    expect(decodeTable(undefined, "x").n).toBe(0);
+    expect(decode({ t: [] }).n).toBe(0);
+  });
+
+  it.each([
+    ["not a table", "nope", /expected a table/],
+    ["a bad row count", { n: -1, columns: [], dtypes: [], buffers: [] }, /row count/],
+    ["mismatched lists", { n: 0, columns: ["t"], dtypes: [], buffers: [] }, /1 columns but 0 dtypes/],
+    ["an unknown dtype", { n: 1, columns: ["t"], dtypes: ["i8"], buffers: [new ArrayBuffer(8)] }, /unknown dtype/],
+    ["a short buffer", { n: 2, columns: ["t"], dtypes: ["f8"], buffers: [new ArrayBuffer(12)] }, /12 bytes for 2 rows/],
+    ["JSON instead of bytes", { n: 1, columns: ["t"], dtypes: ["f8"], buffers: [[1]] }, /expected binary data/],
+    ["no time column", { n: 1, columns: ["host/rss"], dtypes: ["f4"], buffers: [new ArrayBuffer(4)] }, /no "t" column/],
+  ])("rejects %s with one clear error", (_what, raw, message) => {
+    expect(() => decodeTable(raw, "timeline_tail")).toThrow(ProtocolError);
+    expect(() => decodeTable(raw, "timeline_tail")).toThrow(message);
+  });
+});
+
+describe("TimelineStore", () => {
+  const cols = (t: number[], a: number[]): Data => ({ t, "cuda:0/allocated": a, "host/rss": a.map((x) => x * 10) });
+
+  it("joins base and tail", () => {
+    const store = new TimelineStore();
+    store.setBase(decode(cols([1, 2, 3], [10, 20, 30])));
+    store.setTail(decode(cols([4, 5], [40, 50])));
+    const tl = store.timeline;
+    expect(tl.n).toBe(5);
+    expect(list(tl.t)).toEqual([1, 2, 3, 4, 5]);
+    expect(list(tl.values.get("cuda:0/allocated"))).toEqual([10, 20, 30, 40, 50]);
+    expect(list(tl.values.get("host/rss"))).toEqual([100, 200, 300, 400, 500]);
+  });
+
+  it("replaces the tail on each update and keeps the base", () => {
+    const store = new TimelineStore();
+    store.setBase(decode(cols([1, 2], [10, 20])));
+    store.setTail(decode(cols([3, 4, 5], [30, 40, 50])));
+    store.setTail(decode(cols([3], [33])));
+    expect(list(store.timeline.t)).toEqual([1, 2, 3]);
+    expect(list(store.timeline.values.get("cuda:0/allocated"))).toEqual([10, 20, 33]);
+  });
+
+  it("grows past its spare capacity", () => {
+    const store = new TimelineStore();
+    store.setBase(decode(cols([0], [0])));
+    const big = Array.from({ length: 5000 }, (_, i) => i + 1);
+    store.setTail(decode(cols(big, big)));
+    expect(store.timeline.n).toBe(5001);
+    expect(store.timeline.t[5000]).toBe(5000);
+    expect(store.timeline.values.get("cuda:0/allocated")?.[4999]).toBe(4999);
+  });
+
+  it("starts over from a new base", () => {
+    const store = new TimelineStore();
+    store.setBase(decode(cols([1, 2], [10, 20])));
+    store.setTail(decode(cols([3], [30])));
+    store.setBase(decode(cols([1, 2, 3, 4], [11, 21, 31, 41])));
+    store.setTail(decode(cols([], [])));
+    expect(list(store.timeline.values.get("cuda:0/allocated"))).toEqual([11, 21, 31, 41]);
+  });
+
+  it("drops tail rows the base already covers, so time stays ascending", () => {
+    const store = new TimelineStore();
+    store.setBase(decode(cols([1, 2, 3], [10, 20, 30])));
+    store.setTail(decode(cols([2, 3, 4], [0, 0, 40])));
+    expect(list(store.timeline.t)).toEqual([1, 2, 3, 4]);
+    expect(list(store.timeline.values.get("cuda:0/allocated"))).toEqual([10, 20, 30, 40]);
+  });
+
+  it("fills a column one part lacks with NaN", () => {
+    const store = new TimelineStore();
+    store.setBase(decode({ t: [1, 2], "host/rss": [5, 6] }));
+    store.setTail(decode({ t: [3], "host/rss": [7], "cuda:0/allocated": [9] }));
+    const alloc = list(store.timeline.values.get("cuda:0/allocated"));
+    expect(alloc.slice(0, 2).every(Number.isNaN)).toBe(true);
+    expect(alloc[2]).toBe(9);
+    expect(list(store.timeline.values.get("host/rss"))).toEqual([5, 6, 7]);
+  });
+});
+
+describe("JSON traits", () => {
+  it("parses devices and fills optional fields", () => {
+    expect(parseDevices([{ index: 0, name: "H200", uuid: "GPU-x", total: 100, nvml: true }, { index: 1 }])).toEqual([
+      { index: 0, name: "H200", uuid: "GPU-x", total: 100, nvml: true },
+      { index: 1, name: "cuda:1", uuid: null, total: null, nvml: false },
+    ]);
+    expect(parseDevices(undefined)).toEqual([]);
+    expect(() => parseDevices([{ name: "no index" }])).toThrow(/devices\[0\]\.index/);
+    expect(() => parseDevices("x")).toThrow(ProtocolError);
+  });
+
+  it("reads an empty status as not started, in the mode the devices imply", () => {
+    const s = parseStatus({}, []);
+    expect(s.mode).toBe("host");
+    expect(s.sampler).toBeNull();
+    expect(parseStatus(undefined, [{ index: 0, name: "", uuid: null, total: null, nvml: false }]).mode).toBe("cuda");
+  });
+
+  it("keeps only well-formed readers and peaks", () => {
+    const s = parseStatus(
+      { mode: "cuda", sampler: "paused", readers: { nvml: { ok: false, reason: "no driver" }, bad: 3 }, session_peak: [{ device: 0, allocated: 1, reserved: 2 }, { device: 1 }] },
+      [],
+    );
+    expect(s.sampler).toBe("paused");
+    expect(s.readers).toEqual({ nvml: { ok: false, reason: "no driver" } });
+    expect(s.session_peak).toEqual([{ device: 0, allocated: 1, reserved: 2 }]);
+  });
+
+  it("leaves out a malformed cell record and says which", () => {
+    const good = { execution_count: 1, source: "x", started: 10, duration: 1, devices: [] };
+    const { cells, problems } = parseCells([good, { execution_count: 2, started: "soon", duration: 1 }]);
+    expect(cells.map((c) => c.execution_count)).toEqual([1]);
+    expect(problems).toEqual(['cells[1].started: expected a number, got "soon"']);
+  });
+
+  it("derives a device's figures only when an older kernel left them out", () => {
+    const device = { device: 0, allocated_before: 10, allocated_after: 30, reserved_before: 40, reserved_after: 45, peak_allocated: 50, peak_reserved: 60, process_used_after: 100 };
+    const [cell] = parseCells([{ execution_count: 1, started: 0, duration: 1, devices: [device] }]).cells;
+    expect(cell?.devices[0]).toMatchObject({ delta_allocated: 20, delta_reserved: 5, outside_pytorch: 55, peak_exact: true, device_used_after: null });
+  });
+});
+
+describe("the Python side's real output (test/fixtures/wire.json)", () => {
+  interface Fixture {
+    state: Record<string, unknown>;
+    buffer_paths: (string | number)[][];
+    buffers: string[];
+    expected: { base: Record<string, (number | null)[]>; tail: Record<string, (number | null)[]>; cells: unknown[] };
+  }
+  const fixture = JSON.parse(readFileSync(new URL("./fixtures/wire.json", import.meta.url), "utf8")) as Fixture;
+
+  /** What @jupyter-widgets/base's put_buffers does: a DataView at each buffer path (here at odd offsets). */
+  function received(): Record<string, unknown> {
+    const state = structuredClone(fixture.state);
+    fixture.buffer_paths.forEach((path, i) => {
+      const bytes = Buffer.from(fixture.buffers[i] as string, "base64");
+      const padded = new Uint8Array(bytes.length + 1);
+      padded.set(bytes, 1);
+      let obj = state as Record<string | number, unknown>;
+      for (const key of path.slice(0, -1)) obj = obj[key] as Record<string | number, unknown>;
+      obj[path[path.length - 1] as string | number] = new DataView(padded.buffer, 1, bytes.length);
+    });
+    return state;
+  }
+
+  const approx = (expected: (number | null)[], name: string): number[] =>
+    expected.map((v) => (v === null ? NaN : name === "t" ? v : Math.fround(v)));
+
+  it("decodes base + tail to the numbers Python packed", () => {
+    const state = received();
+    const store = new TimelineStore();
+    store.setBase(decodeTable(state["timeline_base"], "timeline_base"));
+    store.setTail(decodeTable(state["timeline_tail"], "timeline_tail"));
+    const tl = store.timeline;
+    const { base, tail } = fixture.expected;
+    expect(tl.n).toBe((base["t"] as number[]).length + (tail["t"] as number[]).length);
+    expect(list(tl.t)).toEqual(approx([...(base["t"] ?? []), ...(tail["t"] ?? [])], "t"));
+    for (const name of Object.keys(base)) {
+      if (name === "t") continue;
+      expect(list(tl.values.get(name)), name).toEqual(approx([...(base[name] ?? []), ...(tail[name] ?? [])], name));
+    }
+  });
+
+  it("parses devices, status and cells without loss", () => {
+    const state = received();
+    const devices = parseDevices(state["devices"]);
+    expect(devices.map((d) => [d.index, d.nvml])).toEqual([
+      [0, true],
+      [1, false],
+    ]);
+    const status = parseStatus(state["status"], devices);
+    expect(status.readers["nvml"]).toEqual({ ok: false, reason: "NVML Shared Library Not Found" });
+    expect(status.running_cell).toBe(5);
+    const { cells, problems } = parseCells(state["cells"]);
+    expect(problems).toEqual([]);
+    expect(cells).toEqual(fixture.expected.cells);
+  });
+});
