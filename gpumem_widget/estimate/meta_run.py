@@ -1,0 +1,387 @@
+"""One training step's forward and backward, run on the meta device, with every byte it holds counted.
+
+The user's module runs through `torch.func.functional_call` with meta stand-ins for its parameters
+and buffers, so its real weights are neither touched nor copied and no memory is spent. A dispatch
+mode sees every tensor an operator creates and a weak reference on each storage sees it freed, so
+the run yields the bytes alive after every operator (the curve the CUDA allocator's
+`memory_allocated` would draw, above what was resident). Autograd's saved-tensor hooks say which of
+those bytes are activations kept for backward; post-accumulate-grad hooks say which are gradients.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .errors import EstimateError
+
+# What a live storage is, for the breakdown at the peak.
+ACTIVATIONS: Final = "activations"  # saved by autograd for backward
+GRADIENTS: Final = "gradients"  # accumulated into a parameter's .grad
+TEMPORARIES: Final = "temporaries"  # everything else: outputs, gradients of activations, scratch
+CATEGORIES: Final = (ACTIVATIONS, GRADIENTS, TEMPORARIES)
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # positional and keyword arguments of forward
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class MetaRun:
+    """What one meta forward+backward held, in bytes above the resident tensors."""
+
+    live: tuple[int, ...]  # after each operator
+    ops: tuple[str, ...]  # the operator behind each entry of `live`
+    backward_from: int  # index of the first backward operator
+    peak: int
+    peak_index: int
+    peak_parts: Mapping[str, int]  # CATEGORIES -> bytes alive at the peak
+    saved_after_forward: int  # activations alive when the forward (and loss) ended
+    input_bytes: int  # the batch itself (resident, not in `live`)
+
+    @property
+    def peak_op(self) -> str:
+        phase = "backward" if self.peak_index >= self.backward_from else "forward"
+        return f"{phase}, {self.ops[self.peak_index]}" if self.ops else phase
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+        return None
+
+
+def storages(tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
+    """The distinct storages behind `tensors` (views and tied tensors share one)."""
+    found: dict[int, torch.UntypedStorage] = {}
+    for t in tensors:
+        st = _storage(t)
+        if st is not None:
+            found.setdefault(id(st), st)
+    return list(found.values())
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of storages created under it until each is freed."""
+
+    def __init__(self, resident: list[torch.UntypedStorage]) -> None:
+        super().__init__()
+        # Strong references: resident storages must not be freed and their ids reused.
+        self._resident = resident
+        self._resident_ids = {id(s) for s in resident}
+        self._size: dict[int, int] = {}
+        self._category: dict[int, str] = {}
+        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self.parts = dict.fromkeys(CATEGORIES, 0)
+        self.total = 0
+        self.live: list[int] = []
+        self.ops: list[str] = []
+        self.peak = 0
+        self.peak_index = 0
+        self.peak_parts = dict(self.parts)
+
+    def _freed(self, key: int) -> None:
+        size = self._size.pop(key, 0)
+        category = self._category.pop(key, TEMPORARIES)
+        self._refs.pop(key, None)
+        self.parts[category] -= size
+        self.total -= size
+
+    def _track(self, st: torch.UntypedStorage, category: str) -> None:
+        key = id(st)
+        if key in self._resident_ids:
+            return
+        size = st.nbytes()
+        if key in self._size:  # known storage; resize_ and set_ may have changed its size
+            delta = size - self._size[key]
+            if delta:
+                self._size[key] = size
+                self.parts[self._category[key]] += delta
+                self.total += delta
+            return
+        self._size[key] = size
+        self._category[key] = category
+        self._refs[key] = weakref.ref(st, lambda _ref, key=key: self._freed(key))
+        self.parts[category] += size
+        self.total += size
+
+    def recategorize(self, t: torch.Tensor, category: str) -> None:
+        """Mark `t`'s storage as activation or gradient (unless it is resident)."""
+        st = _storage(t)
+        if st is None or id(st) in self._resident_ids:
+            return
+        key = id(st)
+        if key not in self._size:
+            self._track(st, category)
+        elif self._category[key] == TEMPORARIES:
+            self.parts[TEMPORARIES] -= self._size[key]
+            self.parts[category] += self._size[key]
+            self._category[key] = category
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                st = _storage(t)
+                if st is not None:
+                    self._track(st, TEMPORARIES)
+        self.live.append(self.total)
+        self.ops.append(str(func))
+        if self.total > self.peak:
+            self.peak = self.total
+            self.peak_index = len(self.live) - 1
+            self.peak_parts = dict(self.parts)
+        return out
+
+
+def _fused_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor | None:
+    """SDPA through the fused kernel CUDA would pick, or None where it would not.
+
+    On meta, `scaled_dot_product_attention` takes its math path, which keeps the (L x L) attention
+    weights for backward; on CUDA a fused kernel (flash for half precision without a mask,
+    memory-efficient otherwise) keeps only the output and a log-sum-exp. Both have meta kernels.
+    """
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return None
+    if enable_gqa and query.size(1) != key.size(1):
+        return None
+    need_grad = query.requires_grad or key.requires_grad or value.requires_grad
+    head_dim = query.size(-1)
+    if (
+        attn_mask is None
+        and query.dtype in (torch.float16, torch.bfloat16)
+        and head_dim % 8 == 0
+        and head_dim <= 256
+        and key.size(-1) == value.size(-1) == head_dim
+    ):
+        flash = torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )
+        out: torch.Tensor = flash[0]
+        return out
+    bias = attn_mask
+    if bias is not None:
+        if bias.dtype == torch.bool:  # SDPA turns a boolean mask into an additive one
+            bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill(
+                bias.logical_not(), -math.inf
+            )
+        bias = bias.expand(query.size(0), query.size(1), query.size(2), key.size(2))
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, need_grad, dropout_p, is_causal, scale=scale
+    )
+    out = efficient[0]
+    return out
+
+
+# A function mode is popped while it handles a call, so it does not see the calls nested in a
+# Python-level functional (nn.MultiheadAttention reaches SDPA inside
+# F.multi_head_attention_forward). Newer torch can skip the one hop that brought the call here, so
+# the mode can stay active inside; without it only the outermost calls are seen.
+_skip_one_hop: Callable[..., Any] | None = getattr(torch._C, "_skip_one_hop_torch_function", None)
+
+
+def _python_functional(func: Any) -> bool:
+    return inspect.isfunction(func) and func.__module__ == F.__name__
+
+
+def _fused_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor | None:
+    """Dropout as CUDA runs it, or None where CUDA runs the same as meta.
+
+    CUDA's fused kernel (`native_dropout`) keeps a boolean mask for backward; on meta dropout
+    takes the generic path, which keeps a mask in the input's dtype (4 bytes an element in fp32).
+    """
+    if not training or inplace or not 0 < p < 1 or input.numel() == 0:
+        return None
+    out: torch.Tensor = torch.native_dropout(input, p, True)[0]
+    return out
+
+
+_CUDA_KERNELS: Final[Mapping[Callable[..., Any], Callable[..., torch.Tensor | None]]] = {
+    F.scaled_dot_product_attention: _fused_attention,
+    F.dropout: _fused_dropout,
+}
+
+
+class _CudaKernels(TorchFunctionMode):
+    """Routes meta calls whose memory differs on CUDA to what CUDA would run."""
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        route = _CUDA_KERNELS.get(func)
+        if route is not None:
+            routed = route(*args, **kwargs)
+            if routed is not None:
+                return routed
+        if _skip_one_hop is None or not _python_functional(func):
+            return func(*args, **kwargs)
+        with self:
+            return _skip_one_hop(func, types, args, kwargs)
+
+
+@contextmanager
+def _training_mode(model: nn.Module) -> Iterator[None]:
+    """Every submodule in training mode (dropout masks are real memory), flags restored after.
+
+    Sets the flags directly rather than calling `train()`, which a model may override.
+    """
+    before = [(m, m.training) for m in model.modules()]
+    try:
+        for m, _ in before:
+            m.training = True
+        yield
+    finally:
+        for m, flag in before:
+            m.training = flag
+
+
+def default_loss(outputs: Any) -> torch.Tensor:
+    """The mean of the model's first floating-point output (or its `.loss`, as Hugging Face's)."""
+    loss = getattr(outputs, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    for leaf in tree_flatten(outputs)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.requires_grad:
+            return leaf.mean()
+    for value in getattr(outputs, "values", lambda: ())():  # dict-like outputs not in pytree
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad:
+            return value.mean()
+    raise EstimateError(
+        "the model's output has no floating-point tensor that needs a gradient; pass loss_fn="
+    )
+
+
+def stand_ins(model: nn.Module, dtype: torch.dtype | None, device: str) -> dict[str, torch.Tensor]:
+    """Fresh tensors for the model's parameters and buffers (floating ones cast to `dtype`)."""
+
+    def stand_in(t: torch.Tensor) -> torch.Tensor:
+        target = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        return torch.empty(t.shape, dtype=target, device=device)
+
+    state = {name: stand_in(p) for name, p in model.named_parameters()}
+    state.update({name: stand_in(b) for name, b in model.named_buffers()})
+    return state
+
+
+def run_step(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    dtype: torch.dtype | None,
+    loss_fn: LossFn,
+    cuda_kernels: bool,
+    grads_persist: bool,
+    device: str = "meta",
+) -> MetaRun:
+    """Forward, loss and backward of `model` on `inputs`, counting bytes after each operator.
+
+    `device` is "meta" for estimates; a real device (with real `inputs`) serves to check that the
+    meta kernels hold what the real ones do.
+    """
+    state = stand_ins(model, dtype, device)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    leaves: list[torch.Tensor] = []
+    for name in trainable:
+        leaf = state[name].requires_grad_(True)
+        if grads_persist:  # gradients kept from an earlier step (zero_grad(set_to_none=False))
+            leaf.grad = torch.zeros_like(leaf)
+        leaves.append(leaf)
+    args, kwargs = inputs
+    input_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    kept_grads = [leaf.grad for leaf in leaves if leaf.grad is not None]
+    resident = storages([*state.values(), *input_tensors, *kept_grads])
+    input_bytes = sum(st.nbytes() for st in storages(input_tensors))
+    tracker = _LiveBytes(resident)
+    hooks = [
+        leaf.register_post_accumulate_grad_hook(
+            lambda p: tracker.recategorize(p.grad, GRADIENTS) if p.grad is not None else None
+        )
+        for leaf in leaves
+    ]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        tracker.recategorize(t, ACTIVATIONS)
+        return t
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    cuda_mode = _CudaKernels() if cuda_kernels else None
+    try:
+        with (
+            _training_mode(model),
+            torch.inference_mode(False),
+            torch.enable_grad(),
+            torch.device(device),
+        ):
+            if cuda_mode is not None:
+                cuda_mode.__enter__()
+            try:
+                with tracker, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                    outputs = torch.func.functional_call(model, state, args, kwargs, strict=False)
+                    loss = loss_fn(outputs)
+                    del outputs
+                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                        raise EstimateError("loss_fn must return a one-element tensor")
+                    saved = tracker.parts[ACTIVATIONS]
+                    backward_from = len(tracker.live)
+                    loss.backward()
+                    del loss
+            finally:
+                if cuda_mode is not None:
+                    cuda_mode.__exit__(None, None, None)
+    except EstimateError:
+        raise
+    except Exception as e:
+        raise EstimateError(
+            f"the model could not run on the {device} device ({type(e).__name__}: {e}). The estimate "
+            "runs the model without data: a forward that reads values (.item(), data-dependent "
+            "shapes) or uses tensors that are not parameters, buffers or inputs cannot run there."
+        ) from e
+    finally:
+        for h in hooks:
+            h.remove()
+    return MetaRun(
+        live=tuple(tracker.live),
+        ops=tuple(tracker.ops),
+        backward_from=backward_from,
+        peak=tracker.peak,
+        peak_index=tracker.peak_index,
+        peak_parts=dict(tracker.peak_parts),
+        saved_after_forward=saved,
+        input_bytes=input_bytes,
+    )
