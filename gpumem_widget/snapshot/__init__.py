@@ -1,0 +1,63 @@
+"""PyTorch memory snapshots: record them, load them safely, replay them, and draw them per cell.
+
+`open_snapshot` takes a `_dump_snapshot` file or a `_snapshot()` dict; the view functions
+(`active_memory_view`, `alive_at`, `cell_slices`, `categories`) turn it into screen-sized data
+for the drill-down panel; `export_memory_viz` writes the pickle PyTorch's memory_viz reads.
+"""
+
+from __future__ import annotations
+
+from .aggregate import (
+    CATEGORIES,
+    active_memory_view,
+    alive_at,
+    categories,
+    cell_of_tag,
+    cell_slices,
+    known_pointers,
+)
+from .export import export_memory_viz
+from .load import DEFAULT_MAX_BYTES, SnapshotLoadError, Source, read_snapshot
+from .record import (
+    RecordingUnavailable,
+    start_recording,
+    stop_recording,
+    take_snapshot,
+    watch_ooms,
+)
+from .replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
+
+
+def open_snapshot(src: Source | Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
+    """Load a snapshot: a path (pickle, .gz, .xz), pickled bytes, or a `_snapshot()` dict.
+
+    Files are read with an unpickler that resolves no globals; a truncated, corrupt, hostile or
+    non-snapshot input raises `SnapshotLoadError` (one line) and runs nothing.
+    """
+    if isinstance(src, Snapshot):
+        return src
+    return Snapshot(read_snapshot(src, max_bytes=max_bytes))
+
+
+__all__ = [
+    "CATEGORIES",
+    "DeviceReplay",
+    "Intervals",
+    "Oom",
+    "Origin",
+    "RecordingUnavailable",
+    "Snapshot",
+    "SnapshotLoadError",
+    "active_memory_view",
+    "alive_at",
+    "categories",
+    "cell_of_tag",
+    "cell_slices",
+    "export_memory_viz",
+    "known_pointers",
+    "open_snapshot",
+    "start_recording",
+    "stop_recording",
+    "take_snapshot",
+    "watch_ooms",
+]

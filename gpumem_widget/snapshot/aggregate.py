@@ -1,0 +1,651 @@
+"""The drill-down views, computed in the kernel at screen resolution; the browser only draws.
+
+(a) `active_memory_view`: active memory over time, stacked by allocation site (top sites, other).
+(b) `alive_at`: what is allocated at one instant, as a call tree with rolled-up bytes, and the
+    largest allocations.
+(c) `cell_slices`: per cell, by `user_metadata` tag or by the ledger's time windows: what it
+    allocated, freed, peaked at, and left behind.
+(d) `categories`: active memory stacked by what it is: parameters, gradients, optimizer state,
+    activations, temporaries.
+
+Every view reduces the trace first, so its size depends on the screen, not on the file. Series go
+out as packed tables in `protocol`'s wire format (one little-endian buffer per column), as
+float64 so byte counts stay exact; the rest is small JSON. Times are unix seconds, or entry
+numbers where the snapshot has no times (`"x_unit": "entry"`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .attribution import SiteMode, folded_path, phase_of, site_of
+from .model import I64, NO_STACK, Frame
+from .replay import DeviceReplay, Intervals, Origin, Snapshot
+
+F64 = npt.NDArray[np.float64]
+CELL_TAG_PREFIX = "cell:"
+BEFORE_RECORDING = "(allocated before recording)"
+NO_PYTHON_STACK = "(no Python stack)"
+CATEGORIES = (
+    "parameters",
+    "optimizer_state",
+    "gradients",
+    "activations",
+    "optimizer_temporaries",
+    "temporaries",
+    "before_recording",
+    "other",
+)
+# Above this many sites x columns, only the sites that allocated the most are ranked one by one.
+_MAX_CELLS = 8_000_000
+
+
+def pack_f8(columns: Mapping[str, npt.ArrayLike]) -> dict[str, Any]:
+    """A packed table (`protocol.unpack_table` reads it) with every column as float64."""
+    arrays = {k: np.ascontiguousarray(v, dtype="<f8") for k, v in columns.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 0
+    return {
+        "n": n,
+        "columns": list(arrays),
+        "dtypes": ["f8"] * len(arrays),
+        "buffers": [a.tobytes() for a in arrays.values()],
+    }
+
+
+# -- the time grid -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Grid:
+    """Screen columns over [t0, t1]; each column is shown at its highest instant (`event`)."""
+
+    t0: float
+    t1: float
+    start: F64  # column start times
+    event: I64  # per column: the entry whose aftermath is shown (-1: before the trace)
+    low: F64  # per column: the lowest active total within it
+
+
+def _x(rep: DeviceReplay, has_time: bool) -> F64:
+    return rep.time_us / 1e6 if has_time else rep.time_us.astype(np.float64)
+
+
+def _grid(rep: DeviceReplay, x: F64, width: int, t0: float | None, t1: float | None) -> _Grid:
+    n = rep.n_events
+    width = max(1, int(width))
+    first_x, last_x = (float(x[0]), float(x[-1])) if n else (0.0, 0.0)
+    lo_t = first_x if t0 is None else float(t0)
+    hi_t = last_x if t1 is None else float(t1)
+    span = hi_t - lo_t if hi_t > lo_t else 1.0
+    lo = int(np.searchsorted(x, lo_t, "left"))
+    hi = int(np.searchsorted(x, hi_t, "right"))
+    col = np.clip(((x[lo:hi] - lo_t) * (width / span)).astype(np.int64), 0, width - 1)
+    bounds = lo + np.searchsorted(col, np.arange(width + 1))
+    carry = bounds[:-1] - 1
+    carry_val = np.where(carry >= 0, rep.active[np.maximum(carry, 0)], rep.active_before)
+    nonempty = bounds[1:] > bounds[:-1]
+    best = carry.copy()
+    low = carry_val.astype(np.float64)
+    if hi > lo:
+        seg = rep.active[lo:hi]
+        starts = bounds[:-1][nonempty] - lo
+        top = np.maximum.reduceat(seg, starts)
+        bottom = np.minimum.reduceat(seg, starts)
+        top_of = np.zeros(width, np.int64)
+        top_of[nonempty] = top
+        hits = np.flatnonzero(seg == top_of[col])
+        first = np.ones(len(hits), bool)
+        first[1:] = col[hits][1:] != col[hits][:-1]
+        argmax = np.zeros(width, np.int64)
+        argmax[col[hits[first]]] = lo + hits[first]
+        take = nonempty & (top_of >= carry_val)
+        best[take] = argmax[take]
+        low[nonempty] = np.minimum(low[nonempty], bottom)
+    start = lo_t + np.arange(width, dtype=np.float64) * (span / width)
+    return _Grid(lo_t, lo_t + span, start, best, low)
+
+
+def _value_at(rep: DeviceReplay, values: I64, before: int, events: I64) -> F64:
+    return np.where(events >= 0, values[np.maximum(events, 0)], before).astype(np.float64)
+
+
+def _stacked(iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, events: I64) -> F64:
+    """Bytes per group (rows) right after each column's event (columns); `events` ascending."""
+    width = len(events)
+    n = iv.n_events
+    before = iv.start < 0
+    base = np.bincount(group[before], weights=iv.size[before], minlength=n_groups)
+    # A change is seen by every column whose event is at or after it.
+    opened = ~before
+    closed = iv.end < n
+    cells = n_groups * (width + 1)
+    k_open = np.searchsorted(events, iv.start[opened], "left")
+    k_close = np.searchsorted(events, iv.end[closed], "left")
+    hist = np.bincount(
+        group[opened] * (width + 1) + k_open, weights=iv.size[opened], minlength=cells
+    ) - np.bincount(group[closed] * (width + 1) + k_close, weights=iv.size[closed], minlength=cells)
+    return np.asarray(base[:, None] + np.cumsum(hist.reshape(n_groups, width + 1)[:, :width], 1))
+
+
+def _top_groups(
+    iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, events: I64, top: int
+) -> tuple[list[int], F64, F64]:
+    """The `top` groups by highest bytes on screen, their series, and everything else summed."""
+    candidates = np.arange(n_groups)
+    if n_groups * len(events) > _MAX_CELLS:
+        keep = _MAX_CELLS // max(len(events), 1)
+        volume = np.bincount(group, weights=iv.size, minlength=n_groups)
+        candidates = np.sort(np.argsort(-volume, kind="stable")[:keep])
+    remap = np.full(n_groups, len(candidates), np.int64)
+    remap[candidates] = np.arange(len(candidates))
+    series = _stacked(iv, remap[group], len(candidates) + 1, events)
+    order = np.argsort(-series[:-1].max(axis=1, initial=0), kind="stable")[:top]
+    chosen = [int(candidates[i]) for i in order if series[i].max(initial=0) > 0]
+    picked = series[order[: len(chosen)]]
+    return chosen, picked, series.sum(axis=0) - picked.sum(axis=0)
+
+
+# -- sites -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Sites:
+    keys: list[Frame | str]  # a frame, or a label for allocations without one
+    of_interval: npt.NDArray[np.int64]
+
+
+def _sites(snap: Snapshot, iv: Intervals, mode: SiteMode) -> _Sites:
+    keys: list[Frame | str] = []
+    index: dict[Frame | str, int] = {}
+    stacks, inverse = np.unique(iv.stack, return_inverse=True)
+    per_stack = np.empty(len(stacks), np.int64)
+    for i, s in enumerate(stacks):
+        key: Frame | str = site_of(snap.stacks.frames_of(int(s)), mode) or NO_PYTHON_STACK
+        per_stack[i] = index.setdefault(key, len(index))
+    keys = list(index)
+    site = per_stack[inverse.reshape(-1)] if len(iv) else np.zeros(0, np.int64)
+    unknown = (iv.stack == NO_STACK) & (iv.origin != Origin.RECORDED)
+    if unknown.any():
+        site = np.where(unknown, len(keys), site)
+        keys.append(BEFORE_RECORDING)
+    return _Sites(keys, site)
+
+
+def _describe(key: Frame | str) -> dict[str, Any]:
+    if isinstance(key, str):
+        return {"label": key, "filename": None, "line": None, "name": None}
+    return {"label": key.label(), "filename": key.filename, "line": key.line, "name": key.name}
+
+
+def _top_sites(sites: _Sites, mask: npt.NDArray[np.bool_], size: I64, top: int) -> list[Any]:
+    totals = np.bincount(sites.of_interval[mask], weights=size[mask], minlength=len(sites.keys))
+    order = np.argsort(-totals, kind="stable")[:top]
+    return [{**_describe(sites.keys[i]), "bytes": int(totals[i])} for i in order if totals[i] > 0]
+
+
+# -- (a) active memory over time ---------------------------------------------------------------
+
+
+def _common(snap: Snapshot, rep: DeviceReplay) -> dict[str, Any]:
+    peak = int(np.argmax(rep.active)) if rep.n_events else -1
+    x = _x(rep, snap.data.has_time)
+    return {
+        "device": rep.device,
+        "x_unit": "s" if snap.data.has_time else "entry",
+        "entries": rep.n_events,
+        "allocations": len(rep.intervals),
+        "active_before": rep.active_before,
+        "reserved_before": rep.reserved_before,
+        "peak": {
+            "bytes": rep.active_after(peak) if peak >= 0 else rep.active_before,
+            "event": peak,
+            "t": float(x[peak]) if peak >= 0 else None,
+        },
+        "overflowed": rep.overflowed,
+        "ooms": [
+            {
+                "t": o.time_us / 1e6 if snap.data.has_time else float(o.time_us),
+                "requested": o.requested,
+                "device_free": o.device_free,
+                "tag": snap.string(o.tag),
+            }
+            for o in rep.ooms
+        ],
+        "anomalies": rep.anomalies,
+    }
+
+
+def active_memory_view(
+    snap: Snapshot,
+    device: int | None = None,
+    width: int = 1200,
+    top: int = 12,
+    *,
+    site: SiteMode = "user",
+    t0: float | None = None,
+    t1: float | None = None,
+) -> dict[str, Any]:
+    """Active memory over time, stacked by allocation site: the `top` sites and "other".
+
+    Each of the `width` columns shows the instant of its highest total, so no spike is lost; the
+    ``min`` column holds the column's lowest total, ``reserved`` what the allocator held then.
+    """
+    rep = snap.replay(device)
+    x = _x(rep, snap.data.has_time)
+    grid = _grid(rep, x, width, t0, t1)
+    sites = _sites(snap, rep.intervals, site)
+    chosen, series, other = _top_groups(
+        rep.intervals, sites.of_interval, len(sites.keys), grid.event, top
+    )
+    columns: dict[str, npt.ArrayLike] = {
+        "t": grid.start,
+        "total": _value_at(rep, rep.active, rep.active_before, grid.event),
+        "min": grid.low,
+        "reserved": _value_at(rep, rep.reserved, rep.reserved_before, grid.event),
+    }
+    groups = []
+    for i, (g, row) in enumerate(zip(chosen, series, strict=True)):
+        columns[f"g{i}"] = row
+        mask = sites.of_interval == g
+        groups.append(
+            {
+                "column": f"g{i}",
+                **_describe(sites.keys[g]),
+                "peak_bytes": float(row.max(initial=0)),
+                "count": int(mask.sum()),
+                "bytes_allocated": int(rep.intervals.size[mask].sum()),
+            }
+        )
+    columns["other"] = other
+    return {
+        "view": "active_memory",
+        **_common(snap, rep),
+        "t0": grid.t0,
+        "t1": grid.t1,
+        "width": len(grid.start),
+        "table": pack_f8(columns),
+        "groups": groups,
+    }
+
+
+# -- (b) what is alive at an instant -----------------------------------------------------------
+
+
+def alive_at(
+    snap: Snapshot,
+    device: int | None = None,
+    t: float | None = None,
+    *,
+    event: int | None = None,
+    max_nodes: int = 400,
+    largest: int = 30,
+    site: SiteMode = "user",
+) -> dict[str, Any]:
+    """What is allocated right after time `t` (or trace entry `event`; default: at the peak).
+
+    ``tree`` is a packed table of call-tree nodes (``parent`` -1 for the root) with bytes rolled
+    up from the leaves; torch, Python, Jupyter and native frames fold into one node per run.
+    Nodes beyond `max_nodes` merge into one "(n smaller)" node per parent.
+    """
+    rep = snap.replay(device)
+    iv = rep.intervals
+    x = _x(rep, snap.data.has_time)
+    if event is None:
+        if t is None:
+            event = int(np.argmax(rep.active)) if rep.n_events else -1
+        else:
+            event = int(np.searchsorted(x, t, side="right")) - 1
+    event = max(-1, min(int(event), rep.n_events - 1))
+    alive = np.flatnonzero(iv.alive_after(event))
+    unknown = (iv.stack[alive] == NO_STACK) & (iv.origin[alive] != Origin.RECORDED)
+    key = np.where(unknown, -1, iv.stack[alive])
+    keys, inverse = np.unique(key, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    total_by_key = np.bincount(inverse, weights=iv.size[alive], minlength=len(keys)).astype(
+        np.float64
+    )
+    count_by_key = np.bincount(inverse, minlength=len(keys))
+    paths = [
+        [BEFORE_RECORDING]
+        if k < 0
+        else folded_path(snap.stacks.frames_of(int(k))) or [NO_PYTHON_STACK]
+        for k in keys
+    ]
+    tree = _tree(paths, total_by_key, count_by_key.astype(np.int64), max_nodes)
+    sites = _sites(snap, iv, site)
+    biggest = alive[np.argsort(-iv.size[alive], kind="stable")[:largest]]
+    return {
+        "view": "alive_at",
+        **_common(snap, rep),
+        "event": event,
+        "t": float(x[event]) if event >= 0 else None,
+        "total_bytes": int(iv.size[alive].sum()),
+        "count": len(alive),
+        "reserved_bytes": rep.reserved_before if event < 0 else int(rep.reserved[event]),
+        "tree": tree[0],
+        "labels": tree[1],
+        "largest": [_allocation(snap, rep, x, int(i), sites) for i in biggest],
+    }
+
+
+def _tree(
+    paths: list[list[str]], sizes: F64, counts: npt.NDArray[np.int64], max_nodes: int
+) -> tuple[dict[str, Any], list[str]]:
+    labels = ["all"]
+    parent = [-1]
+    depth = [0]
+    children: dict[tuple[int, str], int] = {}
+    node_bytes = [0.0]
+    node_count = [0]
+    self_bytes = [0.0]
+    for path, size, count in zip(paths, sizes, counts, strict=True):
+        node = 0
+        node_bytes[0] += size
+        node_count[0] += int(count)
+        for label in path:
+            nxt = children.get((node, label))
+            if nxt is None:
+                nxt = len(labels)
+                children[(node, label)] = nxt
+                labels.append(label)
+                parent.append(node)
+                depth.append(depth[node] + 1)
+                node_bytes.append(0.0)
+                node_count.append(0)
+                self_bytes.append(0.0)
+            node = nxt
+            node_bytes[node] += size
+            node_count[node] += int(count)
+        self_bytes[node] += size
+    order = sorted(range(len(labels)), key=lambda i: (-node_bytes[i], depth[i], i))
+    kept = sorted(order[: max(1, max_nodes)])
+    new_id = {old: i for i, old in enumerate(kept)}
+    out_parent = [new_id.get(parent[i], -1) for i in kept]
+    out_bytes = [node_bytes[i] for i in kept]
+    out_count = [float(node_count[i]) for i in kept]
+    out_self = [self_bytes[i] for i in kept]
+    out_labels = [labels[i] for i in kept]
+    dropped: dict[int, list[int]] = {}
+    for i in order[max(1, max_nodes) :]:
+        if parent[i] in new_id:
+            dropped.setdefault(new_id[parent[i]], []).append(i)
+    for p, nodes in sorted(dropped.items()):
+        out_parent.append(p)
+        out_bytes.append(sum(node_bytes[i] for i in nodes))
+        out_count.append(float(sum(node_count[i] for i in nodes)))
+        out_self.append(out_bytes[-1])
+        out_labels.append(f"({len(nodes)} smaller)")
+    table = pack_f8(
+        {"parent": out_parent, "bytes": out_bytes, "count": out_count, "self_bytes": out_self}
+    )
+    return table, out_labels
+
+
+def _allocation(snap: Snapshot, rep: DeviceReplay, x: F64, i: int, sites: _Sites) -> dict[str, Any]:
+    iv = rep.intervals
+    start, end = int(iv.start[i]), int(iv.end[i])
+    return {
+        "addr": int(iv.addr[i]),
+        "size": int(iv.size[i]),
+        "site": _describe(sites.keys[sites.of_interval[i]])["label"],
+        "stack": folded_path(snap.stacks.frames_of(int(iv.stack[i]))),
+        "tag": snap.string(int(iv.tag[i])),
+        "stream": int(iv.stream[i]),
+        "origin": Origin(int(iv.origin[i])).name.lower(),
+        "allocated_at": float(x[start]) if start >= 0 else None,
+        "freed_at": float(x[end]) if end < rep.n_events else None,
+    }
+
+
+# -- (c) per-cell slices -----------------------------------------------------------------------
+
+
+def cell_of_tag(tag: str) -> int | None:
+    """The execution count in a ``cell:N`` tag, or None."""
+    if tag.startswith(CELL_TAG_PREFIX) and tag[len(CELL_TAG_PREFIX) :].isdigit():
+        return int(tag[len(CELL_TAG_PREFIX) :])
+    return None
+
+
+def cell_slices(
+    snap: Snapshot,
+    device: int | None = None,
+    cells: Iterable[tuple[int, float, float]] | None = None,
+    *,
+    top: int = 5,
+    site: SiteMode = "user",
+) -> dict[str, Any]:
+    """Per cell: bytes allocated and freed, the peak and what was alive then, what it left
+    behind. `cells` are the ledger's ``(execution_count, start, end)`` in the snapshot's time
+    unit; without them, windows come from the ``cell:N`` tags (first to last tagged entry).
+    Where allocations carry tags, each cell also gets what it allocated by tag, wherever that
+    happened, and how much of it is still alive at the snapshot."""
+    rep = snap.replay(device)
+    iv = rep.intervals
+    x = _x(rep, snap.data.has_time)
+    n = rep.n_events
+    by_string = [cell_of_tag(s) for s in snap.data.strings]
+    cell_ids = np.array([-1 if c is None else c for c in by_string], np.int64)[iv.tag]
+    tagged = bool((cell_ids >= 0).any())
+    if cells is None:
+        cells = _windows_from_tags(iv, cell_ids, x)
+    sites = _sites(snap, iv, site)
+    out = []
+    for count, t_start, t_end in cells:
+        first = int(np.searchsorted(x, t_start, "left"))
+        last = int(np.searchsorted(x, t_end, "right")) - 1
+        before = rep.active_after(first - 1)
+        window = rep.active[first : last + 1]
+        peak_event = first + int(np.argmax(window)) if len(window) else first - 1
+        if len(window) == 0 or window.max() < before:
+            peak_event = first - 1
+        started = (iv.start >= first) & (iv.start <= last)
+        ended = (iv.end >= first) & (iv.end <= last)
+        left = started & (iv.end > last)
+        record: dict[str, Any] = {
+            "execution_count": int(count),
+            "start": float(t_start),
+            "end": float(t_end),
+            "entries": max(0, last - first + 1),
+            "active_before": before,
+            "active_after": rep.active_after(last),
+            "peak_bytes": rep.active_after(peak_event),
+            "peak_t": float(x[peak_event]) if peak_event >= 0 else None,
+            "allocated_bytes": int(iv.size[started].sum()),
+            "allocations": int(started.sum()),
+            "freed_bytes": int(iv.size[ended].sum()),
+            "left_behind_bytes": int(iv.size[left].sum()),
+            "left_behind_top": _top_sites(sites, left, iv.size, top),
+            "still_alive_bytes": int(iv.size[started & (iv.end == n)].sum()),
+            "top_at_peak": _top_sites(sites, iv.alive_after(peak_event), iv.size, top),
+        }
+        if tagged:
+            mine = cell_ids == count
+            record["tagged"] = {
+                "allocated_bytes": int(iv.size[mine].sum()),
+                "allocations": int(mine.sum()),
+                "alive_at_snapshot_bytes": int(iv.size[mine & (iv.end == n)].sum()),
+                "alive_at_snapshot_top": _top_sites(sites, mine & (iv.end == n), iv.size, top),
+            }
+        out.append(record)
+    return {"view": "cell_slices", **_common(snap, rep), "tagged": tagged, "cells": out}
+
+
+def _windows_from_tags(
+    iv: Intervals, cell_ids: npt.NDArray[np.int64], x: F64
+) -> list[tuple[int, float, float]]:
+    windows = []
+    n = iv.n_events
+    for c in np.unique(cell_ids[cell_ids >= 0]):
+        mine = (cell_ids == c) & (iv.start >= 0)
+        if not mine.any():
+            continue
+        first = int(iv.start[mine].min())
+        ends = np.where(iv.end[mine] < n, iv.end[mine], iv.start[mine])
+        windows.append((int(c), float(x[first]), float(x[int(ends.max())])))
+    return windows
+
+
+# -- (d) categories ----------------------------------------------------------------------------
+
+
+def known_pointers(model: Any = None, optimizer: Any = None) -> dict[str, set[int]]:
+    """Storage addresses of a live model's parameters (and buffers), their gradients, and an
+    optimizer's state tensors: the exact category of each allocation alive now."""
+    known: dict[str, set[int]] = {"parameters": set(), "gradients": set(), "optimizer_state": set()}
+
+    def ptr(t: Any) -> int | None:
+        try:
+            return int(t.untyped_storage().data_ptr())
+        except (AttributeError, RuntimeError):
+            return None
+
+    params = list(model.parameters()) + list(model.buffers()) if model is not None else []
+    if optimizer is not None:
+        params += [p for group in optimizer.param_groups for p in group["params"]]
+        for state in optimizer.state.values():
+            for value in state.values() if isinstance(state, Mapping) else ():
+                known["optimizer_state"].add(ptr(value) or 0)
+    for p in params:
+        known["parameters"].add(ptr(p) or 0)
+        if getattr(p, "grad", None) is not None:
+            known["gradients"].add(ptr(p.grad) or 0)
+    for addresses in known.values():
+        addresses.discard(0)
+    return known
+
+
+def categories(
+    snap: Snapshot,
+    device: int | None = None,
+    model: Any = None,
+    optimizer: Any = None,
+    *,
+    known: Mapping[str, Iterable[int]] | None = None,
+    phases: Sequence[tuple[str, float, float]] | None = None,
+    width: int = 1200,
+) -> dict[str, Any]:
+    """Active memory over time stacked by category (`CATEGORIES`).
+
+    Allocations alive at the snapshot whose address is a live tensor of `model` or `optimizer`
+    (or listed in `known`, category -> addresses) are classified exactly. The rest by phase, as
+    Hugging Face's "Visualize and understand GPU memory in PyTorch" reads a training profile:
+    memory made in the forward pass that outlives it is activations, the rest temporaries;
+    memory made in the backward pass that outlives it is gradients; the optimizer's is state
+    if it outlives the step, else optimizer temporaries; module construction and `.to()` make
+    parameters. Phases come from each allocation's stack (autograd's thread has no Python
+    stack, so stackless allocations count as backward), or from `phases`:
+    ``(name, start, end)`` windows with name forward, backward or optimizer.
+    """
+    rep = snap.replay(device)
+    iv = rep.intervals
+    x = _x(rep, snap.data.has_time)
+    phase = _phases(snap, rep, x, phases)
+    category = _classify(iv, phase, rep.n_events)
+    exact = np.zeros(len(iv), bool)
+    pointers = {name: set(addresses) for name, addresses in (known or {}).items()}
+    if model is not None or optimizer is not None:
+        for name, addresses in known_pointers(model, optimizer).items():
+            pointers[name] = pointers.get(name, set()) | addresses
+    alive_end = iv.end == rep.n_events
+    for name, addresses in pointers.items():
+        if name not in CATEGORIES:
+            raise ValueError(f"unknown category {name!r}; expected one of {', '.join(CATEGORIES)}")
+        hit = alive_end & np.isin(iv.addr, np.fromiter(addresses, np.int64))
+        category[hit] = CATEGORIES.index(name)
+        exact |= hit
+    grid = _grid(rep, x, width, None, None)
+    series = _stacked(iv, category, len(CATEGORIES), grid.event)
+    columns: dict[str, npt.ArrayLike] = {
+        "t": grid.start,
+        "total": _value_at(rep, rep.active, rep.active_before, grid.event),
+    }
+    groups = []
+    for i, name in enumerate(CATEGORIES):
+        columns[name] = series[i]
+        mask = category == i
+        groups.append(
+            {
+                "column": name,
+                "label": name.replace("_", " "),
+                "peak_bytes": float(series[i].max(initial=0)),
+                "count": int(mask.sum()),
+                "exact_count": int((mask & exact).sum()),
+            }
+        )
+    peak = int(np.argmax(rep.active)) if rep.n_events else -1
+    at_peak = iv.alive_after(peak)
+    return {
+        "view": "categories",
+        **_common(snap, rep),
+        "t0": grid.t0,
+        "t1": grid.t1,
+        "width": len(grid.start),
+        "table": pack_f8(columns),
+        "groups": groups,
+        "at_peak": {
+            name: int(iv.size[at_peak & (category == i)].sum()) for i, name in enumerate(CATEGORIES)
+        },
+        "phase_source": "windows"
+        if phases is not None
+        else ("stacks" if len(snap.stacks.stacks) > 1 else "none"),
+    }
+
+
+_PHASES = ("forward", "backward", "optimizer", "parameters", "other")
+
+
+def _phases(
+    snap: Snapshot, rep: DeviceReplay, x: F64, windows: Sequence[tuple[str, float, float]] | None
+) -> npt.NDArray[np.int64]:
+    """Phase index (into `_PHASES`) of each interval's allocation."""
+    iv = rep.intervals
+    if windows is not None:
+        phase = np.full(len(iv), _PHASES.index("other"), np.int64)
+        at = np.where(iv.start >= 0, x[np.maximum(iv.start, 0)], -np.inf)
+        for name, t_start, t_end in windows:
+            if name not in _PHASES[:3]:
+                raise ValueError(f"unknown phase {name!r}; expected forward, backward or optimizer")
+            phase[(at >= t_start) & (at <= t_end)] = _PHASES.index(name)
+        return phase
+    if len(snap.stacks.stacks) == 1:  # recorded without stacks: nothing to tell phases by
+        return np.full(len(iv), _PHASES.index("other"), np.int64)
+    stacks, inverse = np.unique(iv.stack, return_inverse=True)
+    names = [phase_of(snap.stacks.frames_of(int(s))) for s in stacks]
+    per_stack = np.array(
+        [_PHASES.index("backward" if p == "no_stack" else p) for p in names], np.int64
+    )
+    return per_stack[inverse.reshape(-1)] if len(iv) else np.zeros(0, np.int64)
+
+
+def _classify(iv: Intervals, phase: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64]:
+    """Category of each interval from its phase and whether it outlives its phase's window (a
+    run of consecutive allocations in the same phase, up to the next phase's first one)."""
+    category = np.full(len(iv), CATEGORIES.index("other"), np.int64)
+    recorded = np.flatnonzero(iv.start >= 0)
+    order = recorded[np.argsort(iv.start[recorded], kind="stable")]
+    ph = phase[order]
+    change = np.ones(len(order), bool)
+    change[1:] = ph[1:] != ph[:-1]
+    run = np.cumsum(change) - 1
+    run_starts = iv.start[order][change]
+    window_end = np.append(run_starts[1:], n)[run]
+    outlives = iv.end[order] >= window_end
+    names = {
+        "forward": ("activations", "temporaries"),
+        "backward": ("gradients", "temporaries"),
+        "optimizer": ("optimizer_state", "optimizer_temporaries"),
+        "parameters": ("parameters", "parameters"),
+        "other": ("other", "other"),
+    }
+    for p, (long_lived, short_lived) in names.items():
+        m = ph == _PHASES.index(p)
+        category[order[m & outlives]] = CATEGORIES.index(long_lived)
+        category[order[m & ~outlives]] = CATEGORIES.index(short_lived)
+    category[iv.start < 0] = CATEGORIES.index("before_recording")
+    return category
