@@ -168,17 +168,25 @@ class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: list[CellRecord] = []
+        self._wire: list[dict[str, Any]] = []  # each record's browser form, made once
         self.version = 0  # bumps on every change, so the publisher can tell when to resend
 
     def append(self, record: CellRecord) -> None:
+        wire = record.to_wire()
         with self._lock:
             self._records.append(record)
+            self._wire.append(wire)
             self.version += 1
 
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+            self._wire.clear()
             self.version += 1
+
+    def wire(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._wire)
 
     def records(self) -> LedgerRecords:
         with self._lock:

@@ -43,7 +43,7 @@ class Publisher:
             if self._changed("tail", self.timeline.version):
                 w.timeline_tail = self.timeline.tail_table()
             if self._changed("cells", self.ledger.version):
-                w.cells = [r.to_wire() for r in self.ledger.records()]
+                w.cells = self.ledger.wire()
             status = self.status()
             if self._changed("status", repr(status)):
                 w.status = status

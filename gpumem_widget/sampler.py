@@ -11,28 +11,32 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from . import protocol
-from .readers import Readers
+from .readers import AllocatorStats, Readers
 from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 
 
-def read_row(readers: Readers) -> npt.NDArray[np.float64]:
-    """One sample in `protocol.timeline_columns` order; NaN where a source has nothing."""
+def read_row(
+    readers: Readers, stats: Sequence[AllocatorStats] | None = None, nvml: bool = True
+) -> npt.NDArray[np.float64]:
+    """One sample in `protocol.timeline_columns` order; NaN where a source has nothing.
+    `stats`, when the caller has just read them, saves reading the allocator twice;
+    `nvml=False` skips NVML's process list, the costliest read (about 40 us)."""
     n = readers.num_devices
     row = np.full(2 + n * len(protocol.DEVICE_FIELDS), np.nan)
     row[0] = time.time()
     k = 1
     for d in range(n):
-        s = readers.torch.stats(d)
+        s = stats[d] if stats is not None else readers.torch.stats(d)
         row[k : k + 3] = (s.allocated, s.reserved, s.active)
-        if readers.nvml.has(d):
+        if nvml and readers.nvml.has(d):
             used = readers.nvml.process_used(d)
             if used is not None:
                 row[k + 3] = used
@@ -69,6 +73,8 @@ class Sampler:
         self._lock = threading.Lock()
         self._cell_max: npt.NDArray[np.float64] | None = None
         self._last_publish = 0.0
+        self._last_sample = 0.0  # monotonic
+        self._deadline = 0.0  # monotonic time the thread will next wake by itself
 
     @property
     def state(self) -> str:
@@ -110,30 +116,44 @@ class Sampler:
         with self._lock:
             self._cell_max = None
         self.busy = True
-        self._wake.set()
+        self._poke(self.busy_interval)
 
     def end_cell(self) -> npt.NDArray[np.float64] | None:
         """Leave the fast rate; the per-column maxima sampled during the cell (None if none)."""
         self.busy = False
         with self._lock:
             out, self._cell_max = self._cell_max, None
-        self._wake.set()
+        self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
         return out
 
-    def sample(self) -> None:
-        """Take one sample now (also called from the hooks, at a cell's edges)."""
-        row = read_row(self.readers)
+    def _poke(self, within: float) -> None:
+        """Wake the thread unless it wakes within `within` s anyway: back-to-back cells then
+        cost no thread switches."""
+        if self._deadline - time.monotonic() > within:
+            self._wake.set()
+
+    def sample(self) -> npt.NDArray[np.float64]:
+        """Take one sample now."""
+        return self.record(read_row(self.readers))
+
+    def record(self, row: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Store a sample (the hooks pass the ones they read at a cell's edges)."""
+        self._last_sample = time.monotonic()
         self.timeline.append(row)
         if self.busy:
             with self._lock:
                 self._cell_max = row if self._cell_max is None else np.fmax(self._cell_max, row)
+        return row
 
     def _run(self) -> None:
         failures = 0
         while not self._stop.is_set():
+            interval = self.busy_interval if self.busy else self.idle_interval
             publish_due: float | None = None
             try:
-                if not self.paused:
+                # Woken early (a cell started or ended): sample only when due, so cells that
+                # follow each other quickly cost the thread nothing.
+                if not self.paused and time.monotonic() - self._last_sample >= interval:
                     self.sample()
                 publish_due = self._maybe_publish()
                 failures = 0
@@ -142,11 +162,12 @@ class Sampler:
                 if self.error is None:
                     self.error = f"sampler: {type(e).__name__}: {e}"
                     log.exception("gpumem_widget sampler failed")
-            interval = self.busy_interval if self.busy else self.idle_interval
             # Back off on repeated failures so a broken reader cannot spin a core.
-            wait = min(interval * (2 ** min(failures, 6)), 60.0)
+            wait = self._last_sample + interval - time.monotonic()
+            wait = min(max(wait, 0.001) * (2 ** min(failures, 6)), 60.0)
             if publish_due is not None:
                 wait = min(wait, publish_due)
+            self._deadline = time.monotonic() + wait
             self._wake.wait(wait)
             self._wake.clear()
 

@@ -19,7 +19,7 @@ import numpy.typing as npt
 from . import protocol
 from .ledger import CellRecord, DeviceCellUsage, Ledger
 from .readers import AllocatorStats, Readers
-from .sampler import Sampler
+from .sampler import Sampler, read_row
 
 PeakMode = Literal["exact", "passive"]
 
@@ -64,6 +64,8 @@ class CellTracker:
             self._bump_session_peak(d, s.peak_allocated, s.peak_reserved)
             if self.peak_mode == "exact":
                 self.readers.torch.reset_peaks(d)
+        self.sampler.begin_cell()
+        row = self.sampler.record(read_row(self.readers, stats, nvml=False))  # not needed here
         self._current = _CellStart(
             execution_count=execution_count,
             cell_id=cell_id,
@@ -71,11 +73,9 @@ class CellTracker:
             started=time.time(),
             t0=time.perf_counter(),
             stats=stats,
-            rss=self.readers.host.rss(),
+            rss=self._value(row, protocol.HOST_RSS_COLUMN),
         )
         self.readers.torch.set_tag(f"cell:{execution_count}")
-        self.sampler.begin_cell()
-        self.sampler.sample()
 
     def finish(
         self, error: BaseException | None = None, execution_count: int | None = None
@@ -87,12 +87,14 @@ class CellTracker:
             return None
         duration = time.perf_counter() - start.t0
         self.readers.torch.set_tag("")
-        self.sampler.sample()
+        after = [self.readers.torch.stats(d) for d in range(len(start.stats))]
+        row = self.sampler.record(read_row(self.readers, after))
         sampled = self.sampler.end_cell()
         devices = tuple(
-            self._device_usage(d, before, sampled) for d, before in enumerate(start.stats)
+            self._device_usage(d, before, after[d], row, sampled)
+            for d, before in enumerate(start.stats)
         )
-        rss_after = self.readers.host.rss()
+        rss_after = self._value(row, protocol.HOST_RSS_COLUMN)
         record = CellRecord(
             execution_count=start.execution_count if execution_count is None else execution_count,
             cell_id=start.cell_id,
@@ -105,16 +107,20 @@ class CellTracker:
             host_rss_before=start.rss,
             host_rss_after=rss_after,
             host_rss_peak=_max_known(
-                start.rss, rss_after, self._sampled(sampled, protocol.HOST_RSS_COLUMN)
+                start.rss, rss_after, self._value(sampled, protocol.HOST_RSS_COLUMN)
             ),
         )
         self.ledger.append(record)
         return record
 
     def _device_usage(
-        self, d: int, before: AllocatorStats, sampled: npt.NDArray[np.float64] | None
+        self,
+        d: int,
+        before: AllocatorStats,
+        after: AllocatorStats,
+        row: npt.NDArray[np.float64],
+        sampled: npt.NDArray[np.float64] | None,
     ) -> DeviceCellUsage:
-        after = self.readers.torch.stats(d)
         if self.peak_mode == "exact":
             peak_alloc, peak_res, exact = after.peak_allocated, after.peak_reserved, True
         else:
@@ -123,12 +129,12 @@ class CellTracker:
             edges_alloc = _max_known(
                 before.allocated,
                 after.allocated,
-                self._sampled(sampled, protocol.device_column(d, "allocated")),
+                self._value(sampled, protocol.device_column(d, "allocated")),
             )
             edges_res = _max_known(
                 before.reserved,
                 after.reserved,
-                self._sampled(sampled, protocol.device_column(d, "reserved")),
+                self._value(sampled, protocol.device_column(d, "reserved")),
             )
             peak_alloc = after.peak_allocated if exact else (edges_alloc or 0)
             peak_res = (
@@ -137,8 +143,6 @@ class CellTracker:
                 else (edges_res or 0)
             )
         self._bump_session_peak(d, peak_alloc, peak_res)
-        nvml = self.readers.nvml
-        device_mem = nvml.device_memory(d) if nvml.has(d) else None
         return DeviceCellUsage(
             device=d,
             allocated_before=before.allocated,
@@ -150,8 +154,8 @@ class CellTracker:
             peak_exact=exact,
             alloc_retries=after.alloc_retries - before.alloc_retries,
             ooms=after.ooms - before.ooms,
-            process_used_after=nvml.process_used(d) if nvml.has(d) else None,
-            device_used_after=device_mem[0] if device_mem else None,
+            process_used_after=self._value(row, protocol.device_column(d, "process_used")),
+            device_used_after=self._value(row, protocol.device_column(d, "device_used")),
         )
 
     def _bump_session_peak(self, d: int, allocated: int, reserved: int) -> None:
@@ -159,10 +163,11 @@ class CellTracker:
         p.allocated = max(p.allocated, allocated)
         p.reserved = max(p.reserved, reserved)
 
-    def _sampled(self, sampled: npt.NDArray[np.float64] | None, column: str) -> int | None:
-        if sampled is None:
+    def _value(self, row: npt.NDArray[np.float64] | None, column: str) -> int | None:
+        """A sample's value as bytes, None where its reader had nothing."""
+        if row is None:
             return None
-        v = float(sampled[self._cols[column]])
+        v = float(row[self._cols[column]])
         return None if np.isnan(v) else int(v)
 
     def reset(self) -> None:

@@ -1,0 +1,148 @@
+"""What the extension costs inside a notebook: per trivial cell, and on a launch-bound training loop.
+
+Each configuration runs in its own fresh process with a real IPython shell, in interleaved rounds:
+  none            no extension (the baseline)
+  gpumem_widget   `%load_ext gpumem_widget` (hooks + 20 Hz sampler while a cell runs)
+  ipyexperiments  the peer's CellLogger (IPyExperimentsPytorch), if installed
+
+    python benchmarks/bench_overhead.py [--rounds 3] [--cells 300] [--steps 600]
+
+Prints medians and the ratio to the baseline measured in the same run. The training loop needs
+CUDA; without it only the per-cell figure is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from typing import Any
+
+CONFIGS = ("none", "gpumem_widget", "ipyexperiments")
+
+SETUP = """
+import torch, time
+cuda = torch.cuda.is_available()
+dev = 'cuda' if cuda else 'cpu'
+# Many small layers and a small batch: each step is bound by kernel launches, not math, so any
+# time the extension takes from the Python thread shows up in full.
+layers = []
+for _ in range(12):
+    layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+xb = torch.randn(32, 256, device=dev)
+def step():
+    opt.zero_grad(set_to_none=True)
+    model(xb).square().mean().backward()
+    opt.step()
+for _ in range(50):
+    step()
+if cuda:
+    torch.cuda.synchronize()
+"""
+
+LOOP = """
+t0 = time.perf_counter()
+for _ in range({steps}):
+    step()
+if cuda:
+    torch.cuda.synchronize()
+step_seconds = (time.perf_counter() - t0) / {steps}
+"""
+
+
+def child(config: str, cells: int, steps: int, out: str) -> None:
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    assert ip is not None
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        if config == "gpumem_widget":
+            ip.run_line_magic("load_ext", "gpumem_widget")
+        elif config == "ipyexperiments":
+            # It reads `get_ipython().kernel.shell`; a plain shell has no kernel attribute, and
+            # the shell itself is what it wants.
+            ip.kernel = types.SimpleNamespace(shell=ip)
+            r = ip.run_cell("from ipyexperiments import IPyExperimentsPytorch\n_exp = IPyExperimentsPytorch()")
+            r.raise_error()
+        ip.run_cell(SETUP, store_history=True).raise_error()
+        for _ in range(20):  # warm up the hooks
+            ip.run_cell("x = 1", store_history=True)
+        t0 = time.perf_counter()
+        for _ in range(cells):
+            ip.run_cell("x = 1", store_history=True)
+        per_cell = (time.perf_counter() - t0) / cells
+        step = None
+        if ip.user_ns["cuda"]:
+            ip.run_cell(LOOP.format(steps=steps), store_history=True).raise_error()
+            step = ip.user_ns["step_seconds"]
+        if config == "gpumem_widget":
+            ip.run_line_magic("unload_ext", "gpumem_widget")
+    with open(out, "w") as f:
+        json.dump({"cell_ms": per_cell * 1e3, "step_ms": step * 1e3 if step else None}, f)
+
+
+def available(config: str) -> bool:
+    if config != "ipyexperiments":
+        return True
+    try:
+        import ipyexperiments  # noqa: F401
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())  # its PyTorch logger needs a GPU and NVML
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cells", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.cells, args.steps, args.out)
+        return
+    configs = [c for c in CONFIGS if available(c)]
+    # Children import the package from this checkout, installed or not.
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    results: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for _ in range(args.rounds):
+        for c in configs:
+            with tempfile.NamedTemporaryFile(suffix=".json") as f:
+                subprocess.run(
+                    [sys.executable, __file__, "--child", c, "--cells", str(args.cells),
+                     "--steps", str(args.steps), "--out", f.name],
+                    check=True,
+                    env=env,
+                )
+                results[c].append(json.load(open(f.name)))
+    base_cell = statistics.median(r["cell_ms"] for r in results["none"])
+    steps = [r["step_ms"] for r in results["none"] if r["step_ms"] is not None]
+    base_step = statistics.median(steps) if steps else None
+    print(f"{'config':<16}{'ms/trivial cell':>16}{'added ms':>10}{'ms/step':>10}{'vs none':>10}")
+    for c in configs:
+        cell = statistics.median(r["cell_ms"] for r in results[c])
+        row = f"{c:<16}{cell:>16.3f}{cell - base_cell:>+10.3f}"
+        s = [r["step_ms"] for r in results[c] if r["step_ms"] is not None]
+        if s and base_step:
+            step = statistics.median(s)
+            row += f"{step:>10.3f}{(step / base_step - 1) * 100:>+9.1f}%"
+        else:
+            row += f"{'n/a':>10}{'(no CUDA)':>10}"
+        print(row)
+    print(f"rounds={args.rounds} cells={args.cells} steps={args.steps} (medians over rounds)")
+
+
+if __name__ == "__main__":
+    main()
