@@ -1,0 +1,129 @@
+"""The extension in a real IPython shell: hooks, magics, lifecycle (host-memory mode here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import gpumem_widget
+from gpumem_widget import protocol
+
+
+@pytest.fixture
+def ip() -> Iterator[Any]:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpumem_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "gpumem_widget")
+
+
+def ours(shell: Any, event: str) -> list[Any]:
+    return [
+        cb for cb in shell.events.callbacks[event] if getattr(cb, "__module__", "") == "gpumem_widget.session"
+    ]
+
+
+def sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "gpumem-sampler"]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def test_load_reload_unload_leave_exactly_one_of_each(ip: Any) -> None:
+    assert len(ours(ip, "pre_run_cell")) == 1
+    assert len(ours(ip, "post_run_cell")) == 1
+    assert len(sampler_threads()) == 1
+    ip.run_line_magic("reload_ext", "gpumem_widget")
+    assert len(ours(ip, "pre_run_cell")) == 1
+    assert len(ours(ip, "post_run_cell")) == 1
+    wait_for(lambda: len(sampler_threads()) == 1)
+    ip.run_line_magic("unload_ext", "gpumem_widget")
+    assert ours(ip, "pre_run_cell") == [] and ours(ip, "post_run_cell") == []
+    assert "gpumem" not in ip.magics_manager.magics["line"]
+    wait_for(lambda: sampler_threads() == [])
+    assert gpumem_widget.current_session() is None
+    ip.run_line_magic("load_ext", "gpumem_widget")  # for the fixture's teardown
+
+
+def test_cells_are_recorded_in_order_with_errors(ip: Any) -> None:
+    ip.run_cell("a = 1", store_history=True)
+    bad = ip.run_cell("1 / 0", store_history=True)
+    assert isinstance(bad.error_in_exec, ZeroDivisionError)
+    records = gpumem_widget.ledger()
+    assert [r.source for r in records][-2:] == ["a = 1", "1 / 0"]
+    assert records[-1].error == "ZeroDivisionError"
+    assert records[-1].execution_count == records[-2].execution_count + 1
+    assert records[-1].devices == ()  # host-memory mode: no CUDA device here
+
+
+def test_status_says_host_mode_and_why(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("gpumem", "status")
+    out = capsys.readouterr().out
+    assert "mode: host" in out
+    assert "reader torch: unavailable" in out
+    assert "reader nvml: unavailable" in out
+
+
+@pytest.mark.parametrize("args", ["--help", "status --help", "peak --help", "interval --help", "show --help"])
+def test_every_command_answers_help(ip: Any, args: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("gpumem", args)
+    assert "usage: %gpumem" in capsys.readouterr().out
+
+
+def test_bad_usage_is_a_clear_usage_error(ip: Any) -> None:
+    with pytest.raises(UsageError, match="invalid choice"):
+        ip.run_line_magic("gpumem", "frobnicate")
+    with pytest.raises(UsageError, match="out of range"):
+        ip.run_line_magic("gpumem", "interval 0")
+
+
+def test_controls_change_the_session(ip: Any) -> None:
+    s = gpumem_widget.current_session()
+    assert s is not None
+    ip.run_line_magic("gpumem", "pause")
+    assert s.sampler.state == "paused"
+    ip.run_line_magic("gpumem", "resume")
+    assert s.sampler.state == "running"
+    ip.run_line_magic("gpumem", "interval 0.02 0.5")
+    assert (s.sampler.busy_interval, s.sampler.idle_interval) == (0.02, 0.5)
+    ip.run_line_magic("gpumem", "peak passive")
+    assert s.tracker.peak_mode == "passive"
+    ip.run_cell("b = 2", store_history=True)
+    ip.run_line_magic("gpumem", "reset")
+    assert len(gpumem_widget.ledger()) == 0
+    assert len(s.timeline) == 0
+
+
+def test_widget_traits_follow_the_kernel_state(ip: Any) -> None:
+    s = gpumem_widget.current_session()
+    assert s is not None
+    ip.run_cell("c = 3", store_history=True)
+    count = gpumem_widget.ledger()[-1].execution_count
+    wait_for(lambda: any(c["execution_count"] == count for c in s.widget.cells))
+    wire = next(c for c in s.widget.cells if c["execution_count"] == count)
+    assert wire["source"] == "c = 3"
+    wait_for(lambda: s.widget.timeline_base["n"] + s.widget.timeline_tail["n"] >= 2)
+    tail = protocol.unpack_table(s.widget.timeline_tail)
+    assert set(tail) == set(protocol.timeline_columns(0))
+    assert s.widget.status["mode"] == "host"
+    assert s.widget.status["readers"]["host"]["ok"]
+
+
+def test_magic_before_loading_says_how_to_load() -> None:
+    from gpumem_widget.extension import gpumem
+
+    assert gpumem_widget.current_session() is None
+    with pytest.raises(UsageError, match="load_ext gpumem_widget"):
+        gpumem("status")
