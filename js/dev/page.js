@@ -6,78 +6,96 @@ import { cellsTrait, devicesTrait, FakeModel, memoryAt, packTable, statusTrait, 
 const params = new URLSearchParams(location.search);
 const num = (k, d) => (params.has(k) ? Number(params.get(k)) : d);
 
-const state = { model: null, cleanups: [], cols: [], tail: null, t0: 0, dt: 0.01, next: 0, devices: 0, cells: [] };
+const dev = { model: null, cleanups: [], cols: [], tail: null, t0: 0, dt: 0.01, next: 0, devices: 0, cells: [] };
 
 function emptyTail() {
-  return Object.fromEntries(state.cols.map((c) => [c, []]));
+  return Object.fromEntries(dev.cols.map((c) => [c, []]));
 }
 
-function mount({ samples = 20000, devices = 1, cells = 12, width = null, target = "stage" } = {}) {
+/** A fresh widget on `samples` samples spread over `span` seconds (default: 100 per second). */
+function mount({ samples = 20000, span = samples / 100, devices = 1, cells = 12, width = null, target = "stage" } = {}) {
   unmount();
-  state.devices = devices;
-  state.dt = 0.01;
-  state.t0 = Date.now() / 1000 - samples * state.dt;
-  const { cols, data } = timelineData(devices, state.t0, state.dt, samples);
-  state.cols = cols;
-  state.next = samples;
-  state.tail = emptyTail();
-  state.cells = cellsTrait(devices, state.t0, state.t0 + samples * state.dt, cells);
-  state.model = new FakeModel({
+  dev.devices = devices;
+  dev.dt = span / samples;
+  dev.t0 = Date.now() / 1000 - samples * dev.dt;
+  const { cols, data } = timelineData(devices, dev.t0, dev.dt, samples);
+  dev.cols = cols;
+  dev.next = samples;
+  dev.tail = emptyTail();
+  dev.cells = cellsTrait(devices, dev.t0, dev.t0 + samples * dev.dt, cells);
+  dev.model = new FakeModel({
     devices: devicesTrait(devices),
     status: statusTrait(devices),
-    cells: state.cells,
+    cells: dev.cells,
     timeline_base: packTable(cols, data),
-    timeline_tail: packTable(cols, state.tail),
+    timeline_tail: packTable(cols, dev.tail),
   });
   const el = document.getElementById(target);
   el.style.width = width ? `${width}px` : "";
-  state.cleanups.push(widget.render({ model: state.model, el }));
-  return state.model;
+  dev.cleanups.push(widget.render({ model: dev.model, el }));
+  return dev.model;
 }
 
 function addView(target = "stage2") {
-  state.cleanups.push(widget.render({ model: state.model, el: document.getElementById(target) }));
+  dev.cleanups.push(widget.render({ model: dev.model, el: document.getElementById(target) }));
 }
 
 function unmount() {
-  for (const c of state.cleanups.splice(0)) c();
+  for (const c of dev.cleanups.splice(0)) c();
 }
 
 /** Append `k` samples to the tail and publish it, as the kernel's publisher does. */
 function publishTail(k = 1) {
   for (let j = 0; j < k; j++) {
-    const t = state.t0 + state.next++ * state.dt;
-    state.tail.t.push(t);
-    for (let d = 0; d < state.devices; d++) {
-      const m = memoryAt(t - state.t0, d);
-      for (const f of Object.keys(m)) state.tail[`cuda:${d}/${f}`].push(m[f]);
+    const t = dev.t0 + dev.next++ * dev.dt;
+    dev.tail.t.push(t);
+    for (let d = 0; d < dev.devices; d++) {
+      const m = memoryAt(t - dev.t0, d);
+      for (const f of Object.keys(m)) dev.tail[`cuda:${d}/${f}`].push(m[f]);
     }
-    state.tail["host/rss"].push(3.5 * 1024 ** 3);
+    dev.tail["host/rss"].push(3.5 * 1024 ** 3);
   }
-  state.model.set("timeline_tail", packTable(state.cols, state.tail));
-  return state.t0 + (state.next - 1) * state.dt;
+  dev.model.set("timeline_tail", packTable(dev.cols, dev.tail));
+  return dev.t0 + (dev.next - 1) * dev.dt;
 }
 
 /** Re-send the whole timeline as a new base (the rare, expensive update). */
 function publishBase() {
-  const { data } = timelineData(state.devices, state.t0, state.dt, state.next);
-  state.tail = emptyTail();
-  state.model.set("timeline_base", packTable(state.cols, data));
-  state.model.set("timeline_tail", packTable(state.cols, state.tail));
+  const { data } = timelineData(dev.devices, dev.t0, dev.dt, dev.next);
+  dev.tail = emptyTail();
+  dev.model.set("timeline_base", packTable(dev.cols, data));
+  dev.model.set("timeline_tail", packTable(dev.cols, dev.tail));
 }
 
 function addCell({ oom = false } = {}) {
-  const last = state.cells[state.cells.length - 1];
+  const last = dev.cells[dev.cells.length - 1];
   const n = (last?.execution_count ?? 0) + 1;
-  const tNow = state.t0 + state.next * state.dt;
-  const [cell] = cellsTrait(state.devices, tNow - 3, tNow, 1);
-  state.cells = [...state.cells, { ...cell, execution_count: n, oom, error: oom ? "OutOfMemoryError" : null, source: `# cell ${n}\nx = torch.empty(${n} << 28, device="cuda")` }];
-  state.model.set("cells", state.cells);
+  const tNow = dev.t0 + dev.next * dev.dt;
+  const [cell] = cellsTrait(dev.devices, tNow - 3, tNow, 1);
+  dev.cells = [...dev.cells, { ...cell, execution_count: n, oom, error: oom ? "OutOfMemoryError" : null, source: `# cell ${n}\nx = torch.empty(${n} << 28, device="cuda")` }];
+  dev.model.set("cells", dev.cells);
 }
 
-window.gpumemDev = { mount, unmount, addView, publishTail, publishBase, addCell, get model() { return state.model; }, timelineColumns };
+/** A state recorded by record_state.py, with its buffers put back as ipywidgets does (DataViews). */
+async function mountRecorded(path) {
+  const saved = await (await fetch(`/${path.replace(/^\/+/, "")}`)).json();
+  const state = structuredClone(saved.state);
+  saved.buffer_paths.forEach((bufferPath, i) => {
+    const bytes = Uint8Array.from(atob(saved.buffers[i]), (c) => c.charCodeAt(0));
+    let obj = state;
+    for (const key of bufferPath.slice(0, -1)) obj = obj[key];
+    obj[bufferPath[bufferPath.length - 1]] = new DataView(bytes.buffer);
+  });
+  unmount();
+  dev.model = new FakeModel(state);
+  dev.cleanups.push(widget.render({ model: dev.model, el: document.getElementById("stage") }));
+}
 
-if (!params.has("manual")) {
+window.gpumemDev = { mount, unmount, addView, publishTail, publishBase, addCell, get model() { return dev.model; }, timelineColumns };
+
+if (params.has("state")) {
+  mountRecorded(params.get("state"));
+} else if (!params.has("manual")) {
   mount({ samples: num("samples", 20000), devices: num("devices", 1), cells: num("cells", 12) });
   let live = num("live", 1) === 1 ? setInterval(() => publishTail(25), 250) : null;
   const button = (id, fn) => document.getElementById(id).addEventListener("click", fn);
@@ -102,5 +120,5 @@ if (!params.has("manual")) {
     el.style.width = el.style.width ? "" : "400px";
   });
   button("second", () => addView());
-  button("bad", () => state.model.set("timeline_tail", { n: 3, columns: ["t"], dtypes: ["f8"], buffers: [new DataView(new ArrayBuffer(5))] }));
+  button("bad", () => dev.model.set("timeline_tail", { n: 3, columns: ["t"], dtypes: ["f8"], buffers: [new DataView(new ArrayBuffer(5))] }));
 }

@@ -9,7 +9,8 @@ const TYPES = { ".html": "text/html", ".js": "text/javascript", ".mjs": "text/ja
 export const REPO_ROOT = resolve(fileURLToPath(new URL("../..", import.meta.url)));
 
 /** Serve `root` on 127.0.0.1:`port` (0 picks a free port); resolves to { server, url }. */
-export function serve(root = REPO_ROOT, port = 0) {
+export function serve(dir = REPO_ROOT, port = 0) {
+  const root = resolve(dir);
   const server = createServer((req, res) => {
     const path = normalize(decodeURIComponent(new URL(req.url ?? "/", "http://x").pathname));
     const file = join(root, path);

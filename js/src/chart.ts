@@ -5,8 +5,8 @@
 
 import uPlot from "uplot";
 import { outcome, tooltipLines, type Mode } from "./cells";
-import { decimate, nearestIndex, seriesMax, type PlotSeries } from "./decimate";
-import { byteTicks, formatBytes, formatClock, formatTick } from "./format";
+import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
+import { byteTicks, clockPrecision, formatBytes, formatClock, formatTick } from "./format";
 import { deviceColumn, HOST_RSS_COLUMN, type CellRecord, type DeviceField, type DeviceInfo, type Timeline } from "./protocol";
 import { readPalette, type Palette } from "./theme";
 
@@ -14,7 +14,6 @@ interface SeriesSpec {
   column: (device: number) => string;
   label: string;
   color: (p: Palette) => string;
-  fill?: boolean;
   dash?: number[];
 }
 
@@ -26,12 +25,12 @@ const deviceSeries = (field: DeviceField, label: string, color: (p: Palette) => 
 });
 
 const DEVICE_SERIES: readonly SeriesSpec[] = [
-  deviceSeries("allocated", "allocated", (p) => p.allocated, { fill: true }),
+  deviceSeries("allocated", "allocated", (p) => p.allocated),
   deviceSeries("reserved", "reserved", (p) => p.reserved),
   deviceSeries("process_used", "process (NVML)", (p) => p.processUsed, { dash: [4, 3] }),
   deviceSeries("device_used", "whole device", (p) => p.deviceUsed, { dash: [1, 2] }),
 ];
-const HOST_SERIES: readonly SeriesSpec[] = [{ column: () => HOST_RSS_COLUMN, label: "host RSS", color: (p) => p.hostRss, fill: true }];
+const HOST_SERIES: readonly SeriesSpec[] = [{ column: () => HOST_RSS_COLUMN, label: "host RSS", color: (p) => p.hostRss }];
 
 const Y_AXIS_WIDTH = 60; // the same in every panel, so the plots (and the band strip) line up
 const RIGHT_PADDING = 8;
@@ -52,6 +51,7 @@ interface Panel {
   legend: LegendEntry[];
   capacityValue: HTMLElement | null;
   height: number;
+  lows: (number | null)[][]; // per series, the minima under the plotted maxima (see decimate)
 }
 
 export interface ChartOptions {
@@ -403,7 +403,7 @@ export class Chart {
           space: 70,
           // Clock times; only the bottom panel labels them, the others keep the grid lines.
           values: (_u: uPlot, splits: number[], _axis: number, _space: number, incr: number) =>
-            splits.map((v) => (bottom ? formatClock(v, incr < 60) : "")),
+            splits.map((v) => (bottom ? formatClock(v, clockPrecision(incr)) : "")),
         },
         {
           stroke: p.muted,
@@ -427,7 +427,9 @@ export class Chart {
           width: 1.5,
           show: !this.hidden.has(`${panelKey}/${spec.label}`),
           points: { show: false },
-          ...(spec.fill ? { fill: withAlpha(spec.color(p), 0.14) } : {}),
+          // The band between each pixel column's minimum and maximum.
+          fill: withAlpha(spec.color(p), 0.3),
+          paths: envelopePaths((i) => panel.lows[i - 1]),
           ...(spec.dash ? { dash: spec.dash } : {}),
         })),
       ],
@@ -446,8 +448,9 @@ export class Chart {
     el.append(legendEl, plotEl);
     this.panelsEl.append(el);
     const plot = new uPlot(opts, [[], ...specs.map(() => [])], plotEl);
+    const panel: Panel = { el, plot, device, specs, columns, legend, capacityValue, height, lows: [] };
     this.attachPointer(plot);
-    return { el, plot, device, specs, columns, legend, capacityValue, height };
+    return panel;
   }
 
   private drawPanel(panel: Panel): void {
@@ -455,14 +458,15 @@ export class Chart {
     const { min, max } = this.shown;
     const plotWidth = Math.max(1, this.width - Y_AXIS_WIDTH - RIGHT_PADDING);
     const columns = panel.columns.map((c) => this.timeline.values.get(c) ?? null);
-    const data: PlotSeries = decimate(this.timeline.t, columns, min, max, plotWidth);
-    const visible = data.ys.filter((_y, i) => plot.series[i + 1]?.show !== false);
+    const data: Envelope = decimate(this.timeline.t, columns, min, max, plotWidth);
+    panel.lows = data.lo;
+    const visible = data.hi.filter((_y, i) => plot.series[i + 1]?.show !== false);
     const top = yTop(seriesMax(visible), panel.device?.total ?? null);
     this.settingScales = true;
     try {
       plot.batch(() => {
         if (plot.width !== this.width) plot.setSize({ width: this.width, height: panel.height });
-        plot.setData([data.x, ...data.ys], false);
+        plot.setData([data.x, ...data.hi], false);
         plot.setScale("x", { min, max });
         plot.setScale("y", { min: 0, max: top });
       });
@@ -658,6 +662,55 @@ export function yTop(dataMax: number, capacity: number | null): number {
   const wanted = Math.max(dataMax * 1.1, 1024 ** 2);
   const { step } = byteTicks(wanted, 5);
   return Math.ceil(wanted / step) * step;
+}
+
+/**
+ * uPlot paths for one series of an envelope: a line through the maxima (uPlot's data) and a
+ * band from them down to the minima, both a few vertices per pixel column, gaps left open.
+ */
+function envelopePaths(lows: (seriesIdx: number) => (number | null)[] | undefined): uPlot.Series.PathBuilder {
+  return (u, seriesIdx, idx0, idx1) => {
+    const xs = u.data[0];
+    const highs = u.data[seriesIdx] as (number | null)[] | undefined;
+    const low = lows(seriesIdx) ?? highs;
+    const stroke = new Path2D();
+    const band = new Path2D();
+    let hasBand = false;
+    let runStart = -1;
+    const px = (v: number): number => u.valToPos(v, "x", true);
+    const py = (v: number): number => u.valToPos(v, "y", true);
+    const closeRun = (end: number): void => {
+      if (runStart < 0 || !low || !highs) return;
+      let differs = false;
+      for (let i = runStart; i <= end && !differs; i++) differs = low[i] !== highs[i];
+      if (differs) {
+        hasBand = true;
+        band.moveTo(px(xs[runStart] as number), py(highs[runStart] as number));
+        for (let i = runStart + 1; i <= end; i++) band.lineTo(px(xs[i] as number), py(highs[i] as number));
+        for (let i = end; i >= runStart; i--) band.lineTo(px(xs[i] as number), py(low[i] as number));
+        band.closePath();
+      }
+      runStart = -1;
+    };
+    if (highs) {
+      for (let i = idx0; i <= idx1; i++) {
+        const v = highs[i];
+        if (v == null) {
+          closeRun(i - 1);
+          continue;
+        }
+        const x = px(xs[i] as number);
+        if (runStart < 0) {
+          runStart = i;
+          stroke.moveTo(x, py(v));
+        } else {
+          stroke.lineTo(x, py(v));
+        }
+      }
+      closeRun(idx1);
+    }
+    return { stroke, fill: hasBand ? band : null, flags: 0 };
+  };
 }
 
 /** A translucent fill from a hex or rgb() colour (a neutral grey for anything else). */

@@ -1,12 +1,15 @@
-// Screen-sized series for the chart: the samples in view, reduced to about two points per pixel
-// column. Each column keeps its minimum and maximum in time order, so a short spike (the peak
-// that matters in a memory chart) stays on screen however many samples share its pixel.
+// Screen-sized series for the chart: the samples in view, reduced to one point per pixel column
+// carrying that column's minimum and maximum. The chart strokes the maxima (so a short spike, the
+// peak that matters in a memory chart, stays on screen however many samples share its pixel) and
+// shades the band down to the minima: a few thousand vertices that never cross, cheap to draw.
 
-export interface PlotSeries {
+export interface Envelope {
   /** x values (unix seconds), shared by every series. */
   x: number[];
-  /** One array per input column, aligned with `x`; null where a reader had nothing (a gap). */
-  ys: (number | null)[][];
+  /** Per input column, aligned with `x`: the largest value at each point; null is a gap. */
+  hi: (number | null)[][];
+  /** Per input column: the smallest value at each point (equal to `hi` where one sample). */
+  lo: (number | null)[][];
 }
 
 /** First index whose time is >= `x` (or > `x` when `strict`); `t` ascending. */
@@ -36,8 +39,8 @@ const finiteOrNull = (v: number): number | null => (Number.isNaN(v) ? null : v);
 
 /**
  * The samples of `columns` (aligned with `t`) between `xMin` and `xMax`, plus the nearest sample
- * beyond each edge so lines run to the plot's borders, reduced to at most ~2 points per bucket.
- * A column given as null is all gaps.
+ * beyond each edge so lines run to the plot's borders. With more samples than `buckets` (pixel
+ * columns), each bucket becomes one point at its first sample's time. A null column is all gaps.
  */
 export function decimate(
   t: Float64Array,
@@ -45,79 +48,61 @@ export function decimate(
   xMin: number,
   xMax: number,
   buckets: number,
-): PlotSeries {
+): Envelope {
   const first = Math.max(0, lowerBound(t, xMin) - 1);
   const last = Math.min(t.length - 1, lowerBound(t, xMax, true));
   const count = last - first + 1;
   const x: number[] = [];
-  const ys: (number | null)[][] = columns.map(() => []);
-  if (count <= 0) return { x, ys };
+  const hi: (number | null)[][] = columns.map(() => []);
+  if (count <= 0) return { x, hi, lo: columns.map(() => []) };
 
-  if (count <= 2 * buckets || xMax <= xMin) {
+  if (count <= buckets || xMax <= xMin) {
     for (let i = first; i <= last; i++) x.push(t[i] as number);
     columns.forEach((col, s) => {
-      const out = ys[s] as (number | null)[];
+      const out = hi[s] as (number | null)[];
       for (let i = first; i <= last; i++) out.push(col ? finiteOrNull(col[i] as number) : null);
     });
-    return { x, ys };
+    return { x, hi, lo: hi };
   }
 
+  const lo: (number | null)[][] = columns.map(() => []);
   const k = columns.length;
-  const lo = new Float64Array(k);
-  const hi = new Float64Array(k);
-  const loAt = new Int32Array(k);
-  const hiAt = new Int32Array(k);
+  const min = new Float64Array(k);
+  const max = new Float64Array(k);
   const scale = buckets / (xMax - xMin);
   let bucket = NaN;
-  let bucketFirst = first;
 
-  const flush = (end: number): void => {
-    const single = end === bucketFirst;
-    x.push(t[bucketFirst] as number);
-    if (!single) x.push(t[end] as number);
+  const flush = (): void => {
     for (let s = 0; s < k; s++) {
-      const out = ys[s] as (number | null)[];
-      if ((loAt[s] as number) < 0) {
-        out.push(null);
-        if (!single) out.push(null);
-      } else if (single) {
-        out.push(lo[s] as number);
-      } else {
-        const minFirst = (loAt[s] as number) <= (hiAt[s] as number);
-        out.push(minFirst ? (lo[s] as number) : (hi[s] as number), minFirst ? (hi[s] as number) : (lo[s] as number));
-      }
+      const empty = Number.isNaN(min[s] as number);
+      (lo[s] as (number | null)[]).push(empty ? null : (min[s] as number));
+      (hi[s] as (number | null)[]).push(empty ? null : (max[s] as number));
     }
   };
 
   for (let i = first; i <= last; i++) {
+    const ti = t[i] as number;
     // Samples beyond the view's edges fall in buckets -1 and `buckets`, each flushed on its own.
-    const b = Math.min(buckets, Math.max(-1, Math.floor(((t[i] as number) - xMin) * scale)));
+    const b = Math.min(buckets, Math.max(-1, Math.floor((ti - xMin) * scale)));
     if (b !== bucket) {
-      if (i > first) flush(i - 1);
+      if (i > first) flush();
       bucket = b;
-      bucketFirst = i;
-      loAt.fill(-1);
-      hiAt.fill(-1);
+      x.push(ti);
+      min.fill(NaN);
+      max.fill(NaN);
     }
     for (let s = 0; s < k; s++) {
       const col = columns[s];
       if (!col) continue;
       const v = col[i] as number;
       if (Number.isNaN(v)) continue;
-      if (loAt[s] === -1) {
-        lo[s] = hi[s] = v;
-        loAt[s] = hiAt[s] = i;
-      } else if (v < (lo[s] as number)) {
-        lo[s] = v;
-        loAt[s] = i;
-      } else if (v > (hi[s] as number)) {
-        hi[s] = v;
-        hiAt[s] = i;
-      }
+      // Also true while the bucket's min and max are still NaN (nothing seen yet).
+      if (!(v >= (min[s] as number))) min[s] = v;
+      if (!(v <= (max[s] as number))) max[s] = v;
     }
   }
-  flush(last);
-  return { x, ys };
+  flush();
+  return { x, hi, lo };
 }
 
 /** The largest finite value of the plotted series (0 when there is none). */

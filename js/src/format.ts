@@ -81,12 +81,22 @@ export function formatDuration(seconds: number | null | undefined): string {
   return `${min} min ${String(sec).padStart(2, "0")} s`;
 }
 
-/** Local wall-clock time of unix `seconds`: "14:03:27" ("14:03" without seconds). */
-export function formatClock(seconds: number, withSeconds = true): string {
-  const d = new Date(seconds * 1000);
+export type ClockPrecision = "minutes" | "seconds" | "tenths";
+
+/** Local wall-clock time of unix `seconds`: "14:03", "14:03:27" or "14:03:27.4". */
+export function formatClock(seconds: number, precision: ClockPrecision = "seconds"): string {
+  const d = new Date(Math.round(seconds * 10) * 100);
   const two = (n: number): string => String(n).padStart(2, "0");
   const hm = `${two(d.getHours())}:${two(d.getMinutes())}`;
-  return withSeconds ? `${hm}:${two(d.getSeconds())}` : hm;
+  if (precision === "minutes") return hm;
+  const hms = `${hm}:${two(d.getSeconds())}`;
+  return precision === "seconds" ? hms : `${hms}.${Math.floor(d.getMilliseconds() / 100)}`;
+}
+
+/** The precision that tells ticks `step` seconds apart from each other. */
+export function clockPrecision(step: number): ClockPrecision {
+  if (step < 1) return "tenths";
+  return step < 60 ? "seconds" : "minutes";
 }
 
 const TICK_STEPS = [1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 250, 500];

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { byteTicks, byteUnitFor, formatBytes, formatBytesIn, formatClock, formatDelta, formatDuration, formatTick, sourcePreview } from "../src/format";
+import { byteTicks, byteUnitFor, clockPrecision, formatBytes, formatBytesIn, formatClock, formatDelta, formatDuration, formatTick, sourcePreview } from "../src/format";
 
 const KiB = 1024;
 const MiB = 1024 ** 2;
@@ -93,7 +93,15 @@ describe("durations", () => {
   it("shows local clock time", () => {
     const t = new Date(2025, 0, 2, 3, 4, 5).getTime() / 1000;
     expect(formatClock(t)).toBe("03:04:05");
-    expect(formatClock(t, false)).toBe("03:04");
+    expect(formatClock(t, "minutes")).toBe("03:04");
+    expect(formatClock(t + 0.44, "tenths")).toBe("03:04:05.4");
+    expect(formatClock(t + 0.96, "seconds")).toBe("03:04:06");
+  });
+
+  it("labels ticks precisely enough to tell them apart", () => {
+    expect(clockPrecision(0.5)).toBe("tenths");
+    expect(clockPrecision(10)).toBe("seconds");
+    expect(clockPrecision(300)).toBe("minutes");
   });
 });
 
