@@ -364,6 +364,16 @@ def test_ledger_records_the_cell(loaded: Loaded, long_cell: Execution) -> None:
     assert rec["started"] == pytest.approx(long_cell.first("execute_input").sent, abs=0.5)
 
 
+def test_ledger_measures_host_memory(loaded: Loaded) -> None:
+    k = loaded.kernel
+    ex = k.execute("import numpy as _np; _big = _np.ones(10_000_000)")  # 80 MB, all touched
+    assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+    rec = k.wait_for_record(loaded.comm_id, ex.count, k.log.index(ex.messages[0]))
+    grown = rec["host_rss_after"] - rec["host_rss_before"]
+    assert 70e6 < grown < 200e6, grown
+    assert k.execute("del _big").reply["content"]["status"] == "ok"
+
+
 def test_a_raising_cell_keeps_its_own_error(loaded: Loaded) -> None:
     k = loaded.kernel
     ex = k.execute(RAISING_CELL)

@@ -1,0 +1,243 @@
+// Drives a running JupyterLab in Debian's Chromium: opens the notebook, runs its cells one by one
+// with Shift+Enter, and records what the page shows (the widget's DOM, requests, dialogs, errors).
+// It asserts nothing itself: test_lab_e2e.py reads the JSON it writes and decides.
+//
+// Usage: node drive_lab.mjs PLAN.json   (PLAN: see test_lab_e2e.py, `plan`)
+
+import { readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+// Everything this script knows about the page's DOM, in one place.
+const SEL = {
+  // JupyterLab
+  cell: ".jp-Notebook .jp-Cell",
+  prompt: ".jp-InputPrompt",
+  // The status bar's kernel item reads "<kernel> | Idle" only once a kernel is connected and idle
+  // (the toolbar's execution indicator already says "idle" before any kernel exists).
+  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
+  kernelIdlePattern: "\\|\\s*Idle$",
+  // gpumem_widget's DOM contract
+  widget: ".gpumem-widget",
+  chart: ".gpumem-widget .gpumem-chart",
+  chartCanvas: ".gpumem-widget .gpumem-chart canvas",
+  samplesAttr: "data-samples", // on .gpumem-chart: how many samples the last draw used
+  drawnUntilAttr: "data-drawn-until", // on .gpumem-chart: unix seconds of the newest drawn sample
+  ledgerRow: ".gpumem-widget tr[data-execution-count]",
+  ledgerSource: ".gpumem-col-source", // inside a ledger row
+  band: ".gpumem-widget .gpumem-band[data-execution-count]",
+  tooltip: ".gpumem-widget .gpumem-tooltip",
+  details: ".gpumem-widget .gpumem-details",
+};
+const BROWSER_ARGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--no-first-run",
+  "--disable-quic",
+];
+const POLL_MS = 200;
+
+const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
+const started = Date.now();
+const result = {
+  steps: {}, // step name -> seconds since start
+  blocked: [], // non-local requests the page attempted
+  localXssFetches: [], // local requests for the payload's src (only an injected <img> makes one)
+  dialogs: [],
+  pageErrors: [],
+  consoleErrors: [],
+  prompts: [], // execution prompts after each cell, e.g. "[1]:"
+  afterLoad: null,
+  during: [], // polls while the long cell runs
+  final: null,
+  screenshots: [],
+  error: null,
+};
+const step = (name) => {
+  result.steps[name] = (Date.now() - started) / 1000;
+};
+
+function isLocal(url) {
+  const u = new URL(url);
+  if (["data:", "blob:", "about:"].includes(u.protocol)) return true;
+  return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
+}
+
+const context = await chromium.launchPersistentContext(plan.profile, {
+  executablePath: plan.chromium,
+  headless: true,
+  args: BROWSER_ARGS,
+  viewport: { width: 1280, height: 1500 },
+});
+context.setDefaultTimeout(plan.stepTimeoutMs);
+
+async function shoot(page, name) {
+  const path = join(plan.artifacts, name);
+  await page.screenshot({ path, fullPage: true });
+  result.screenshots.push(path);
+}
+
+try {
+  await context.route("**/*", (route) => {
+    const url = route.request().url();
+    if (!isLocal(url)) {
+      result.blocked.push(url);
+      return route.abort("blockedbyclient");
+    }
+    if (new URL(url).pathname.endsWith(`/${plan.xssSrc}`)) result.localXssFetches.push(url);
+    return route.continue();
+  });
+  await context.routeWebSocket(
+    (url) => !isLocal(url.href),
+    (ws) => {
+      result.blocked.push(ws.url());
+      ws.close();
+    },
+  );
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
+  page.on("console", (m) => {
+    if (m.type() === "error") result.consoleErrors.push(m.text());
+  });
+  page.on("dialog", (d) => {
+    result.dialogs.push(`${d.type()}: ${d.message()}`);
+    void d.dismiss();
+  });
+
+  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
+  // Probes: one request and one dialog that the recorders must catch (so an empty list means
+  // something, not a listener that never fired).
+  await page.evaluate((url) => fetch(url).catch(() => null), plan.probeUrl);
+  await page.evaluate((text) => window.alert(text), plan.probeDialog);
+  await page.waitForFunction(
+    ({ sel, n }) => document.querySelectorAll(sel).length === n,
+    { sel: SEL.cell, n: plan.cells.length },
+  );
+  await page.waitForFunction(
+    ({ sel, pattern }) =>
+      [...document.querySelectorAll(sel)].some((e) => new RegExp(pattern).test(e.textContent.trim())),
+    { sel: SEL.kernelStatus, pattern: SEL.kernelIdlePattern },
+  );
+  step("notebook open");
+
+  const cells = page.locator(SEL.cell);
+  const promptOf = (i) => cells.nth(i).locator(SEL.prompt).innerText();
+  const waitPrompt = (i, pattern, timeout) =>
+    page.waitForFunction(
+      ({ sel, prompt, i, pattern }) => {
+        const el = document.querySelectorAll(sel)[i]?.querySelector(prompt);
+        return el !== null && el !== undefined && new RegExp(pattern).test(el.textContent.trim());
+      },
+      { sel: SEL.cell, prompt: SEL.prompt, i, pattern },
+      { timeout },
+    );
+  const countOf = async (i) => Number((await promptOf(i)).match(/\d+/)[0]);
+
+  // Select the first cell in command mode; Shift+Enter then runs a cell and selects the next.
+  await cells.nth(0).locator(SEL.prompt).click();
+  await page.keyboard.press("Escape");
+
+  const long = plan.cells.length - 1; // the long cell comes last
+  for (let i = 0; i < long; i++) {
+    await page.keyboard.press("Shift+Enter");
+    await waitPrompt(i, "^\\[\\d+\\]:$", plan.stepTimeoutMs);
+    result.prompts.push(await promptOf(i));
+    if (i === 0) {
+      await page.waitForSelector(SEL.widget, { state: "visible" });
+      await page.waitForSelector(SEL.chartCanvas, { state: "attached" });
+      result.afterLoad = {
+        widgetVisible: await page.locator(SEL.widget).isVisible(),
+        widgets: await page.locator(SEL.widget).count(),
+        canvases: await page.locator(SEL.chartCanvas).count(),
+      };
+    }
+    step(`cell ${i} done`);
+  }
+  // The rows of the cells run so far, before the long cell starts (ledger updates are pushed).
+  const previous = await Promise.all(plan.cells.slice(1, long).map((_, k) => countOf(k + 1)));
+  for (const n of previous) await page.waitForSelector(`${SEL.ledgerRow}[data-execution-count="${n}"]`);
+
+  const snapshot = () =>
+    page.evaluate(
+      ({ SEL, i }) => {
+        const chart = document.querySelector(SEL.chart);
+        const prompt = document.querySelectorAll(SEL.cell)[i].querySelector(SEL.prompt);
+        const counts = (sel, visibleOnly) =>
+          [...document.querySelectorAll(sel)]
+            .filter((e) => !visibleOnly || (!e.hidden && e.getClientRects().length > 0))
+            .map((e) => Number(e.getAttribute("data-execution-count")));
+        return {
+          now: Date.now() / 1000,
+          prompt: prompt.textContent.trim(),
+          samples: Number(chart?.getAttribute(SEL.samplesAttr) ?? NaN),
+          drawnUntil: Number(chart?.getAttribute(SEL.drawnUntilAttr) || NaN),
+          rows: counts(SEL.ledgerRow, false),
+          bands: counts(SEL.band, false),
+          visibleBands: counts(SEL.band, true),
+          widgetVisible: !!document.querySelector(SEL.widget)?.getClientRects().length,
+        };
+      },
+      { SEL, i: long },
+    );
+
+  await page.keyboard.press("Shift+Enter");
+  await waitPrompt(long, "^\\[\\*\\]:$", plan.stepTimeoutMs);
+  step("long cell running");
+  let shotTaken = false;
+  for (;;) {
+    const s = await snapshot();
+    result.during.push(s);
+    if (s.prompt !== "[*]:") break;
+    if (!shotTaken && s.now - result.during[0].now > plan.longSeconds / 2) {
+      await shoot(page, "lab-running.png");
+      shotTaken = true;
+    }
+    await page.waitForTimeout(POLL_MS);
+  }
+  step("long cell done");
+  result.prompts.push(await promptOf(long));
+
+  const recorded = await Promise.all(plan.cells.slice(1).map((_, k) => countOf(k + 1)));
+  const lastRow = `${SEL.ledgerRow}[data-execution-count="${recorded.at(-1)}"]`;
+  await page.waitForSelector(lastRow);
+
+  // The payload cell: its source must show as text in the ledger, the tooltip and the details.
+  const xssCount = recorded[plan.xssCell - 1];
+  const xssRow = page.locator(`${SEL.ledgerRow}[data-execution-count="${xssCount}"]`);
+  const xssBand = page.locator(`${SEL.band}[data-execution-count="${xssCount}"]`);
+  // Selecting the row opens its details and zooms the chart to the cell, so its band is in view.
+  await xssRow.click();
+  const details = page.locator(`${SEL.details}[data-execution-count="${xssCount}"]`);
+  await details.waitFor({ state: "visible" });
+  await xssBand.hover();
+  const tooltip = page.locator(SEL.tooltip);
+  await tooltip.waitFor({ state: "visible" });
+  step("payload cell inspected");
+  result.final = {
+    ...(await snapshot()),
+    canvases: await page.locator(SEL.chartCanvas).count(),
+    recorded,
+    xss: {
+      executionCount: xssCount,
+      rowText: await xssRow.locator(SEL.ledgerSource).innerText(),
+      rowTitle: await xssRow.locator(SEL.ledgerSource).getAttribute("title"),
+      tooltipText: await tooltip.innerText(),
+      detailsText: await details.innerText(),
+      injectedImages: await page.locator(`img[src="${plan.xssSrc}"]`).count(),
+    },
+  };
+  await shoot(page, "lab-final.png");
+  step("done");
+} catch (e) {
+  result.error = String(e?.stack ?? e);
+  const page = context.pages()[0];
+  if (page) await shoot(page, "lab-failure.png").catch(() => {});
+} finally {
+  await context.close();
+  await writeFile(plan.result, JSON.stringify(result, null, 2));
+}
+process.exitCode = result.error === null ? 0 : 1;
