@@ -1,4 +1,4 @@
-"""What the extension costs inside a notebook: per trivial cell, and on a launch-bound training loop.
+"""What the extension costs in a notebook: per trivial cell, and on a launch-bound training loop.
 
 Each configuration runs in its own fresh process with a real IPython shell, in interleaved rounds:
   none            no extension (the baseline)
@@ -71,7 +71,9 @@ def child(config: str, cells: int, steps: int, out: str) -> None:
             # It reads `get_ipython().kernel.shell`; a plain shell has no kernel attribute, and
             # the shell itself is what it wants.
             ip.kernel = types.SimpleNamespace(shell=ip)
-            r = ip.run_cell("from ipyexperiments import IPyExperimentsPytorch\n_exp = IPyExperimentsPytorch()")
+            r = ip.run_cell(
+                "from ipyexperiments import IPyExperimentsPytorch\n_exp = IPyExperimentsPytorch()"
+            )
             r.raise_error()
         ip.run_cell(SETUP, store_history=True).raise_error()
         for _ in range(20):  # warm up the hooks
@@ -102,7 +104,9 @@ def available(config: str) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cells", type=int, default=300)
     ap.add_argument("--steps", type=int, default=600)
@@ -115,18 +119,32 @@ def main() -> None:
     configs = [c for c in CONFIGS if available(c)]
     # Children import the package from this checkout, installed or not.
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+    }
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for _ in range(args.rounds):
         for c in configs:
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 subprocess.run(
-                    [sys.executable, __file__, "--child", c, "--cells", str(args.cells),
-                     "--steps", str(args.steps), "--out", f.name],
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        c,
+                        "--cells",
+                        str(args.cells),
+                        "--steps",
+                        str(args.steps),
+                        "--out",
+                        f.name,
+                    ],
                     check=True,
                     env=env,
                 )
-                results[c].append(json.load(open(f.name)))
+                with open(f.name) as result:
+                    results[c].append(json.load(result))
     base_cell = statistics.median(r["cell_ms"] for r in results["none"])
     steps = [r["step_ms"] for r in results["none"] if r["step_ms"] is not None]
     base_step = statistics.median(steps) if steps else None

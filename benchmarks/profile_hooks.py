@@ -1,6 +1,6 @@
 """Where the per-cell time goes: each reader call timed alone, then the hooks under cProfile.
 
-    python benchmarks/profile_hooks.py
+python benchmarks/profile_hooks.py
 """
 
 from __future__ import annotations
@@ -27,11 +27,16 @@ def main() -> None:
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "gpumem_widget")
-    ip.run_cell("import torch; x = torch.ones(10, device='cuda' if torch.cuda.is_available() else 'cpu')")
+    ip.run_cell(
+        "import torch; x = torch.ones(10, device='cuda' if torch.cuda.is_available() else 'cpu')"
+    )
     s = gpumem_widget.current_session()
     assert s is not None
     r = s.readers
-    calls: dict[str, Callable[[], object]] = {"host rss": r.host.rss, "read_row": lambda: read_row(r)}
+    calls: dict[str, Callable[[], object]] = {
+        "host rss": r.host.rss,
+        "read_row": lambda: read_row(r),
+    }
     if r.torch.available:
         calls |= {
             "allocator stats": lambda: r.torch.stats(0),

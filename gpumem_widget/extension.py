@@ -6,6 +6,7 @@ widget; unloading removes every one of them, so a reload leaves exactly one of e
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from .magics import CORE_COMMANDS, Command, run_magic
@@ -51,10 +52,8 @@ def unload_ipython_extension(ip: Any) -> None:
         ("pre_run_cell", session.pre_run_cell),
         ("post_run_cell", session.post_run_cell),
     ):
-        try:
+        with contextlib.suppress(ValueError):  # already gone
             ip.events.unregister(event, hook)
-        except ValueError:
-            pass  # already gone
     for kind in ("line", "cell"):
         ip.magics_manager.magics[kind].pop("gpumem", None)
     session.stop()

@@ -48,7 +48,7 @@ class DeviceCellUsage:
 
     @property
     def outside_pytorch(self) -> int | None:
-        """Driver-level use that PyTorch's allocator does not account for (context, cuBLAS, NCCL)."""
+        """Driver-level use outside PyTorch's allocator (CUDA context, cuBLAS, NCCL)."""
         if self.process_used_after is None:
             return None
         return self.process_used_after - self.reserved_after
@@ -77,7 +77,7 @@ class CellRecord:
         return max((d.peak_allocated for d in self.devices), default=0)
 
     def to_wire(self) -> dict[str, Any]:
-        """The JSON the browser gets (`cells` trait); derived figures included so JS computes none."""
+        """The JSON the browser gets (`cells` trait), derived figures included."""
         src = self.source
         return {
             "execution_count": self.execution_count,

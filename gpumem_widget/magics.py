@@ -133,9 +133,7 @@ def _peak(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 def _configure_interval(p: argparse.ArgumentParser) -> None:
     p.add_argument("busy", type=float, help="seconds between samples while a cell runs (0.05)")
-    p.add_argument(
-        "idle", type=float, nargs="?", help="seconds between samples while idle (1.0)"
-    )
+    p.add_argument("idle", type=float, nargs="?", help="seconds between samples while idle (1.0)")
 
 
 def _interval(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
@@ -156,7 +154,5 @@ CORE_COMMANDS: tuple[Command, ...] = (
     Command("resume", "resume sampling", _resume),
     Command("reset", "clear the ledger, the timeline and the session peaks", _reset),
     Command("peak", "how per-cell peaks are measured: exact or passive", _peak, _configure_peak),
-    Command(
-        "interval", "set the sampling intervals in seconds", _interval, _configure_interval
-    ),
+    Command("interval", "set the sampling intervals in seconds", _interval, _configure_interval),
 )

@@ -119,9 +119,7 @@ class Session:
 
     @guarded
     def post_run_cell(self, result: Any) -> None:
-        error = getattr(result, "error_in_exec", None) or getattr(
-            result, "error_before_exec", None
-        )
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         self.tracker.finish(error, execution_count=getattr(result, "execution_count", None))
 
     def _upcoming_count(self, info: Any) -> int:
@@ -131,7 +129,11 @@ class Session:
             records = self.ledger.records()
             return records[-1].execution_count + 1 if len(records) else 1
         # IPython 9 counts the cell before pre_run_cell fires; 8 after.
-        return int(count) - 1 if _COUNTS_BEFORE_PRE_RUN and getattr(info, "store_history", True) else int(count)
+        return (
+            int(count) - 1
+            if _COUNTS_BEFORE_PRE_RUN and getattr(info, "store_history", True)
+            else int(count)
+        )
 
     # Lifecycle and controls ---------------------------------------------------------------
     def start(self) -> None:

@@ -79,7 +79,8 @@ class Timeline:
 
     def column(self, name: str) -> npt.NDArray[np.float64]:
         with self._lock:
-            return self._rows[: self._n, self._col[name]].copy()
+            out: npt.NDArray[np.float64] = self._rows[: self._n, self._col[name]].copy()
+            return out
 
     def base_table(self) -> protocol.Table:
         with self._lock:

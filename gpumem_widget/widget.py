@@ -18,8 +18,8 @@ STATIC = pathlib.Path(__file__).parent / "static"
 _MISSING_BUNDLE_ESM = """
 export default { render({ el }) {
   el.classList.add("gpumem-widget");
-  el.textContent = "gpumem_widget: the frontend bundle is missing (gpumem_widget/static/widget.js). "
-    + "Reinstall the package, or build it with `npm --prefix js install && npm --prefix js run build`.";
+  el.textContent = "gpumem_widget: the frontend bundle (gpumem_widget/static/widget.js) is "
+    + "missing. Reinstall the package, or build it: `cd js && npm ci && npm run build`.";
 } };
 """
 
@@ -29,7 +29,7 @@ def _asset(name: str, fallback: str) -> pathlib.Path | str:
     return path if path.is_file() else fallback
 
 
-class GpuMemWidget(anywidget.AnyWidget):  # type: ignore[misc]
+class GpuMemWidget(anywidget.AnyWidget):
     _esm = _asset("widget.js", _MISSING_BUNDLE_ESM)
     _css = _asset("widget.css", "")
 

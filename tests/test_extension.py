@@ -25,7 +25,9 @@ def ip() -> Iterator[Any]:
 
 def ours(shell: Any, event: str) -> list[Any]:
     return [
-        cb for cb in shell.events.callbacks[event] if getattr(cb, "__module__", "") == "gpumem_widget.session"
+        cb
+        for cb in shell.events.callbacks[event]
+        if getattr(cb, "__module__", "") == "gpumem_widget.session"
     ]
 
 
@@ -50,7 +52,8 @@ def test_load_reload_unload_leave_exactly_one_of_each(ip: Any) -> None:
     assert len(ours(ip, "post_run_cell")) == 1
     wait_for(lambda: len(sampler_threads()) == 1)
     ip.run_line_magic("unload_ext", "gpumem_widget")
-    assert ours(ip, "pre_run_cell") == [] and ours(ip, "post_run_cell") == []
+    assert ours(ip, "pre_run_cell") == []
+    assert ours(ip, "post_run_cell") == []
     assert "gpumem" not in ip.magics_manager.magics["line"]
     wait_for(lambda: sampler_threads() == [])
     assert gpumem_widget.current_session() is None
@@ -76,7 +79,9 @@ def test_status_says_host_mode_and_why(ip: Any, capsys: pytest.CaptureFixture[st
     assert "reader nvml: unavailable" in out
 
 
-@pytest.mark.parametrize("args", ["--help", "status --help", "peak --help", "interval --help", "show --help"])
+@pytest.mark.parametrize(
+    "args", ["--help", "status --help", "peak --help", "interval --help", "show --help"]
+)
 def test_every_command_answers_help(ip: Any, args: str, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_line_magic("gpumem", args)
     assert "usage: %gpumem" in capsys.readouterr().out

@@ -52,7 +52,7 @@ def test_exact_delta_and_peak(setup: tuple[Any, Session, RecordedAllocator]) -> 
 
 
 def test_exact_mode_resets_peaks_each_cell(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, gpu = setup
+    ip, session, _gpu = setup
     cell(ip, "gpu.alloc(1024 * 2**20); gpu.free(1024 * 2**20)")
     cell(ip, "gpu.alloc(10 * 2**20); gpu.free(10 * 2**20)")
     small = session.records()[-1].devices[0]
@@ -62,7 +62,7 @@ def test_exact_mode_resets_peaks_each_cell(setup: tuple[Any, Session, RecordedAl
 
 
 def test_passive_mode_marks_lower_bounds(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, gpu = setup
+    ip, session, _gpu = setup
     session.tracker.peak_mode = "passive"
     cell(ip, "gpu.alloc(4096 * 2**20); gpu.free(4096 * 2**20)")
     high = session.records()[-1].devices[0]
@@ -87,7 +87,9 @@ def test_errors_and_ooms_are_recorded(setup: tuple[Any, Session, RecordedAllocat
     assert r.devices[0].alloc_retries == 1
 
 
-def test_a_failing_reader_never_breaks_the_cell(setup: tuple[Any, Session, RecordedAllocator]) -> None:
+def test_a_failing_reader_never_breaks_the_cell(
+    setup: tuple[Any, Session, RecordedAllocator],
+) -> None:
     ip, session, gpu = setup
     gpu.fail_with = RuntimeError("driver went away")
     result = cell(ip, "y = 41 + 1")
@@ -108,9 +110,11 @@ def test_host_rss_is_measured(setup: tuple[Any, Session, RecordedAllocator]) -> 
     ip, session, _ = setup
     cell(ip, "blob = bytearray(200 * 2**20); blob[::4096] = b'x' * len(blob[::4096])")
     r = session.records()[-1]
-    assert r.host_rss_before is not None and r.host_rss_after is not None
+    assert r.host_rss_before is not None
+    assert r.host_rss_after is not None
     assert r.host_rss_after - r.host_rss_before >= 150 * MiB
-    assert r.host_rss_peak is not None and r.host_rss_peak >= r.host_rss_after
+    assert r.host_rss_peak is not None
+    assert r.host_rss_peak >= r.host_rss_after
     cell(ip, "del blob")
 
 

@@ -6,6 +6,7 @@ then by PCI bus id, then by CUDA_VISIBLE_DEVICES ordinals; an unmatched device g
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -88,10 +89,8 @@ class NvmlReader:
 
     def close(self) -> None:
         if getattr(self, "_initialised", False):
-            try:
+            with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
             self._initialised = False
 
 
@@ -118,10 +117,8 @@ def _match_devices(nvml: Any, devices: Sequence[DeviceInfo]) -> tuple[dict[int, 
         uuid = nvml.nvmlDeviceGetUUID(h)
         uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
         by_uuid[uuid.split("-", 1)[1] if "-" in uuid else uuid] = h
-        try:
+        with contextlib.suppress(Exception):
             by_bus[int(nvml.nvmlDeviceGetPciInfo(h).bus)] = h
-        except Exception:
-            pass
     ordinals = _visible_ordinals()
     handles: dict[int, Any] = {}
     unmatched: list[int] = []

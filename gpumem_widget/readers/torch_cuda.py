@@ -67,7 +67,7 @@ class TorchCudaReader:
         except ImportError:
             self.reason = "torch is not installed"
             return
-        self._torch = torch
+        self._torch: Any = torch
         try:
             if not torch.cuda.is_available():
                 self.reason = "torch.cuda.is_available() is False: host-memory mode"

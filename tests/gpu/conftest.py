@@ -17,4 +17,3 @@ def shell() -> Iterator[Any]:
     yield ip
     ip.run_line_magic("unload_ext", "gpumem_widget")
     ip.run_cell("import gc, torch; gc.collect(); torch.cuda.empty_cache()")
-
