@@ -1,0 +1,184 @@
+// The built widget in headless Chromium, on the dev page (dev/index.html) with a fake model:
+// contract selectors, live updates, several views, cleanup, bad input, selection, theme, width.
+// Skipped where /usr/bin/chromium (or $CHROMIUM) is absent.
+import { execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import type { Server } from "node:http";
+import { fileURLToPath } from "node:url";
+import { chromium, type Browser, type Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+// @ts-expect-error: a plain JS module without types
+import { serve } from "../dev/serve.mjs";
+
+const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
+const JS_DIR = fileURLToPath(new URL("..", import.meta.url));
+
+interface DevWindow {
+  gpumemDev: {
+    mount(opts: object): void;
+    addView(): void;
+    unmount(): void;
+    publishTail(k?: number): number;
+    model: { set(name: string, value: unknown): void; listenerCount(): number };
+  };
+}
+
+describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
+  let browser: Browser;
+  let server: Server;
+  let page: Page;
+  const external: string[] = [];
+  const errors: string[] = [];
+
+  beforeAll(async () => {
+    execFileSync(process.execPath, ["build.mjs"], { cwd: JS_DIR, stdio: "ignore" });
+    const started = (await serve()) as { server: Server; url: string };
+    server = started.server;
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+    });
+    page = await browser.newPage({ viewport: { width: 1000, height: 1200 } });
+    page.on("request", (r) => {
+      if (!r.url().startsWith(started.url)) external.push(r.url());
+    });
+    page.on("pageerror", (e) => errors.push(e.message));
+    await page.goto(`${started.url}/js/dev/index.html?manual`);
+    await page.waitForFunction(() => "gpumemDev" in window);
+  }, 60_000);
+
+  afterAll(async () => {
+    await browser?.close();
+    server?.close();
+  });
+
+  const mount = async (opts: object): Promise<void> => {
+    await page.evaluate((o) => (window as unknown as DevWindow).gpumemDev.mount(o), opts);
+    await page.waitForSelector(".gpumem-chart[data-samples]");
+  };
+  const drawnUntil = (nth = 0): Promise<number> =>
+    page.locator(".gpumem-chart").nth(nth).evaluate((el) => Number((el as HTMLElement).dataset["drawnUntil"]));
+
+  it("renders the contract: root, canvas in the chart, a row and a band per cell", async () => {
+    await mount({ samples: 5000, devices: 2, cells: 6 });
+    expect(await page.locator(".gpumem-widget").count()).toBe(1);
+    expect(await page.locator(".gpumem-chart canvas").count()).toBe(3); // two devices and host RSS
+    for (let n = 1; n <= 6; n++) {
+      expect(await page.locator(`.gpumem-ledger tr[data-execution-count="${n}"]`).count()).toBe(1);
+      expect(await page.locator(`.gpumem-band[data-execution-count="${n}"]`).count()).toBe(1);
+    }
+    expect(await page.locator(".gpumem-header").innerText()).toContain("cuda:1 NVIDIA H200");
+    expect(await page.locator('.gpumem-band[data-execution-count="11"], .gpumem-band[data-outcome="oom"]').count()).toBe(0);
+  });
+
+  it("draws a new sample within a frame or two of the model change", async () => {
+    await mount({ samples: 100_000, devices: 1, cells: 20 });
+    const latency = await page.evaluate(async () => {
+      const dev = (window as unknown as DevWindow).gpumemDev;
+      const chart = document.querySelector<HTMLElement>(".gpumem-chart") as HTMLElement;
+      const t0 = performance.now();
+      const t = dev.publishTail(3);
+      while (Number(chart.dataset["drawnUntil"]) !== t) {
+        if (performance.now() - t0 > 2000) return Infinity;
+        await new Promise((r) => setTimeout(r, 1));
+      }
+      return performance.now() - t0;
+    });
+    expect(latency).toBeLessThan(500);
+    expect(await page.locator(".gpumem-chart").getAttribute("data-samples")).toBe("100003");
+  });
+
+  it("keeps several views in sync, and a closed view stops listening", async () => {
+    await mount({ samples: 2000, devices: 1, cells: 3 });
+    const listeners = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.listenerCount());
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.addView());
+    expect(await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.listenerCount())).toBe(2 * listeners);
+    const t = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.publishTail(5));
+    await expect.poll(() => drawnUntil(0)).toBe(t);
+    await expect.poll(() => drawnUntil(1)).toBe(t);
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.unmount());
+    expect(await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.listenerCount())).toBe(0);
+    expect(await page.locator(".gpumem-widget").count()).toBe(0);
+  });
+
+  it("says why a malformed trait was ignored and keeps the last good chart", async () => {
+    await mount({ samples: 2000, devices: 1, cells: 3 });
+    const before = await drawnUntil();
+    await page.evaluate(() =>
+      (window as unknown as DevWindow).gpumemDev.model.set("timeline_tail", { n: 3, columns: ["t"], dtypes: ["f8"], buffers: [new DataView(new ArrayBuffer(5))] }),
+    );
+    const problem = page.locator('.gpumem-problems li[data-kind="display"]');
+    await problem.waitFor();
+    expect(await problem.innerText()).toContain("timeline_tail.t: 5 bytes for 3 rows");
+    expect(await drawnUntil()).toBe(before);
+    const t = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.publishTail(1));
+    await expect.poll(() => drawnUntil()).toBe(t);
+    expect(await problem.count()).toBe(0);
+  });
+
+  it("selects a cell from its row: details open, the chart zooms to it, its band's hover shows text", async () => {
+    await mount({ samples: 20_000, devices: 1, cells: 12 });
+    await page.click('.gpumem-ledger tr[data-execution-count="3"]');
+    const details = page.locator('.gpumem-details[data-execution-count="3"]');
+    await details.waitFor();
+    expect(await details.innerText()).toContain("outside PyTorch");
+    expect(await page.locator(".gpumem-follow input").isChecked()).toBe(false);
+    const band = page.locator('.gpumem-band[data-execution-count="3"]');
+    const box = await band.boundingBox();
+    const chartBox = await page.locator(".gpumem-strip").boundingBox();
+    expect(box && chartBox && box.width / chartBox.width).toBeGreaterThan(0.6);
+    await band.hover();
+    const tooltip = page.locator(".gpumem-tooltip");
+    await tooltip.waitFor();
+    expect(await tooltip.innerText()).toContain("<b>not html</b>");
+    expect(await page.locator(".gpumem-widget b").count()).toBe(0);
+    await page.click(".gpumem-details-close");
+    await details.waitFor({ state: "hidden" });
+  });
+
+  it("sorts the ledger by peak in one click", async () => {
+    await mount({ samples: 20_000, devices: 1, cells: 12 });
+    await page.click('button[data-sort="peak"]');
+    const peaks = await page.locator(".gpumem-ledger tbody tr td:nth-child(5)").allInnerTexts();
+    const gib = peaks.map((p) => parseFloat(p.replace(/[^\d.]/g, "")));
+    expect(gib).toEqual([...gib].sort((a, b) => b - a));
+  });
+
+  it("zooms by dragging, and 'Show all' goes back to following live", async () => {
+    await mount({ samples: 20_000, devices: 1, cells: 12 });
+    const over = (await page.locator(".gpumem-panel .u-over").first().boundingBox()) as { x: number; y: number; width: number; height: number };
+    await page.mouse.move(over.x + over.width * 0.3, over.y + 20);
+    await page.mouse.down();
+    await page.mouse.move(over.x + over.width * 0.5, over.y + 20, { steps: 5 });
+    await page.mouse.up();
+    await expect.poll(() => page.locator(".gpumem-follow input").isChecked()).toBe(false);
+    await page.getByRole("button", { name: "Show all" }).click();
+    await expect.poll(() => page.locator(".gpumem-follow input").isChecked()).toBe(true);
+  });
+
+  it("follows JupyterLab's dark theme and fits 400 px", async () => {
+    await mount({ samples: 5000, devices: 1, cells: 5, width: 400 });
+    const swatch = (): Promise<string> =>
+      page.locator(".gpumem-legend-item .gpumem-swatch").first().evaluate((el) => getComputedStyle(el).backgroundColor);
+    const light = await swatch();
+    await page.evaluate(() => (document.body.dataset["jpThemeLight"] = "false"));
+    await expect.poll(swatch).not.toBe(light);
+    await page.evaluate(() => (document.body.dataset["jpThemeLight"] = "true"));
+    const fits = await page.locator(".gpumem-widget").evaluate((el) => el.scrollWidth <= el.clientWidth + 1);
+    expect(fits).toBe(true);
+    expect(await page.locator(".gpumem-ledger td.gpumem-col-source").first().isVisible()).toBe(true);
+  });
+
+  it("has a Snapshot tab for the drill-down", async () => {
+    await mount({ samples: 1000, devices: 1, cells: 2 });
+    await page.getByRole("tab", { name: "Snapshot" }).click();
+    expect(await page.locator(".gpumem-drilldown").innerText()).toContain("No snapshot loaded");
+    await page.getByRole("tab", { name: "Memory" }).click();
+    expect(await page.locator(".gpumem-chart").isVisible()).toBe(true);
+  });
+
+  it("made no request off this machine and raised no page error", () => {
+    expect(external).toEqual([]);
+    expect(errors).toEqual([]);
+  });
+});
