@@ -23,10 +23,14 @@ import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 import torch
 
+if TYPE_CHECKING:  # annotations only: no runtime dependency
+    from typing_extensions import TypeIs
+
+_T = TypeVar("_T")
 Section = Literal["user", "output_cache", "traceback"]
 Kind = Literal["parameter", "gradient", "buffer", "optimizer_state", "tensor"]
 DeviceFilter = str | Iterable[str]
@@ -272,6 +276,16 @@ _SPARSE_COMPRESSED: Final = {
     torch.sparse_bsc: ("ccol_indices", "row_indices"),
 }
 
+
+@overload
+def has_type(obj: object, cls: type[_T]) -> TypeIs[_T]: ...
+@overload
+def has_type(obj: object, cls: tuple[type, ...]) -> bool: ...
+def has_type(obj: object, cls: type | tuple[type, ...]) -> bool:
+    """isinstance by the object's real type: never asks the object for its ``__class__``."""
+    return issubclass(type(obj), cls)
+
+
 # A path is built only when a tensor makes a holder's top list: (parent, separator, key) links.
 _Path = tuple[Any, str, Any] | str
 
@@ -282,7 +296,7 @@ def _path_text(path: _Path) -> str:
     while isinstance(node, tuple):
         parent, sep, key = node
         if sep == "[]":
-            parts.append(f"[{key!r}]" if isinstance(key, (str, int)) else f"[<{key}>]")
+            parts.append(f"[{key!r}]" if type(key) in (str, int) else f"[<{key}>]")
         else:
             parts.append(f"{sep}{key}")
         node = parent
@@ -456,7 +470,7 @@ class _Walker:
             for k, v in dict.items(obj):
                 if self.category(type(k)) != _SKIP:
                     yield "[]", f"key {type(k).__name__}", k
-                yield "[]", k if isinstance(k, (str, int)) else type(k).__name__, v
+                yield "[]", k if type(k) in (str, int) else type(k).__name__, v
         elif c == _ITERABLE:
             tp = type(obj)
             iterate = next(it for base, it in _ITERATORS if issubclass(tp, base))
@@ -464,9 +478,7 @@ class _Walker:
             for i, v in enumerate(iterate(obj)):
                 yield "[]", i if ordered else "item", v
         else:
-            yield from (
-                ("." if isinstance(k, str) else "[]", k, v) for k, v in self.attributes(obj)
-            )
+            yield from (("." if type(k) is str else "[]", k, v) for k, v in self.attributes(obj))
 
     def attributes(self, obj: object) -> Iterator[tuple[str, Any]]:
         yield from self.instance_dict(obj).items()
@@ -487,7 +499,7 @@ class _Walker:
             d = self.instance_dict(sub)
             for registry, kind in _MODULE_REGISTRIES:
                 tensors = d.get(registry)
-                for name, t in dict.items(tensors) if isinstance(tensors, dict) else ():
+                for name, t in dict.items(tensors) if has_type(tensors, dict) else ():
                     if t is not None:
                         self.tensor(acc, t, (here, ".", name), kind)
             if depth >= self.max_depth:
@@ -503,21 +515,21 @@ class _Walker:
         optimizer (a wrapper without its own state): walk it as an object instead."""
         d = self.instance_dict(opt)
         groups, state = d.get("param_groups"), d.get("state")
-        if not isinstance(groups, list) or not isinstance(state, dict):
+        if not (has_type(groups, list) and has_type(state, dict)):
             return False
         for gi, group in enumerate(groups):
-            params = dict.get(group, "params", ()) if isinstance(group, dict) else ()
-            for pi, p in enumerate(params if isinstance(params, (list, tuple)) else ()):
-                if isinstance(p, torch.Tensor):
+            params = dict.get(group, "params", ()) if has_type(group, dict) else ()
+            for pi, p in enumerate(params if has_type(params, (list, tuple)) else ()):
+                if has_type(p, torch.Tensor):
                     group_path = ((path, ".", "param_groups"), "[]", gi)
                     self.tensor(acc, p, ((group_path, "[]", "params"), "[]", pi), "parameter")
         for i, per_param in enumerate(dict.values(state)):
             here = ((path, ".", "state"), "[]", i)
-            if not isinstance(per_param, dict):
+            if not has_type(per_param, dict):
                 self.walk(acc, per_param, here, depth + 1)
                 continue
             for k, v in dict.items(per_param):
-                if isinstance(v, torch.Tensor):
+                if has_type(v, torch.Tensor):
                     self.tensor(acc, v, (here, "[]", k), "optimizer_state")
                 elif self.category(type(v)) != _SKIP:
                     self.walk(acc, v, (here, "[]", k), depth + 2)
@@ -569,8 +581,8 @@ class _Walker:
         if not self.is_wrapper(type(t)):
             raise NotImplementedError(f"no storage to read for layout {layout}")
         names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-        parts = [(n, getattr(t, n, None)) for n in names]  # the protocol names plain attributes
-        return [(n, p) for n, p in parts if isinstance(p, torch.Tensor)]
+        inner = ((n, getattr(t, n, None)) for n in names)  # the protocol names plain attributes
+        return [(n, p) for n, p in inner if has_type(p, torch.Tensor)]
 
     def record(self, acc: _Acc, t: torch.Tensor, path: _Path, kind: Kind) -> None:
         device = t.device
@@ -641,7 +653,7 @@ def find_holders(
         acc = _Acc(names[0], section, value)
         acc.aliases = names[1:]
         try:
-            if isinstance(value, types.FrameType):
+            if type(value) is types.FrameType:
                 acc.type_name = "frame"
                 for k, v in _frame_locals(value):
                     if walker.category(type(v)) != _SKIP:
@@ -706,7 +718,7 @@ def shell_output_cache(shell: Any) -> dict[str, object]:
     extra.append(("last execution result", getattr(shell.last_execution_result, "result", None)))
     known = {id(v) for v in cache.values()}
     for label, value in extra:
-        if value is not None and not isinstance(value, str) and id(value) not in known:
+        if value is not None and not has_type(value, str) and id(value) not in known:
             cache[label] = value
             known.add(id(value))
     return cache
@@ -714,7 +726,7 @@ def shell_output_cache(shell: Any) -> dict[str, object]:
 
 def _output_cache_from(ns: Mapping[str, object]) -> dict[str, object]:
     out = ns.get("Out")
-    entries = list(dict.items(out)) if isinstance(out, dict) else []
+    entries: list[tuple[object, object]] = list(dict.items(out)) if has_type(out, dict) else []
     cached = {id(v) for _, v in entries}
     cache: dict[str, object] = {f"Out[{n}]": v for n, v in entries}
     names = [n for n in ns if _IPYTHON_NAME.fullmatch(n) and not n.startswith("_i")]

@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 
-from .holders import OUTPUT_UNDERSCORES, DeviceFilter, bytes_held, format_bytes, holders_for_shell
+from .holders import (
+    OUTPUT_UNDERSCORES,
+    DeviceFilter,
+    bytes_held,
+    format_bytes,
+    has_type,
+    holders_for_shell,
+)
 
 _CO_OPTIMIZED = 0x0001  # a function frame: its fast locals are what a traceback keeps alive
 _EXCEPTION_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # Python >= 3.11
@@ -214,12 +221,12 @@ def _clear_output_cache(shell: Any, devices: DeviceFilter, cleared: list[str]) -
     ns: dict[str, Any] = shell.user_ns
     hidden: dict[str, Any] = getattr(shell, "user_ns_hidden", {})
     history = getattr(getattr(shell, "history_manager", None), "output_hist", None)
-    out = history if isinstance(history, dict) else ns.get("_oh")
+    out = history if has_type(history, dict) else ns.get("_oh")
 
     def holds(value: object) -> bool:
         return (
             value is not None
-            and not isinstance(value, str)
+            and not has_type(value, str)
             and bool(bytes_held(value, devices=devices))
         )
 
@@ -237,7 +244,7 @@ def _clear_output_cache(shell: Any, devices: DeviceFilter, cleared: list[str]) -
                     hidden[name] = replacement
             cleared.append(name)
 
-    if isinstance(out, dict):
+    if has_type(out, dict):
         for n, value in list(out.items()):
             if holds(value):
                 del out[n]
