@@ -37,6 +37,7 @@ class DeviceCellUsage:
     ooms: int
     process_used_after: int | None  # NVML, this process on this device; None with a reason
     device_used_after: int | None  # NVML, the whole device
+    others_used_after: int | None = None  # NVML, every other process on this device
 
     @property
     def delta_allocated(self) -> int:

@@ -36,8 +36,16 @@ import numpy.typing as npt
 MAX_PUBLISH_HZ: Final = 4.0
 TIME_COLUMN: Final = "t"
 HOST_RSS_COLUMN: Final = "host/rss"
-# allocated/reserved/active from the torch allocator; process_used/device_used from NVML.
-DEVICE_FIELDS: Final = ("allocated", "reserved", "active", "process_used", "device_used")
+# allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
+# (every other process NVML lists) and device_used (the whole device) from NVML.
+DEVICE_FIELDS: Final = (
+    "allocated",
+    "reserved",
+    "active",
+    "process_used",
+    "others_used",
+    "device_used",
+)
 
 Table = dict[str, Any]
 

@@ -37,12 +37,14 @@ def read_row(
         s = stats[d] if stats is not None else readers.torch.stats(d)
         row[k : k + 3] = (s.allocated, s.reserved, s.active)
         if nvml and readers.nvml.has(d):
-            used = readers.nvml.process_used(d)
-            if used is not None:
-                row[k + 3] = used
+            mine, others = readers.nvml.process_usage(d)
+            row[k + 3 : k + 5] = (
+                np.nan if mine is None else mine,
+                np.nan if others is None else others,
+            )
             mem = readers.nvml.device_memory(d)
             if mem is not None:
-                row[k + 4] = mem[0]
+                row[k + 5] = mem[0]
         k += len(protocol.DEVICE_FIELDS)
     rss = readers.host.rss()
     if rss is not None:

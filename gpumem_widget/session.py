@@ -27,6 +27,18 @@ _COUNTS_BEFORE_PRE_RUN = int(IPython.version_info[0]) >= 9
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@functools.lru_cache(maxsize=256)
+def _process_name(pid: int) -> str | None:
+    """A process's command line, short; None where it can't be seen (another container)."""
+    try:
+        import psutil
+
+        cmd = psutil.Process(pid).cmdline()
+    except Exception:
+        return None
+    return " ".join(cmd)[:120] or None
+
+
 def guarded(method: F) -> F:
     """Run a hook so that no exception escapes into the user's cell."""
 
@@ -102,11 +114,26 @@ class Session:
             "readers": readers,
             "error": self.error or self.sampler.error,
             "running_cell": self.tracker.running_cell,
+            "processes": self._processes(),
             "session_peak": [
                 {"device": d, "allocated": p.allocated, "reserved": p.reserved}
                 for d, p in enumerate(self.tracker.session_peaks)
             ],
         }
+
+    def _processes(self) -> dict[str, list[dict[str, Any]]]:
+        """Per device, every process NVML lists: this kernel and the others (workers it started,
+        other notebooks), largest first."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for d in range(self.readers.num_devices):
+            procs = self.readers.nvml.processes(d) if self.readers.nvml.has(d) else None
+            if procs is None:
+                continue
+            out[str(d)] = [
+                {"pid": p.pid, "used": p.used, "self": p.is_self, "name": _process_name(p.pid)}
+                for p in sorted(procs, key=lambda p: -(p.used or 0))
+            ]
+        return out
 
     # IPython hooks ------------------------------------------------------------------------
     @guarded

@@ -156,6 +156,7 @@ class CellTracker:
             ooms=after.ooms - before.ooms,
             process_used_after=self._value(row, protocol.device_column(d, "process_used")),
             device_used_after=self._value(row, protocol.device_column(d, "device_used")),
+            others_used_after=self._value(row, protocol.device_column(d, "others_used")),
         )
 
     def _bump_session_peak(self, d: int, allocated: int, reserved: int) -> None:

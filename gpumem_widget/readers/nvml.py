@@ -9,9 +9,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .torch_cuda import DeviceInfo
+
+
+class ProcessUse(NamedTuple):
+    pid: int
+    used: int | None  # None where NVML reports N/A
+    is_self: bool
 
 
 class NvmlReader:
@@ -62,9 +68,8 @@ class NvmlReader:
         m = self._nvml.nvmlDeviceGetMemoryInfo(h)
         return int(m.used), int(m.total)
 
-    def process_used(self, device: int) -> int | None:
-        """This process's memory on `device` from the running-process list, or None with a reason
-        in `process_reason[device]` (containers hide host PIDs; MIG and some drivers report N/A)."""
+    def processes(self, device: int) -> list[ProcessUse] | None:
+        """Every compute process NVML lists on `device` (None if the list can't be read)."""
         h = self._handles.get(device)
         if h is None:
             self.process_reason[device] = self.reason or "NVML unavailable"
@@ -74,18 +79,38 @@ class NvmlReader:
         except Exception as e:
             self.process_reason[device] = f"NVML process list failed: {_describe(e)}"
             return None
-        for p in procs:
-            if int(p.pid) == self.pid:
-                if p.usedGpuMemory is None:
-                    self.process_reason[device] = "NVML reports this process's usage as N/A (MIG?)"
-                    return None
-                self.process_reason[device] = None
-                return int(p.usedGpuMemory)
-        self.process_reason[device] = (
-            "this process is not in NVML's process list (no CUDA context yet, "
-            "or a container's PID namespace hides it)"
-        )
-        return None
+        return [
+            ProcessUse(
+                int(p.pid),
+                None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                int(p.pid) == self.pid,
+            )
+            for p in procs
+        ]
+
+    def process_usage(self, device: int) -> tuple[int | None, int | None]:
+        """(this process's use, all other processes' use) on `device`, from one NVML call.
+        This process's is None with a reason in `process_reason[device]`: containers hide host
+        PIDs, and MIG and some drivers report N/A."""
+        procs = self.processes(device)
+        if procs is None:
+            return None, None
+        mine = [p for p in procs if p.is_self]
+        others = sum(p.used or 0 for p in procs if not p.is_self)
+        if not mine:
+            self.process_reason[device] = (
+                "this process is not in NVML's process list (no CUDA context yet, "
+                "or a container's PID namespace hides it)"
+            )
+            return None, others
+        if mine[0].used is None:
+            self.process_reason[device] = "NVML reports this process's usage as N/A (MIG?)"
+            return None, others
+        self.process_reason[device] = None
+        return mine[0].used, others
+
+    def process_used(self, device: int) -> int | None:
+        return self.process_usage(device)[0]
 
     def close(self) -> None:
         if getattr(self, "_initialised", False):
