@@ -51,7 +51,8 @@ class Block(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
         x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, length, d)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        out: torch.Tensor = x + self.drop(self.mlp(self.norm2(x)))
+        return out
 
 
 class TinyGPT(nn.Module):
@@ -100,7 +101,9 @@ class Case:
     first_step: bool = False
 
 
-def _floats(width: int, dtype: torch.dtype = torch.float32) -> Callable[[int, int | None], torch.Tensor]:
+def _floats(
+    width: int, dtype: torch.dtype = torch.float32
+) -> Callable[[int, int | None], torch.Tensor]:
     def make(batch: int, seq: int | None) -> torch.Tensor:
         shape = (batch, width) if seq is None else (batch, seq, width)
         return torch.randn(shape, dtype=dtype)
@@ -125,7 +128,9 @@ def _gpt(dtype: torch.dtype) -> Callable[[], nn.Module]:
 
 CASES: tuple[Case, ...] = (
     Case("mlp fp32 AdamW b256", lambda: mlp(4096, 4), _adamw, _floats(4096), regression_loss, 256),
-    Case("mlp fp32 AdamW b16384", lambda: mlp(4096, 4), _adamw, _floats(4096), regression_loss, 16384),
+    Case(
+        "mlp fp32 AdamW b16384", lambda: mlp(4096, 4), _adamw, _floats(4096), regression_loss, 16384
+    ),
     Case(
         "mlp fp32 AdamW first step",
         lambda: mlp(4096, 4),
@@ -145,7 +150,9 @@ CASES: tuple[Case, ...] = (
         8192,
     ),
     Case("gpt fp32 AdamW b8 s512", _gpt(torch.float32), _adamw, _ids(32000), token_loss, 8, 512),
-    Case("gpt bf16 AdamW b16 s1024", _gpt(torch.bfloat16), _adamw, _ids(32000), token_loss, 16, 1024),
+    Case(
+        "gpt bf16 AdamW b16 s1024", _gpt(torch.bfloat16), _adamw, _ids(32000), token_loss, 16, 1024
+    ),
     Case(
         "TransformerEncoder fp32 AdamW b32 s256",
         lambda: nn.TransformerEncoder(
@@ -173,10 +180,10 @@ def estimate_case(case: Case, model: nn.Module, optimizer: torch.optim.Optimizer
 
 
 def _warm_up(device: torch.device) -> None:
-    """cuBLAS/cuBLASLt keep workspaces from their first matmul: allocate them before the baseline."""
+    """cuBLAS and cuBLASLt keep a workspace from their first matmul: make it before the baseline."""
     for dtype in (torch.float32, torch.bfloat16):
         a = torch.randn(64, 64, device=device, dtype=dtype, requires_grad=True)
-        (a @ a).sum().backward()
+        (a @ a).sum().backward()  # type: ignore[no-untyped-call]
     torch.cuda.synchronize(device)
 
 
@@ -198,7 +205,7 @@ def measure(case: Case, device: torch.device, batch: int | None = None) -> tuple
     torch.cuda.reset_peak_memory_stats(device)
     for _ in range(case.steps):
         loss = case.loss(model(inputs))
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del loss
@@ -220,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:
         print("no CUDA device: estimates only (measuring needs CUDA)")
     rows: list[dict[str, Any]] = []
-    header = f"{'case':<42} {'estimate':>11} {'measured':>11} {'ratio':>6}  {'peak phase':<17} {'est. time':>9}"
-    print(header)
+    print(
+        f"{'case':<42} {'estimate':>11} {'measured':>11} {'ratio':>6}  {'peak phase':<17} "
+        f"{'est. time':>9}"
+    )
     for case in CASES:
         t0 = time.perf_counter()
         if device is not None:

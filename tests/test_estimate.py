@@ -145,7 +145,7 @@ def test_a_stepped_optimizers_state_is_read_not_ruled() -> None:
 
 
 def test_unknown_optimizers() -> None:
-    with pytest.raises(EstimateError, match="unknown optimizer 'lion'.*adamw"):
+    with pytest.raises(EstimateError, match=r"unknown optimizer 'lion'.*adamw"):
         estimate(two_layers(), "lion", batch=1)
     model = nn.Linear(4, 4)
     rprop = torch.optim.Rprop(model.parameters())
@@ -167,18 +167,26 @@ def test_mlp_activations_are_what_autograd_saves(dtype: Any, size: int) -> None:
     # parameter); ReLU saves its output, which the second Linear saves too (one storage).
     est = estimate(two_layers(), "sgd", batch=8, dtype=dtype)
     assert est.term("activations").bytes == 8 * 500 * size
-    assert est.term("activations").formula.endswith(f"per sample × B = 8")
+    assert est.term("activations").formula.endswith("per sample × B = 8")
 
 
 def _models_and_inputs() -> list[tuple[nn.Module, Any]]:
     torch.manual_seed(0)
     return [
         (
-            nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Dropout(0.1), nn.Linear(256, 8)),
+            nn.Sequential(
+                nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Dropout(0.1), nn.Linear(256, 8)
+            ),
             lambda device: torch.zeros(16, 64, device=device),
         ),
         (
-            nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10)),
+            nn.Sequential(
+                nn.Conv2d(3, 8, 3),
+                nn.BatchNorm2d(8),
+                nn.ReLU(),
+                nn.Flatten(),
+                nn.Linear(8 * 14 * 14, 10),
+            ),
             lambda device: torch.zeros(4, 3, 16, 16, device=device),
         ),
         (
@@ -264,17 +272,22 @@ def test_total_at_another_sequence_length_equals_estimating_there() -> None:
     model = TinyGPT()
     est = estimate(model, "adamw", batch=2, seq=16, device="cpu")  # math attention: L x L terms
     for seq in (5, 33, 100):
-        assert est.total_at(seq, "seq") == estimate(model, "adamw", batch=2, seq=seq, device="cpu").total
+        assert (
+            est.total_at(seq, "seq")
+            == estimate(model, "adamw", batch=2, seq=seq, device="cpu").total
+        )
 
 
 def test_fits_finds_the_largest_batch_under_the_budget() -> None:
     est = estimate(two_layers(), "adamw", batch=16)
     free = 64 * 2**20
     fit = est.fits(free, margin=0.25)
-    assert fit.value is not None and fit.value > 1
+    assert fit.value is not None
+    assert fit.value > 1
     assert fit.budget == int(free * 0.75)
     assert fit.total_at_value == est.total_at(fit.value) <= fit.budget
-    assert fit.total_at_next is not None and fit.total_at_next > fit.budget
+    assert fit.total_at_next is not None
+    assert fit.total_at_next > fit.budget
     assert estimate(two_layers(), "adamw", batch=fit.value).total == fit.total_at_value
     assert "largest batch that fits" in fit.describe()
     assert json.loads(json.dumps(fit.to_wire()))["value"] == fit.value
@@ -283,7 +296,8 @@ def test_fits_finds_the_largest_batch_under_the_budget() -> None:
 def test_fits_when_nothing_or_anything_fits() -> None:
     est = estimate(two_layers(), "adamw", batch=4)
     none = est.fits(est.total // 2)
-    assert none.value == 0 and "no batch fits" in none.describe()
+    assert none.value == 0
+    assert "no batch fits" in none.describe()
     with pytest.raises(EstimateError, match="margin"):
         est.fits(10**9, margin=1.5)
     with pytest.raises(EstimateError, match="estimate with seq="):
@@ -293,7 +307,8 @@ def test_fits_when_nothing_or_anything_fits() -> None:
 def test_fits_along_the_sequence() -> None:
     est = estimate(TinyGPT(), "adamw", batch=2, seq=32)
     fit = est.fits(8 * 2**20, axis="seq")
-    assert fit.value is not None and fit.value > 32
+    assert fit.value is not None
+    assert fit.value > 32
     assert fit.fixed == {"batch": 2}
     assert estimate(TinyGPT(), "adamw", batch=2, seq=fit.value).total <= fit.budget
 
@@ -314,7 +329,8 @@ def test_phases_and_the_peak() -> None:
 def test_compare_within_tolerance_and_naming_the_suspect() -> None:
     est = estimate(two_layers(), "adamw", batch=1)  # the optimizer step sets the peak
     close = est.compare(int(est.total * 1.05))
-    assert close.within_tolerance and close.suspect is None
+    assert close.within_tolerance
+    assert close.suspect is None
     assert close.ratio == pytest.approx(1.05, rel=1e-6)
     far = est.compare(est.total * 2)
     assert not far.within_tolerance
@@ -325,8 +341,21 @@ def test_compare_within_tolerance_and_naming_the_suspect() -> None:
     acts = estimate(deep, "adamw", batch=50000)  # six saved tanh outputs: backward sets the peak
     assert acts.compare(acts.total // 2).suspect == "activations"
     with_other = est.compare(est.total + 10**6, other_bytes=10**6)
-    assert with_other.error_bytes == 0 and with_other.within_tolerance
+    assert with_other.error_bytes == 0
+    assert with_other.within_tolerance
     assert TOLERANCE == 0.10
+
+
+def test_compare_a_ledger_cell_counts_other_variables() -> None:
+    est = estimate(two_layers(), "adamw", batch=4)
+    held = (TRAINABLE + FROZEN) * 4 + 4 * 1000 * 4 + 2 * TRAINABLE * 4  # + the state
+    assert est.between_steps == held
+    other = 3 * 2**20  # a tensor of another variable, there before the cell
+    cell = est.compare_cell(est.total + other, allocated_before=held + other)
+    assert cell.other_bytes == other
+    assert cell.error_bytes == 0
+    # A model not yet on the device before the cell: nothing is taken for other variables.
+    assert est.compare_cell(est.total, allocated_before=0).other_bytes == 0
 
 
 def test_wire_is_json_and_agrees_with_the_estimate() -> None:
@@ -389,7 +418,10 @@ def test_example_inputs_as_tensor_tuple_dict() -> None:
     by_dict = estimate(model, "sgd", example_inputs={"x": torch.zeros(5, 6)})
     assert by_tensor.batch == by_tuple.batch == by_dict.batch == 5
     assert by_tensor.total == by_tuple.total == by_dict.total
-    assert estimate(model, "sgd", batch=10, example_inputs=torch.zeros(5, 6)).term("inputs").bytes == 10 * 6 * 4
+    assert (
+        estimate(model, "sgd", batch=10, example_inputs=torch.zeros(5, 6)).term("inputs").bytes
+        == 10 * 6 * 4
+    )
 
 
 # Errors -------------------------------------------------------------------------------------
@@ -408,7 +440,10 @@ class DataDependent(nn.Module):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: estimate(nn.Conv2d(3, 4, 3), batch=2), "cannot guess inputs for Conv2d.*example_inputs"),
+        (
+            lambda: estimate(nn.Conv2d(3, 4, 3), batch=2),
+            "cannot guess inputs for Conv2d.*example_inputs",
+        ),
         (lambda: estimate(TinyGPT(), batch=2), "nn.Embedding: give the sequence length"),
         (lambda: estimate(two_layers(), batch=0), "batch must be >= 1"),
         (lambda: estimate(two_layers()), "give the batch size"),
@@ -420,7 +455,9 @@ class DataDependent(nn.Module):
             "loss_fn must return a one-element tensor",
         ),
         (
-            lambda: estimate(two_layers(), batch=2, seq=3, example_inputs=lambda b: torch.empty(b, 1000)),
+            lambda: estimate(
+                two_layers(), batch=2, seq=3, example_inputs=lambda b: torch.empty(b, 1000)
+            ),
             "takes only a batch size",
         ),
         (
@@ -445,16 +482,42 @@ def _parser() -> argparse.ArgumentParser:
 
 def test_magic_arguments_resolve_names_in_the_namespace() -> None:
     model = TinyGPT()
-    ns = {"trainer": argparse.Namespace(model=model), "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    ns = {
+        "trainer": argparse.Namespace(model=model),
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+    }
     args = _parser().parse_args(
-        "trainer.model --optimizer opt --batch 4 --seq 16 --dtype bf16 --fits seq --free 1GiB".split()
+        [
+            "trainer.model",
+            "--optimizer",
+            "opt",
+            "--batch",
+            "4",
+            "--seq",
+            "16",
+            "--dtype",
+            "bf16",
+            "--fits",
+            "seq",
+            "--free",
+            "1GiB",
+        ]
     )
     est, fit = estimate_from_args(args, ns)
     assert est.optimizer == "SGD (for-loop)"
-    assert est.dtype == "bfloat16" and (est.batch, est.seq) == (4, 16)
-    assert fit is not None and fit.axis == "seq" and fit.free_bytes == 2**30
-    rule, none = estimate_from_args(_parser().parse_args(["trainer.model", "--optimizer", "adam", "--batch", "1", "--seq", "8"]), ns)
-    assert rule.optimizer.startswith("Adam") and none is None
+    assert est.dtype == "bfloat16"
+    assert (est.batch, est.seq) == (4, 16)
+    assert fit is not None
+    assert fit.axis == "seq"
+    assert fit.free_bytes == 2**30
+    rule, none = estimate_from_args(
+        _parser().parse_args(
+            ["trainer.model", "--optimizer", "adam", "--batch", "1", "--seq", "8"]
+        ),
+        ns,
+    )
+    assert rule.optimizer.startswith("Adam")
+    assert none is None
 
 
 def test_magic_errors_name_the_missing_variable() -> None:
@@ -466,7 +529,13 @@ def test_magic_errors_name_the_missing_variable() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1024", 1024), ("40GiB", 40 * 2**30), ("80GB", 80 * 10**9), ("1.5 MiB", 3 * 2**19), ("7kb", 7000)],
+    [
+        ("1024", 1024),
+        ("40GiB", 40 * 2**30),
+        ("80GB", 80 * 10**9),
+        ("1.5 MiB", 3 * 2**19),
+        ("7kb", 7000),
+    ],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value

@@ -16,13 +16,14 @@ gradients that exist before the activations are freed, and the temporaries of ba
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 import torch
 from torch import nn
 
 from . import result as r
+from .counting import elements_formula, total_bytes, uniform_size, unique
 from .errors import EstimateError
 from .inputs import resolve_inputs
 from .meta_run import (
@@ -35,7 +36,7 @@ from .meta_run import (
     run_step,
     storages,
 )
-from .optimizer_rules import elements_formula, optimizer_memory
+from .optimizer_rules import optimizer_memory
 
 DTYPES: Final = {
     "fp32": torch.float32,
@@ -68,22 +69,6 @@ def _device_type(model: nn.Module, device: str | torch.device | None) -> str:
     return "cuda" if kind == "meta" else kind
 
 
-def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    return list({id(t): t for t in tensors}.values())
-
-
-def _nbytes(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None) -> int:
-    return sum(
-        t.numel() * (dtype.itemsize if dtype is not None and t.is_floating_point() else t.element_size())
-        for t in tensors
-    )
-
-
-def _uniform_size(tensors: list[torch.Tensor], dtype: torch.dtype | None) -> int | None:
-    sizes = {_nbytes([t], dtype) // t.numel() for t in tensors if t.numel()}
-    return sizes.pop() if len(sizes) == 1 else None
-
-
 def _dtype_label(params: list[torch.Tensor], dtype: torch.dtype | None) -> str:
     if dtype is not None:
         return str(dtype).removeprefix("torch.")
@@ -92,7 +77,7 @@ def _dtype_label(params: list[torch.Tensor], dtype: torch.dtype | None) -> str:
 
 
 def _per_sample(small: int, large: int, batch: int) -> str:
-    """``s per sample × B + c`` through two batch sizes (batch and 2 × batch)."""
+    """``s per sample x B + c`` through two batch sizes (batch and 2 x batch)."""
     slope = (large - small) / batch
     constant = small - slope * batch
     text = f"{r.format_bytes(slope)} per sample × B = {batch}"
@@ -136,9 +121,9 @@ def estimate(
     target_dtype = parse_dtype(dtype)
     device_type = _device_type(model, device)
     spec = resolve_inputs(model, example_inputs, batch, seq, target_dtype)
-    params = _unique(model.parameters())
+    params = unique(model.parameters())
     trainable = [p for p in params if p.requires_grad]
-    buffers = _unique(model.buffers())
+    buffers = unique(model.buffers())
     if grads_persist is None:
         grads_persist = any(p.grad is not None for p in trainable)
     opt = optimizer_memory(optimizer, trainable, dtype=target_dtype, device_type=device_type)
@@ -155,28 +140,11 @@ def estimate(
 
     b, s = spec.batch, spec.seq
     main, doubled = run(b, s), run(2 * b, s)
-    scaling = {
-        "batch": r.Scaling.fit(
-            "batch",
-            (b, 2 * b),
-            [main.live, doubled.live],
-            [main.input_bytes, doubled.input_bytes],
-            fixed={} if s is None else {"seq": s},
-        )
-    }
-    if s is not None:
-        runs = [main, run(b, 2 * s), run(b, 3 * s)]
-        scaling["seq"] = r.Scaling.fit(
-            "seq",
-            (s, 2 * s, 3 * s),
-            [x.live for x in runs],
-            [x.input_bytes for x in runs],
-            fixed={"batch": b},
-        )
+    scaling = _scalings(run, b, s, main, doubled)
 
-    param_bytes = _nbytes(params, target_dtype)
-    buffer_bytes = _nbytes(buffers, target_dtype)
-    grad_bytes = _nbytes(trainable, target_dtype)
+    param_bytes = total_bytes(params, target_dtype)
+    buffer_bytes = total_bytes(buffers, target_dtype)
+    grad_bytes = total_bytes(trainable, target_dtype)
     kept_grads = grad_bytes if grads_persist else 0
     state_in_fb = opt.state_read or not first_step
     state_fb = opt.state_bytes if state_in_fb else 0
@@ -184,24 +152,53 @@ def estimate(
     trainable_numel = sum(p.numel() for p in trainable)
 
     terms = (
-        r.Term(r.PARAMETERS, "parameters", param_bytes,
-               elements_formula(numel, _uniform_size(params, target_dtype)), "counted"),
+        r.Term(
+            r.PARAMETERS,
+            "parameters",
+            param_bytes,
+            elements_formula(numel, uniform_size(params, target_dtype)),
+            "counted",
+        ),
         r.Term(r.BUFFERS, "buffers", buffer_bytes, f"{len(buffers)} buffers", "counted"),
         r.Term(r.INPUTS, "inputs", main.input_bytes, spec.description, "counted"),
-        r.Term(r.GRADIENTS, "gradients", grad_bytes,
-               elements_formula(trainable_numel, _uniform_size(trainable, target_dtype))
-               + " (trainable)", "counted"),
-        r.Term(r.OPTIMIZER_STATE, f"optimizer state ({opt.name})", opt.state_bytes,
-               opt.state_formula, "optimizer state" if opt.state_read else "rule"),
-        r.Term(r.OPTIMIZER_INTERMEDIATES, "optimizer intermediates", opt.intermediate_bytes,
-               opt.intermediate_formula, "rule"),
-        r.Term(r.ACTIVATIONS, "activations", main.saved_after_forward,
-               "saved for backward at the end of the forward: "
-               + _per_sample(main.saved_after_forward, doubled.saved_after_forward, b),
-               "meta run"),
-        r.Term(r.TEMPORARIES, "temporaries", main.peak_parts[TEMPORARIES],
-               "alive at the forward/backward peak besides activations and gradients "
-               "(outputs, gradients of activations, operator scratch)", "meta run"),
+        r.Term(
+            r.GRADIENTS,
+            "gradients",
+            grad_bytes,
+            elements_formula(trainable_numel, uniform_size(trainable, target_dtype))
+            + " (trainable)",
+            "counted",
+        ),
+        r.Term(
+            r.OPTIMIZER_STATE,
+            f"optimizer state ({opt.name})",
+            opt.state_bytes,
+            opt.state_formula,
+            "optimizer state" if opt.state_read else "rule",
+        ),
+        r.Term(
+            r.OPTIMIZER_INTERMEDIATES,
+            "optimizer intermediates",
+            opt.intermediate_bytes,
+            opt.intermediate_formula,
+            "rule",
+        ),
+        r.Term(
+            r.ACTIVATIONS,
+            "activations",
+            main.saved_after_forward,
+            "saved for backward at the end of the forward: "
+            + _per_sample(main.saved_after_forward, doubled.saved_after_forward, b),
+            "meta run",
+        ),
+        r.Term(
+            r.TEMPORARIES,
+            "temporaries",
+            main.peak_parts[TEMPORARIES],
+            "alive at the forward/backward peak besides activations and gradients "
+            "(outputs, gradients of activations, operator scratch)",
+            "meta run",
+        ),
     )
     common = {r.PARAMETERS: param_bytes, r.BUFFERS: buffer_bytes, r.INPUTS: main.input_bytes}
     phases = (
@@ -227,7 +224,9 @@ def estimate(
             f"optimizer.step() ({opt.implementation})",
         ),
     )
-    fb_side = ("optimizer state + " if state_in_fb else "") + ("kept gradients + " if grads_persist else "")
+    fb_side = ("optimizer state + " if state_in_fb else "") + (
+        "kept gradients + " if grads_persist else ""
+    )
     notes = []
     if device_type == "cuda":
         notes.append(
@@ -250,6 +249,7 @@ def estimate(
             "gradients + optimizer state + optimizer intermediates)"
         ),
         resident_now=_resident_now(model, optimizer, device_type),
+        between_steps=param_bytes + buffer_bytes + main.input_bytes + opt.state_bytes + kept_grads,
         notes=tuple(notes),
         scaling=scaling,
         _fb_extra=state_fb + kept_grads,
@@ -258,15 +258,47 @@ def estimate(
     )
 
 
+def _scalings(
+    run: Callable[[int, int | None], MetaRun],
+    b: int,
+    s: int | None,
+    main: MetaRun,
+    doubled: MetaRun,
+) -> dict[str, r.Scaling]:
+    """Batch scaling from runs at b and 2b; with a sequence, also from runs at s, 2s and 3s."""
+    scaling = {
+        "batch": r.Scaling.fit(
+            "batch",
+            (b, 2 * b),
+            [main.live, doubled.live],
+            [main.input_bytes, doubled.input_bytes],
+            fixed={} if s is None else {"seq": s},
+        )
+    }
+    if s is not None:
+        runs = [main, run(b, 2 * s), run(b, 3 * s)]
+        scaling["seq"] = r.Scaling.fit(
+            "seq",
+            (s, 2 * s, 3 * s),
+            [x.live for x in runs],
+            [x.input_bytes for x in runs],
+            fixed={"batch": b},
+        )
+    return scaling
+
+
 def _resident_now(model: nn.Module, optimizer: object, device_type: str) -> int:
     """Bytes the real model (and a stepped optimizer) hold now on the device type trained on."""
     tensors = [*model.parameters(), *model.buffers()]
     tensors += [p.grad for p in model.parameters() if p.grad is not None]
     if isinstance(optimizer, torch.optim.Optimizer):
         tensors += [
-            v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
         ]
-    on_device = [t for t in _unique(tensors) if t.device.type == device_type]
+    on_device = [t for t in unique(tensors) if t.device.type == device_type]
     return sum(st.nbytes() for st in storages(on_device))
 
 

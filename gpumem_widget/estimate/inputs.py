@@ -85,7 +85,9 @@ def _first_layer(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def _default_inputs(model: nn.Module, batch: int, seq: int | None, dtype: torch.dtype | None) -> InputSpec:
+def _default_inputs(
+    model: nn.Module, batch: int, seq: int | None, dtype: torch.dtype | None
+) -> InputSpec:
     first = _first_layer(model)
     if isinstance(first, nn.Embedding):
         if seq is None:
@@ -95,7 +97,9 @@ def _default_inputs(model: nn.Module, batch: int, seq: int | None, dtype: torch.
             )
 
         def ids(b: int, s: int | None) -> Inputs:
-            return (torch.empty((b, s if s is not None else 1), dtype=torch.long, device="meta"),), {}
+            return (
+                torch.empty((b, s if s is not None else 1), dtype=torch.long, device="meta"),
+            ), {}
 
         return InputSpec(ids, batch, seq, f"token ids of shape ({batch}, {seq})")
     if isinstance(first, nn.Linear):

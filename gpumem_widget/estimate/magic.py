@@ -1,4 +1,4 @@
-"""`%gpumem estimate`: its arguments, and turning them into an estimate from the user's namespace."""
+"""`%gpumem estimate`: its arguments, and the estimate they ask for from the user's namespace."""
 
 from __future__ import annotations
 
@@ -28,14 +28,18 @@ def parse_size(text: str) -> int:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="the nn.Module's name in the namespace (dotted works: trainer.model)")
+    p.add_argument(
+        "model", help="the nn.Module's name in the namespace (dotted works: trainer.model)"
+    )
     p.add_argument(
         "--optimizer",
         help="a torch.optim object's name in the namespace (its state is read once it has "
         f"stepped), or a rule: {', '.join(RULES)} (default adamw)",
     )
     p.add_argument("--batch", type=int, help="batch size to estimate at")
-    p.add_argument("--seq", type=int, help="sequence length (token models; lets --fits seq scale it)")
+    p.add_argument(
+        "--seq", type=int, help="sequence length (token models; lets --fits seq scale it)"
+    )
     p.add_argument("--dtype", help="train in this dtype: fp32, bf16, fp16 (default: the model's)")
     p.add_argument(
         "--inputs",
@@ -43,7 +47,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="example inputs (tensor, tuple, dict) or make_inputs(batch[, seq]) in the namespace; "
         "not needed for models starting with nn.Embedding or nn.Linear",
     )
-    p.add_argument("--loss", metavar="NAME", help="loss_fn(outputs) in the namespace (default: mean)")
+    p.add_argument(
+        "--loss", metavar="NAME", help="loss_fn(outputs) in the namespace (default: mean)"
+    )
     p.add_argument("--device", help="device type trained on: cuda or cpu (default: the model's)")
     p.add_argument(
         "--first-step",
@@ -78,11 +84,15 @@ def _lookup(user_ns: Mapping[str, Any], dotted: str) -> Any:
         try:
             value = getattr(value, attr)
         except AttributeError:
-            raise EstimateError(f"{dotted!r}: {type(value).__name__} has no attribute {attr!r}") from None
+            raise EstimateError(
+                f"{dotted!r}: {type(value).__name__} has no attribute {attr!r}"
+            ) from None
     return value
 
 
-def estimate_from_args(args: argparse.Namespace, user_ns: Mapping[str, Any]) -> tuple[Estimate, Fit | None]:
+def estimate_from_args(
+    args: argparse.Namespace, user_ns: Mapping[str, Any]
+) -> tuple[Estimate, Fit | None]:
     """The estimate the parsed arguments ask for, and the fit when --fits is given."""
     optimizer: Any = args.optimizer
     if optimizer is not None and optimizer.split(".")[0] in user_ns:

@@ -1,4 +1,4 @@
-"""One training step's forward and backward, run on the meta device, with every byte it holds counted.
+"""A training step's forward and backward, run on the meta device, with every byte it holds counted.
 
 The user's module runs through `torch.func.functional_call` with meta stand-ins for its parameters
 and buffers, so its real weights are neither touched nor copied and no memory is spent. A dispatch
@@ -10,13 +10,14 @@ those bytes are activations kept for backward; post-accumulate-grad hooks say wh
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 import torch.nn.functional as F
@@ -73,11 +74,11 @@ def storages(tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
     return list(found.values())
 
 
-class _LiveBytes(TorchDispatchMode):
+class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore]
     """Counts the bytes of storages created under it until each is freed."""
 
     def __init__(self, resident: list[torch.UntypedStorage]) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call, unused-ignore]
         # Strong references: resident storages must not be freed and their ids reused.
         self._resident = resident
         self._resident_ids = {id(s) for s in resident}
@@ -92,7 +93,7 @@ class _LiveBytes(TorchDispatchMode):
         self.peak_index = 0
         self.peak_parts = dict(self.parts)
 
-    def _freed(self, key: int) -> None:
+    def _freed(self, key: int, _ref: weakref.ref[torch.UntypedStorage]) -> None:
         size = self._size.pop(key, 0)
         category = self._category.pop(key, TEMPORARIES)
         self._refs.pop(key, None)
@@ -113,7 +114,7 @@ class _LiveBytes(TorchDispatchMode):
             return
         self._size[key] = size
         self._category[key] = category
-        self._refs[key] = weakref.ref(st, lambda _ref, key=key: self._freed(key))
+        self._refs[key] = weakref.ref(st, functools.partial(self._freed, key))
         self.parts[category] += size
         self.total += size
 
@@ -152,7 +153,7 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-def _fused_attention(
+def _fused_attention(  # noqa: PLR0917 - SDPA's own signature
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -184,8 +185,7 @@ def _fused_attention(
         flash = torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale
         )
-        out: torch.Tensor = flash[0]
-        return out
+        return cast(torch.Tensor, flash[0])
     bias = attn_mask
     if bias is not None:
         if bias.dtype == torch.bool:  # SDPA turns a boolean mask into an additive one
@@ -196,8 +196,7 @@ def _fused_attention(
     efficient = torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, need_grad, dropout_p, is_causal, scale=scale
     )
-    out = efficient[0]
-    return out
+    return cast(torch.Tensor, efficient[0])
 
 
 # A function mode is popped while it handles a call, so it does not see the calls nested in a
@@ -221,8 +220,7 @@ def _fused_dropout(
     """
     if not training or inplace or not 0 < p < 1 or input.numel() == 0:
         return None
-    out: torch.Tensor = torch.native_dropout(input, p, True)[0]
-    return out
+    return torch.native_dropout(input, p, True)[0]
 
 
 _CUDA_KERNELS: Final[Mapping[Callable[..., Any], Callable[..., torch.Tensor | None]]] = {
@@ -253,7 +251,7 @@ class _CudaKernels(TorchFunctionMode):
             return _skip_one_hop(func, types, args, kwargs)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _training_mode(model: nn.Module) -> Iterator[None]:
     """Every submodule in training mode (dropout masks are real memory), flags restored after.
 
@@ -274,12 +272,11 @@ def default_loss(outputs: Any) -> torch.Tensor:
     loss = getattr(outputs, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
         return loss
-    for leaf in tree_flatten(outputs)[0]:
+    # Dict-like outputs (Hugging Face's ModelOutput) are not pytree nodes: take their values.
+    leaves = tree_flatten(dict(outputs) if isinstance(outputs, Mapping) else outputs)[0]
+    for leaf in leaves:
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.requires_grad:
             return leaf.mean()
-    for value in getattr(outputs, "values", lambda: ())():  # dict-like outputs not in pytree
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad:
-            return value.mean()
     raise EstimateError(
         "the model's output has no floating-point tensor that needs a gradient; pass loss_fn="
     )
@@ -313,25 +310,24 @@ def run_step(
     meta kernels hold what the real ones do.
     """
     state = stand_ins(model, dtype, device)
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    leaves: list[torch.Tensor] = []
-    for name in trainable:
-        leaf = state[name].requires_grad_(True)
-        if grads_persist:  # gradients kept from an earlier step (zero_grad(set_to_none=False))
+    leaves = [
+        state[name].requires_grad_(True) for name, p in model.named_parameters() if p.requires_grad
+    ]
+    if grads_persist:  # gradients kept from an earlier step (zero_grad(set_to_none=False))
+        for leaf in leaves:
             leaf.grad = torch.zeros_like(leaf)
-        leaves.append(leaf)
     args, kwargs = inputs
     input_tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     kept_grads = [leaf.grad for leaf in leaves if leaf.grad is not None]
     resident = storages([*state.values(), *input_tensors, *kept_grads])
     input_bytes = sum(st.nbytes() for st in storages(input_tensors))
     tracker = _LiveBytes(resident)
-    hooks = [
-        leaf.register_post_accumulate_grad_hook(
-            lambda p: tracker.recategorize(p.grad, GRADIENTS) if p.grad is not None else None
-        )
-        for leaf in leaves
-    ]
+
+    def accumulated(p: torch.Tensor) -> None:
+        if p.grad is not None:
+            tracker.recategorize(p.grad, GRADIENTS)
+
+    hooks = [leaf.register_post_accumulate_grad_hook(accumulated) for leaf in leaves]  # type: ignore[no-untyped-call, unused-ignore]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         tracker.recategorize(t, ACTIVATIONS)
@@ -340,37 +336,33 @@ def run_step(
     def unpack(t: torch.Tensor) -> torch.Tensor:
         return t
 
-    cuda_mode = _CudaKernels() if cuda_kernels else None
     try:
         with (
             _training_mode(model),
             torch.inference_mode(False),
             torch.enable_grad(),
             torch.device(device),
+            _CudaKernels() if cuda_kernels else contextlib.nullcontext(),
+            tracker,
+            torch.autograd.graph.saved_tensors_hooks(pack, unpack),
         ):
-            if cuda_mode is not None:
-                cuda_mode.__enter__()
-            try:
-                with tracker, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                    outputs = torch.func.functional_call(model, state, args, kwargs, strict=False)
-                    loss = loss_fn(outputs)
-                    del outputs
-                    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                        raise EstimateError("loss_fn must return a one-element tensor")
-                    saved = tracker.parts[ACTIVATIONS]
-                    backward_from = len(tracker.live)
-                    loss.backward()
-                    del loss
-            finally:
-                if cuda_mode is not None:
-                    cuda_mode.__exit__(None, None, None)
+            outputs = torch.func.functional_call(model, state, args, kwargs, strict=False)
+            loss = loss_fn(outputs)
+            del outputs
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise EstimateError("loss_fn must return a one-element tensor")
+            saved = tracker.parts[ACTIVATIONS]
+            backward_from = len(tracker.live)
+            loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
+            del loss
     except EstimateError:
         raise
     except Exception as e:
         raise EstimateError(
-            f"the model could not run on the {device} device ({type(e).__name__}: {e}). The estimate "
-            "runs the model without data: a forward that reads values (.item(), data-dependent "
-            "shapes) or uses tensors that are not parameters, buffers or inputs cannot run there."
+            f"the model could not run on the {device} device ({type(e).__name__}: {e}). The "
+            "estimate runs the model without data: a forward that reads values (.item(), "
+            "data-dependent shapes) or uses tensors that are not parameters, buffers or inputs "
+            "cannot run there."
         ) from e
     finally:
         for h in hooks:

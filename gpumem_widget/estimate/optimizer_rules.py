@@ -12,12 +12,14 @@ instead of ruled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
+from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 
+from .counting import elements_formula, nbytes, total_bytes, uniform_size, unique
 from .errors import EstimateError
 
 FOREACH: Final = "foreach"
@@ -39,7 +41,11 @@ class _Rule:
 
 
 def _adam_slots(hp: Hyper) -> tuple[str, ...]:
-    return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if hp.get("amsgrad") else ("exp_avg", "exp_avg_sq")
+    return (
+        ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+        if hp.get("amsgrad")
+        else ("exp_avg", "exp_avg_sq")
+    )
 
 
 def _adam_temporaries(hp: Hyper) -> tuple[int, int, bool]:
@@ -59,10 +65,6 @@ def _sgd_temporaries(hp: Hyper) -> tuple[int, int, bool]:
     return grad_copy, grad_copy + nesterov, False
 
 
-# For an optimizer class without a rule whose state was read: one parameter-sized buffer assumed.
-_UNKNOWN: Final = _Rule("", {}, lambda hp: (), lambda hp: (1, 1, False), exact=False)
-
-
 def _rmsprop_slots(hp: Hyper) -> tuple[str, ...]:
     slots = ["square_avg"]
     if hp.get("momentum", 0) != 0:
@@ -72,39 +74,36 @@ def _rmsprop_slots(hp: Hyper) -> tuple[str, ...]:
     return tuple(slots)
 
 
+def _fixed(*slots: str) -> Callable[[Hyper], tuple[str, ...]]:
+    return lambda hp: slots
+
+
+def _one_buffer(hp: Hyper) -> tuple[int, int, bool]:
+    """Assumed where the implementation was not read: one parameter-sized temporary."""
+    return 1, 1, False
+
+
+def _no_temporaries(hp: Hyper) -> tuple[int, int, bool]:
+    return 0, 0, False
+
+
+# An optimizer class without a rule, whose state was read.
+_UNKNOWN: Final = _Rule("", {}, _fixed(), _one_buffer, exact=False)
+
 _ADAM_DEFAULTS: Final = {"weight_decay": 0.0, "amsgrad": False, "maximize": False}
+_SGD_DEFAULTS: Final = {"momentum": 0.0, "weight_decay": 0.0, "nesterov": False, "maximize": False}
+_ADAMW_DEFAULTS: Final = {**_ADAM_DEFAULTS, "weight_decay": 1e-2, "decoupled_weight_decay": True}
 RULES: Final[Mapping[str, _Rule]] = {
-    "adamw": _Rule(
-        "AdamW",
-        {**_ADAM_DEFAULTS, "weight_decay": 1e-2, "decoupled_weight_decay": True},
-        _adam_slots,
-        _adam_temporaries,
-    ),
+    "adamw": _Rule("AdamW", _ADAMW_DEFAULTS, _adam_slots, _adam_temporaries),
     "adam": _Rule("Adam", _ADAM_DEFAULTS, _adam_slots, _adam_temporaries),
-    "sgd": _Rule(
-        "SGD",
-        {"momentum": 0.0, "weight_decay": 0.0, "nesterov": False, "maximize": False},
-        _sgd_slots,
-        _sgd_temporaries,
-    ),
-    "adagrad": _Rule("Adagrad", {}, lambda hp: ("sum",), lambda hp: (1, 1, False), exact=False),
-    "rmsprop": _Rule(
-        "RMSprop", {"momentum": 0.0, "centered": False}, _rmsprop_slots, lambda hp: (1, 1, False),
-        exact=False,
-    ),
-    "adadelta": _Rule(
-        "Adadelta", {}, lambda hp: ("square_avg", "acc_delta"), lambda hp: (1, 1, False), exact=False
-    ),
-    "adamax": _Rule(
-        "Adamax", {}, lambda hp: ("exp_avg", "exp_inf"), lambda hp: (1, 1, False), exact=False
-    ),
-    "nadam": _Rule(
-        "NAdam", {}, lambda hp: ("exp_avg", "exp_avg_sq"), lambda hp: (1, 1, False), exact=False
-    ),
-    "radam": _Rule(
-        "RAdam", {}, lambda hp: ("exp_avg", "exp_avg_sq"), lambda hp: (1, 1, False), exact=False
-    ),
-    "none": _Rule("no optimizer", {}, lambda hp: (), lambda hp: (0, 0, False)),
+    "sgd": _Rule("SGD", _SGD_DEFAULTS, _sgd_slots, _sgd_temporaries),
+    "adagrad": _Rule("Adagrad", {}, _fixed("sum"), _one_buffer, exact=False),
+    "rmsprop": _Rule("RMSprop", {}, _rmsprop_slots, _one_buffer, exact=False),
+    "adadelta": _Rule("Adadelta", {}, _fixed("square_avg", "acc_delta"), _one_buffer, exact=False),
+    "adamax": _Rule("Adamax", {}, _fixed("exp_avg", "exp_inf"), _one_buffer, exact=False),
+    "nadam": _Rule("NAdam", {}, _fixed("exp_avg", "exp_avg_sq"), _one_buffer, exact=False),
+    "radam": _Rule("RAdam", {}, _fixed("exp_avg", "exp_avg_sq"), _one_buffer, exact=False),
+    "none": _Rule("no optimizer", {}, _fixed(), _no_temporaries),
 }
 
 
@@ -117,27 +116,6 @@ class OptimizerMemory:
     state_read: bool  # True: summed from a stepped optimizer's state, not ruled
     intermediate_bytes: int
     intermediate_formula: str
-    num_params: int  # elements the optimizer updates (N)
-
-
-def _uniform_size(params: Sequence[torch.Tensor], dtype: torch.dtype | None) -> int | None:
-    """P, the bytes per element, when every parameter has the same; None for mixed dtypes."""
-    sizes = {_param_bytes(p, dtype) // max(p.numel(), 1) for p in params if p.numel()}
-    return sizes.pop() if len(sizes) == 1 else None
-
-
-def elements_formula(numel: int, size: int | None, copies: int = 1) -> str:
-    """``copies × N × P = …`` with the numbers, or the sum it stands for when dtypes are mixed."""
-    lead = f"{copies} × " if copies != 1 else ""
-    if size is None:
-        return f"{lead}Σ numel × element size (N = {numel:,})"
-    return f"{lead}N × P = {lead}{numel:,} × {size} B"
-
-
-def _param_bytes(p: torch.Tensor, dtype: torch.dtype | None) -> int:
-    if dtype is not None and p.is_floating_point():
-        return p.numel() * dtype.itemsize
-    return p.numel() * p.element_size()
 
 
 def _group_bytes(params: Sequence[torch.Tensor], dtype: torch.dtype | None) -> list[int]:
@@ -145,30 +123,40 @@ def _group_bytes(params: Sequence[torch.Tensor], dtype: torch.dtype | None) -> l
     groups: dict[tuple[str, torch.dtype], int] = {}
     for p in params:
         key = (str(p.device), dtype if dtype is not None and p.is_floating_point() else p.dtype)
-        groups[key] = groups.get(key, 0) + _param_bytes(p, dtype)
+        groups[key] = groups.get(key, 0) + nbytes(p, dtype)
     return list(groups.values())
 
 
-def _with_previous(sizes: Sequence[int], current: int, carry: bool) -> int:
-    """Largest of `current × size[i]` plus, where still bound, the previous item's one buffer."""
-    best = 0
-    for i, size in enumerate(sizes):
-        previous = sizes[i - 1] if carry and i > 0 else 0
-        best = max(best, current * size + previous)
-    return best
+def _with_previous(sizes: Sequence[int], copies: int, carry: bool) -> int:
+    """Largest `copies` x an item's bytes, plus the one before where its buffer is still bound."""
+    return max(
+        (copies * size + (sizes[i - 1] if carry and i > 0 else 0) for i, size in enumerate(sizes)),
+        default=0,
+    )
 
 
 def _implementation(hp: Hyper, device_type: str) -> str:
     if hp.get("fused"):
         return FUSED
     foreach = hp.get("foreach")
-    if foreach is None:  # torch's default: foreach where its kernels exist
-        foreach = device_type not in ("cpu", "meta")
+    if foreach is None:  # torch's default: foreach wherever its kernels exist
+        foreach = device_type in _get_foreach_kernels_supported_devices()
     return FOREACH if foreach else FOR_LOOP
 
 
-def _read_state(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> tuple[int, list[str]]:
-    """Bytes of the state tensors that live on each parameter's device, and their names."""
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    name: str
+    rule: _Rule
+    hp: Hyper
+    params: list[torch.Tensor]
+    state: tuple[int, list[str]] | None  # read from a stepped optimizer: bytes, slot names
+
+
+def _read_state(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+) -> tuple[int, list[str]] | None:
+    """Bytes of the state tensors on each parameter's device and their names; None before a step."""
     total = 0
     names: dict[str, None] = {}
     for p in params:
@@ -176,11 +164,40 @@ def _read_state(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]
             if isinstance(value, torch.Tensor) and value.device == p.device:
                 total += value.numel() * value.element_size()
                 names[name] = None
-    return total, list(names)
+    return (total, list(names)) if names else None
 
 
-def _unique(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    return list({id(p): p for p in params}.values())
+def _resolve(
+    optimizer: torch.optim.Optimizer | str | None,
+    trainable: Sequence[torch.Tensor],
+    dtype: torch.dtype | None,
+) -> _Resolved:
+    if optimizer is None or isinstance(optimizer, str):
+        key = (optimizer or "adamw").lower()
+        if key not in RULES:
+            raise EstimateError(
+                f"unknown optimizer {optimizer!r}: use one of {', '.join(RULES)} or pass the "
+                "optimizer object"
+            )
+        rule = RULES[key]
+        return _Resolved(rule.label, rule, rule.defaults, unique(trainable), None)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise EstimateError(
+            "optimizer must be a torch.optim.Optimizer, a rule name or None, "
+            f"not {type(optimizer).__name__}"
+        )
+    name = type(optimizer).__name__
+    params = unique(p for g in optimizer.param_groups for p in g["params"] if p.requires_grad)
+    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    # State written in another dtype than the one asked for is not what the estimate means.
+    state = _read_state(optimizer, params) if dtype is None else None
+    rule = RULES.get(name.lower(), _UNKNOWN)
+    if rule is _UNKNOWN and state is None:
+        raise EstimateError(
+            f"{name} has no rule here and has not stepped yet: step it once so its state can "
+            f"be read, or name a rule with optimizer= ({', '.join(RULES)})"
+        )
+    return _Resolved(name, rule, {**optimizer.defaults, **group}, params, state)
 
 
 def optimizer_memory(
@@ -196,84 +213,48 @@ def optimizer_memory(
     stepped, its real state), a rule name (``"adamw"``, ``"sgd"``, ... with torch's defaults), or
     None for AdamW.
     """
-    if optimizer is None:
-        optimizer = "adamw"
-    if isinstance(optimizer, str):
-        key = optimizer.lower()
-        if key not in RULES:
-            raise EstimateError(
-                f"unknown optimizer {optimizer!r}: use one of {', '.join(RULES)} or pass the "
-                "optimizer object"
-            )
-        rule = RULES[key]
-        hp: Hyper = rule.defaults
-        params = _unique(trainable)
-        stepped_state: tuple[int, list[str]] | None = None
-        name = rule.label
-    elif isinstance(optimizer, torch.optim.Optimizer):
-        key = type(optimizer).__name__.lower()
-        params = _unique(p for g in optimizer.param_groups for p in g["params"] if p.requires_grad)
-        hp = {**optimizer.defaults, **{k: v for k, v in optimizer.param_groups[0].items() if k != "params"}}
-        has_state = any(optimizer.state.get(p) for p in params)
-        # State written in another dtype than the one asked for is not what the estimate means.
-        stepped_state = _read_state(optimizer, params) if has_state and dtype is None else None
-        name = type(optimizer).__name__
-        rule = RULES.get(key, _UNKNOWN)
-        if key not in RULES and stepped_state is None:
-            raise EstimateError(
-                f"{name} has no rule here and has not stepped yet: step it once so its state can "
-                f"be read, or name a rule with optimizer= ({', '.join(RULES)})"
-            )
+    o = _resolve(optimizer, trainable, dtype)
+    numel = sum(p.numel() for p in o.params)
+    size = uniform_size(o.params, dtype)
+    if o.state is not None:
+        state_bytes, names = o.state
+        state_formula = f"read from the optimizer's state ({', '.join(names)} on the device)"
     else:
-        raise EstimateError(
-            f"optimizer must be a torch.optim.Optimizer, a rule name or None, not {type(optimizer).__name__}"
-        )
-
-    numel = sum(p.numel() for p in params)
-    nbytes = sum(_param_bytes(p, dtype) for p in params)
-    size = _uniform_size(params, dtype)
-    if stepped_state is not None:
-        state_bytes, names = stepped_state
-        state_formula = f"read from the optimizer's state ({', '.join(names)}; tensors on the device)"
-    else:
-        slots = rule.slots(hp)
-        state_bytes = len(slots) * nbytes
+        slots = o.rule.slots(o.hp)
+        state_bytes = len(slots) * total_bytes(o.params, dtype)
         state_formula = (
             f"{elements_formula(numel, size, len(slots))} ({', '.join(slots)})"
             if slots
             else "0 (no state)"
         )
 
-    implementation = _implementation(hp, device_type)
-    lists, per_param, carry = rule.temporaries(hp)
-    assumed = "" if rule.exact else ", assumed"
-    if implementation == FUSED or (lists == 0 and implementation == FOREACH):
-        intermediate_bytes, intermediate_formula = 0, f"0 ({implementation} updates in place)"
-    elif implementation == FOREACH:
-        groups = _group_bytes(params, dtype)
+    implementation = _implementation(o.hp, device_type)
+    lists, per_param, carry = o.rule.temporaries(o.hp)
+    assumed = "" if o.rule.exact else ", assumed"
+    if implementation == FOREACH and lists:
+        groups = _group_bytes(o.params, dtype)
         intermediate_bytes = _with_previous(groups, lists, carry)
-        what = f"{lists} × N × P" if len(groups) == 1 else "parameter-sized lists per (device, dtype) group"
-        intermediate_formula = f"{what} = {intermediate_bytes:,} B (foreach{assumed})"
-        if len(groups) == 1:
-            intermediate_formula = (
-                f"{elements_formula(numel, size, lists)} (foreach{assumed})"
-            )
-    else:
-        sizes = [_param_bytes(p, dtype) for p in params]
-        intermediate_bytes = _with_previous(sizes, per_param, carry)
-        intermediate_formula = (
-            f"{per_param} × largest parameter{' + the one before it' if carry else ''} "
-            f"(single-tensor loop{assumed})"
-            if intermediate_bytes
-            else "0 (single-tensor loop updates in place)"
+        what = (
+            elements_formula(numel, size, lists)
+            if len(groups) == 1
+            else f"{lists} parameter-sized list(s) per (device, dtype) group, with the previous "
+            "group's where still bound"
         )
+        intermediate_formula = f"{what} (foreach{assumed})"
+    elif implementation == FOR_LOOP and per_param:
+        intermediate_bytes = _with_previous([nbytes(p, dtype) for p in o.params], per_param, carry)
+        before = " + the one before it" if carry else ""
+        intermediate_formula = (
+            f"{per_param} × largest parameter{before} (single-tensor loop{assumed})"
+        )
+    else:
+        intermediate_bytes, intermediate_formula = 0, f"0 ({implementation} updates in place)"
     return OptimizerMemory(
-        name=name,
+        name=o.name,
         implementation=implementation,
         state_bytes=state_bytes,
         state_formula=state_formula,
-        state_read=stepped_state is not None,
+        state_read=o.state is not None,
         intermediate_bytes=intermediate_bytes,
         intermediate_formula=intermediate_formula,
-        num_params=numel,
     )

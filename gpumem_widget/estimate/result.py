@@ -112,8 +112,10 @@ class Scaling:
         return cls(
             axis=axis,
             sizes=sizes,
-            coefficients=np.linalg.solve(powers, values),
-            input_coefficients=np.linalg.solve(powers, np.asarray(inputs, dtype=np.float64)),
+            coefficients=np.asarray(np.linalg.solve(powers, values), dtype=np.float64),
+            input_coefficients=np.asarray(
+                np.linalg.solve(powers, np.asarray(inputs, dtype=np.float64)), dtype=np.float64
+            ),
             fixed=dict(fixed),
         )
 
@@ -172,7 +174,7 @@ class Fit:
     value: int | None  # 0: not even 1 fits; None: memory does not grow along the axis
     free_bytes: int
     margin: float
-    budget: int  # free_bytes × (1 − margin)
+    budget: int  # free_bytes x (1 - margin)
     total_at_value: int | None
     total_at_next: int | None  # at value + 1: over the budget
     fixed: Mapping[str, int]
@@ -226,6 +228,9 @@ class Estimate:
     # What stays on the device between steps and was already there when the estimate was made
     # (parameters, buffers, a stepped optimizer's state, kept gradients), for `fits()`.
     resident_now: int
+    # What the estimate holds between steps of a loop (parameters, buffers, the batch, optimizer
+    # state, kept gradients): at a cell's start, memory beyond it belongs to other variables.
+    between_steps: int
     notes: tuple[str, ...] = ()
     scaling: Mapping[str, Scaling] = field(default_factory=dict, repr=False, compare=False)
     _fb_extra: int = field(default=0, repr=False)  # in the forward/backward phase besides its peak
@@ -258,10 +263,8 @@ class Estimate:
             raise EstimateError(f"this estimate cannot scale along {axis!r}{hint}")
         return self.scaling[axis]
 
-    def fits(
-        self, free_bytes: int, *, margin: float = DEFAULT_MARGIN, axis: str = "batch"
-    ) -> Fit:
-        """The largest `axis` size whose predicted peak stays within `free_bytes × (1 − margin)`.
+    def fits(self, free_bytes: int, *, margin: float = DEFAULT_MARGIN, axis: str = "batch") -> Fit:
+        """The largest `axis` size whose predicted peak stays within `free_bytes x (1 - margin)`.
 
         `free_bytes` is the memory the whole training footprint may use: what the device has free
         plus what the model already holds there (see `available_bytes`).
@@ -325,9 +328,7 @@ class Estimate:
                 f"measured {format_bytes(measured_peak)} is within {tolerance:.0%} of the "
                 f"estimate {format_bytes(predicted)} ({pct:+.1%})",
             )
-        uncertain = [
-            (phase.parts.get(t.key, 0), t) for t in self.terms if t.source != "counted"
-        ]
+        uncertain = [(phase.parts.get(t.key, 0), t) for t in self.terms if t.source != "counted"]
         size, suspect = max(uncertain, key=lambda x: x[0])
         direction = "above" if error > 0 else "below"
         return Comparison(
@@ -341,6 +342,15 @@ class Estimate:
             f"largest term not counted from tensors is {suspect.label} "
             f"({format_bytes(size)}, {suspect.source})",
         )
+
+    def compare_cell(
+        self, peak_allocated: int, allocated_before: int, *, tolerance: float = TOLERANCE
+    ) -> Comparison:
+        """`compare` for a ledger record: memory allocated before the cell beyond what the
+        estimate holds between steps belongs to other variables, and is added to the prediction.
+        """
+        other = max(0, allocated_before - self.between_steps)
+        return self.compare(peak_allocated, other_bytes=other, tolerance=tolerance)
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON the browser gets: terms, phases, total (the line drawn on the chart)."""
@@ -369,8 +379,12 @@ class Estimate:
         for t in self.terms:
             lines.append(f"  {t.label:<{width}}  {format_bytes(t.bytes):>11}  {t.formula}")
         for p in self.phases:
-            lines.append(f"  {p.name + ' phase':<{width}}  {format_bytes(p.bytes):>11}  peak at {p.at}")
-        lines.append(f"  {'total (peak)':<{width}}  {format_bytes(self.total):>11}  {self.peak_formula}")
+            lines.append(
+                f"  {p.name + ' phase':<{width}}  {format_bytes(p.bytes):>11}  peak at {p.at}"
+            )
+        lines.append(
+            f"  {'total (peak)':<{width}}  {format_bytes(self.total):>11}  {self.peak_formula}"
+        )
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
