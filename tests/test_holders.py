@@ -45,8 +45,10 @@ def test_tensors_count_their_storage_once_per_name_and_once_in_total() -> None:
     assert h["x"].exclusive_bytes == h["view"].exclusive_bytes == 0
     assert h["y"].exclusive_by_device == {"cpu": 2000}
     assert r.total_by_device == {"cpu": 6000}
-    assert [x.name for x in r.holders][0] in {"x", "view"} and r.holders[-1].name == "y"
-    assert h["view"].largest[0].shape == (10,) and h["view"].largest[0].nbytes == 4000
+    assert r.holders[0].name in {"x", "view"}
+    assert r.holders[-1].name == "y"
+    assert h["view"].largest[0].shape == (10,)
+    assert h["view"].largest[0].nbytes == 4000
 
 
 def test_meta_tensors_count_their_own_nbytes_without_merging_views() -> None:
@@ -84,9 +86,15 @@ def test_module_parameters_buffers_grads_and_plain_tensor_attributes() -> None:
     h = find_holders({"model": model}, devices="cpu").holders[0]
     params = sum(p.nbytes for p in model.parameters())
     buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
-    assert h.bytes_by_kind == {"parameter": params, "gradient": params, "buffer": buffers, "tensor": 28}
+    assert h.bytes_by_kind == {
+        "parameter": params,
+        "gradient": params,
+        "buffer": buffers,
+        "tensor": 28,
+    }
     assert h.parameter_bytes_by_dtype == {"float32": params}
-    assert h.largest[0].path == "model.0.weight" and h.largest[0].kind == "parameter"
+    assert h.largest[0].path == "model.0.weight"
+    assert h.largest[0].kind == "parameter"
     assert {t.path for t in h.largest} >= {"model.0.weight", "model.0.weight.grad"}
     assert h.storages == 2 * 4 + 3 + 1  # 4 params and their grads, 3 BN buffers, the cache
 
@@ -114,7 +122,11 @@ def test_optimizer_state_and_params_shared_with_the_model() -> None:
         if isinstance(v, torch.Tensor)
     )
     assert state >= 2 * params  # exp_avg, exp_avg_sq (and the step counters)
-    assert h["opt"].bytes_by_kind == {"parameter": params, "gradient": params, "optimizer_state": state}
+    assert h["opt"].bytes_by_kind == {
+        "parameter": params,
+        "gradient": params,
+        "optimizer_state": state,
+    }
     assert h["opt"].exclusive_bytes == state  # params and grads are shared with the model
     assert h["model"].exclusive_bytes == 0
     assert r.total_by_device == {"cpu": 2 * params + state}
@@ -152,17 +164,20 @@ def test_depth_limit_cuts_deep_containers_and_says_so() -> None:
     assert not r.truncated
     assert find_holders({"deep": deep, "t": ones(1)}, devices="cpu").truncated is False  # no holder
     shallow = find_holders({"deep": [deep, ones(1)]}, devices="cpu", max_depth=3)
-    assert shallow.holders[0].truncated and shallow.truncated
+    assert shallow.holders[0].truncated
+    assert shallow.truncated
     assert "cut short" in shallow.format()
 
 
 def test_size_limits_truncate_instead_of_walking_forever() -> None:
     big = [ones(1) for _ in range(50)]
     r = find_holders({"big": big}, devices="cpu", max_items=10)
-    assert r.holders[0].storages == 10 and r.truncated
+    assert r.holders[0].storages == 10
+    assert r.truncated
     nested = [[ones(1)] for _ in range(50)]
     r = find_holders({"nested": nested}, devices="cpu", max_nodes=5)
-    assert r.truncated and r.holders[0].storages < 50
+    assert r.truncated
+    assert r.holders[0].storages < 50
 
 
 def test_containers_dataclasses_slots_and_namespaces() -> None:
@@ -223,7 +238,12 @@ def test_walk_runs_no_properties_getattr_or_overridden_container_methods() -> No
             calls.append("items")
             return super().items()
 
-    ns = {"lazy": Lazy(), "proxy": Proxy(), "sl": SneakyList([ones(2)]), "sd": SneakyDict(t=ones(3))}
+    ns = {
+        "lazy": Lazy(),
+        "proxy": Proxy(),
+        "sl": SneakyList([ones(2)]),
+        "sd": SneakyDict(t=ones(3)),
+    }
     h = by_name(find_holders(ns, devices="cpu"))
     assert calls == []
     assert h["lazy"].bytes_by_device == {"cpu": 40}  # the property's tensor was never made
@@ -281,12 +301,13 @@ def test_output_cache_entries_and_their_aliases_form_one_holder() -> None:
     cached = ones(100)
     user_bound = ones(50)
     out = {3: cached, 4: "text"}
-    ns = {"Out": out, "_oh": out, "_3": cached, "_": cached, "__": "text", "_": cached}
+    ns = {"Out": out, "_oh": out, "_3": cached, "_": cached, "__": "text"}
     ns["mine"] = user_bound
     ns["___"] = user_bound  # not an Out value: not the output cache (and private: not shown)
     r = find_holders(ns, devices="cpu")
     (entry,) = r.output_cache
-    assert entry.name == "Out[3]" and set(entry.aliases) == {"_3", "_"}
+    assert entry.name == "Out[3]"
+    assert set(entry.aliases) == {"_3", "_"}
     assert entry.exclusive_by_device == {"cpu": 400}
     assert r.output_cache_only_by_device == {"cpu": 400}
     assert r.releasable_by_device == {"cpu": 400}
@@ -326,7 +347,8 @@ def test_results_keep_no_reference_to_what_was_walked() -> None:
     r = find_holders({"t": t, "model": model, "nested": {"t": [t]}}, devices="cpu")
     del t, model
     gc.collect()
-    assert ref() is None and model_ref() is None
+    assert ref() is None
+    assert model_ref() is None
     assert r.total_bytes == 40_000 + 4 * 4 * 4 + 4 * 4
 
 
@@ -344,7 +366,8 @@ def test_wire_and_text() -> None:
         "kind": "tensor",
     }
     text = r.format()
-    assert "weights" in text and "1.00 MiB" in text
+    assert "weights" in text
+    assert "1.00 MiB" in text
     assert find_holders({}, devices="cpu").format() == "No notebook name holds memory on cpu."
 
 

@@ -17,7 +17,14 @@ import pytest
 
 from gpumem_widget.release import free_notebook_memory
 
-SETUP = "import torch, weakref\nrefs = {}\ndef track(name, t):\n    refs[name] = weakref.ref(t)\n    return t\n"
+# `track` records a weak reference to each tensor a cell makes, so tests can see it die.
+SETUP = """\
+import torch, weakref
+refs = {}
+def track(name, t):
+    refs[name] = weakref.ref(t)
+    return t
+"""
 
 
 @pytest.fixture
@@ -65,12 +72,15 @@ def test_output_cache_entries_holding_tensors_are_released(ip: Any) -> None:
     assert alive(ip) == {"cached": False, "kept": True}
     out = ip.user_ns["Out"]
     assert list(out) == [text_count]  # the text output stays; both tensor outputs are gone
-    assert f"_{cached_count}" not in ip.user_ns and f"_{cached_count}" not in ip.user_ns_hidden
+    assert f"_{cached_count}" not in ip.user_ns
+    assert f"_{cached_count}" not in ip.user_ns_hidden
     assert ip.user_ns[f"_{text_count}"] == "just text"
     assert ip.user_ns["kept"].shape == (10,)
-    assert ip.user_ns["_"] == "" and ip.displayhook._ == ""  # they were the tensor `kept`
+    assert ip.user_ns["_"] == ""
+    assert ip.displayhook._ == ""
     assert ip.user_ns["__"] == "just text"  # not a tensor: left alone
-    assert f"Out[{cached_count}]" in report.cleared and f"_{cached_count}" in report.cleared
+    assert f"Out[{cached_count}]" in report.cleared
+    assert f"_{cached_count}" in report.cleared
     assert report.expected_by_device == {"cpu": 4000}  # `kept` is still a variable
 
 
@@ -86,12 +96,14 @@ def test_the_last_traceback_is_cleared_and_variables_survive(ip: Any) -> None:
         raises=True,
     )
     assert alive(ip) == {"before": True, "activations": True}  # the traceback holds it
-    assert sys.last_value is not None and ip.InteractiveTB.tb is not None
+    assert sys.last_value is not None
+    assert ip.InteractiveTB.tb is not None
 
     report = free_notebook_memory(ip, devices="cpu")
 
     assert alive(ip) == {"before": True, "activations": False}
-    assert not hasattr(sys, "last_value") and not hasattr(sys, "last_traceback")
+    assert not hasattr(sys, "last_value")
+    assert not hasattr(sys, "last_traceback")
     assert ip.InteractiveTB.tb is None
     assert ip.last_execution_result is None
     assert {"sys.last_value", "sys.last_traceback", "InteractiveTB.tb"} <= set(report.cleared)
@@ -166,5 +178,7 @@ def test_report_wire_and_text(ip: Any) -> None:
     report = free_notebook_memory(ip, devices="cpu")
     wire = json.loads(json.dumps(report.to_wire()))
     assert wire["expected"] == {"cpu": 1024}
-    assert wire["devices"] == [] and wire["recovered"] == {}  # no CUDA here: nothing measured
-    assert "Out[" in report.format() and "No variable of yours was deleted." in report.format()
+    assert wire["devices"] == []
+    assert wire["recovered"] == {}
+    assert "Out[" in report.format()
+    assert "No variable of yours was deleted." in report.format()
