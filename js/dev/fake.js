@@ -4,7 +4,7 @@
 
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;
-export const DEVICE_FIELDS = ["allocated", "reserved", "active", "process_used", "device_used"];
+export const DEVICE_FIELDS = ["allocated", "reserved", "active", "process_used", "others_used", "device_used"];
 
 export class FakeModel {
   constructor(state) {
@@ -74,7 +74,8 @@ export function memoryAt(t, device) {
   const allocated = base + step + (t % 3) * 64 * MiB;
   const reserved = Math.max(allocated, base + 4.5 * GiB);
   const process = reserved + 530 * MiB;
-  return { allocated, reserved, active: allocated, process_used: process, device_used: process + 1.2 * GiB };
+  const others = 1.2 * GiB;
+  return { allocated, reserved, active: allocated, process_used: process, others_used: others, device_used: process + others };
 }
 
 export function timelineData(numDevices, t0, dt, n) {
@@ -149,6 +150,7 @@ export function cellsTrait(numDevices, t0, t1, count) {
         ooms: oom ? 1 : 0,
         process_used_after: after.process_used,
         device_used_after: after.device_used,
+        others_used_after: after.others_used,
         delta_allocated: after.allocated - before.allocated,
         delta_reserved: after.reserved - before.reserved,
         outside_pytorch: after.process_used - after.reserved,

@@ -30,7 +30,9 @@ def cells(cuda: bool) -> list[tuple[str, Callable[[dict[str, Any]], None]]]:
 
         def alloc(gib: float) -> Callable[[dict[str, Any]], None]:
             def run(ns: dict[str, Any]) -> None:
-                ns.setdefault("keep", []).append(torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda"))
+                ns.setdefault("keep", []).append(
+                    torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+                )
                 time.sleep(0.4)
 
             return run
@@ -68,7 +70,7 @@ def cells(cuda: bool) -> list[tuple[str, Callable[[dict[str, Any]], None]]]:
     def fail(ns: dict[str, Any]) -> None:
         raise ValueError("a cell that raised")
 
-    def free(ns: dict[str, Any]) -> None:
+    def release(ns: dict[str, Any]) -> None:
         ns["keep"].clear()
         time.sleep(0.2)
 
@@ -76,7 +78,7 @@ def cells(cuda: bool) -> list[tuple[str, Callable[[dict[str, Any]], None]]]:
         ("keep = [np.ones(200 << 20, dtype=np.uint8)]", host(200)),
         ("keep.append(np.ones(400 << 20, dtype=np.uint8))", host(400)),
         ("raise ValueError('a cell that raised')", fail),
-        ("keep.clear()", free),
+        ("keep.clear()", release),
     ]
 
 
@@ -87,13 +89,17 @@ def main(out: pathlib.Path) -> None:
     try:
         time.sleep(0.5)
         for n, (source, run) in enumerate(cells(session.mode == "cuda"), start=1):
-            session.pre_run_cell(SimpleNamespace(raw_cell=source, cell_id=f"cell-{n}", store_history=True))
+            session.pre_run_cell(
+                SimpleNamespace(raw_cell=source, cell_id=f"cell-{n}", store_history=True)
+            )
             error: BaseException | None = None
             try:
                 run(namespace)
             except Exception as e:
                 error = e
-            session.post_run_cell(SimpleNamespace(error_in_exec=error, error_before_exec=None, execution_count=n))
+            session.post_run_cell(
+                SimpleNamespace(error_in_exec=error, error_before_exec=None, execution_count=n)
+            )
             time.sleep(0.5)
         time.sleep(0.5)  # one more publish
         names = ["devices", "status", "cells", "timeline_base", "timeline_tail"]
@@ -102,7 +108,11 @@ def main(out: pathlib.Path) -> None:
         session.stop()
     out.write_text(
         json.dumps(
-            {"state": state, "buffer_paths": paths, "buffers": [base64.b64encode(bytes(b)).decode() for b in buffers]}
+            {
+                "state": state,
+                "buffer_paths": paths,
+                "buffers": [base64.b64encode(bytes(b)).decode() for b in buffers],
+            }
         )
     )
     print(f"wrote {out} ({len(session.records())} cells)")

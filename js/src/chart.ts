@@ -28,6 +28,7 @@ const DEVICE_SERIES: readonly SeriesSpec[] = [
   deviceSeries("allocated", "allocated", (p) => p.allocated),
   deviceSeries("reserved", "reserved", (p) => p.reserved),
   deviceSeries("process_used", "process (NVML)", (p) => p.processUsed, { dash: [4, 3] }),
+  deviceSeries("others_used", "other processes", (p) => p.othersUsed, { dash: [2, 2] }),
   deviceSeries("device_used", "whole device", (p) => p.deviceUsed, { dash: [1, 2] }),
 ];
 const HOST_SERIES: readonly SeriesSpec[] = [{ column: () => HOST_RSS_COLUMN, label: "host RSS", color: (p) => p.hostRss }];

@@ -22,6 +22,7 @@ const DEVICE_ROWS: readonly Row[] = [
     "This process's driver-level use (NVML) minus what PyTorch reserved: CUDA context, cuBLAS/cuDNN workspaces, NCCL, other libraries",
   ],
   ["process (NVML)", (d) => formatBytes(d.process_used_after)],
+  ["other processes (NVML)", (d) => formatBytes(d.others_used_after), "Every other process NVML lists on this device"],
   ["whole device (NVML)", (d) => formatBytes(d.device_used_after)],
   ["allocation retries", (d) => String(d.alloc_retries), "cudaMalloc retries after freeing cached blocks: memory pressure"],
   ["OOMs", (d) => String(d.ooms)],

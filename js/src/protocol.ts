@@ -6,8 +6,9 @@
 
 export const TIME_COLUMN = "t";
 export const HOST_RSS_COLUMN = "host/rss";
-// allocated/reserved/active from the torch allocator; process_used/device_used from NVML.
-export const DEVICE_FIELDS = ["allocated", "reserved", "active", "process_used", "device_used"] as const;
+// allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
+// (every other process NVML lists) and device_used (the whole device) from NVML.
+export const DEVICE_FIELDS = ["allocated", "reserved", "active", "process_used", "others_used", "device_used"] as const;
 export type DeviceField = (typeof DEVICE_FIELDS)[number];
 
 export function deviceColumn(device: number, field: DeviceField): string {
@@ -74,6 +75,7 @@ export interface DeviceCellUsage {
   ooms: number;
   process_used_after: number | null;
   device_used_after: number | null;
+  others_used_after: number | null; // every other process on this device (NVML)
   delta_allocated: number;
   delta_reserved: number;
   outside_pytorch: number | null;
@@ -198,6 +200,7 @@ function parseDeviceUsage(d: unknown, what: string): DeviceCellUsage {
     ooms: optional(d, "ooms", isNumber, 0),
     process_used_after: processUsed,
     device_used_after: optional(d, "device_used_after", isNumberOrNull, null),
+    others_used_after: optional(d, "others_used_after", isNumberOrNull, null),
     // The kernel sends the derived figures; recomputing them only covers an older kernel.
     delta_allocated: optional(d, "delta_allocated", isNumber, allocatedAfter - allocatedBefore),
     delta_reserved: optional(d, "delta_reserved", isNumber, reservedAfter - reservedBefore),

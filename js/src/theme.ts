@@ -10,6 +10,7 @@ export interface Palette {
   allocated: string;
   reserved: string;
   processUsed: string;
+  othersUsed: string;
   deviceUsed: string;
   capacity: string;
   hostRss: string;
@@ -28,6 +29,7 @@ const FALLBACK: Palette = {
   allocated: "#1f77d0",
   reserved: "#8e5bd6",
   processUsed: "#e0871a",
+  othersUsed: "#c2417f",
   deviceUsed: "#8a8a8a",
   capacity: "#d63a2f",
   hostRss: "#2e9e6b",
@@ -45,6 +47,7 @@ const VARIABLES: Record<Exclude<keyof Palette, "font">, string> = {
   allocated: "--gpumem-allocated",
   reserved: "--gpumem-reserved",
   processUsed: "--gpumem-process-used",
+  othersUsed: "--gpumem-others-used",
   deviceUsed: "--gpumem-device-used",
   capacity: "--gpumem-capacity",
   hostRss: "--gpumem-host-rss",

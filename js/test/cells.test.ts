@@ -18,6 +18,7 @@ function device(d: number, before: number, after: number, peak: number, exact = 
     ooms: 0,
     process_used_after: null,
     device_used_after: null,
+    others_used_after: null,
     delta_allocated: after - before,
     delta_reserved: after + GiB - before,
     outside_pytorch: null,

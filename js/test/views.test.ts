@@ -22,6 +22,7 @@ function usage(peak: number, over: Partial<DeviceCellUsage> = {}): DeviceCellUsa
     ooms: 0,
     process_used_after: 4.5 * GiB,
     device_used_after: 6 * GiB,
+    others_used_after: 0,
     delta_allocated: GiB,
     delta_reserved: 2 * GiB,
     outside_pytorch: 0.5 * GiB,
