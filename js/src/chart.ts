@@ -226,6 +226,8 @@ export class Chart {
     // Tests and the benchmark read these to know what is on screen.
     this.el.dataset["samples"] = String(n);
     this.el.dataset["drawnUntil"] = n > 0 ? String(t[n - 1]) : "";
+    this.el.dataset["viewFrom"] = String(this.shown.min);
+    this.el.dataset["viewTo"] = String(this.shown.max);
   }
 
   destroy(): void {

@@ -156,6 +156,33 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
     await expect.poll(() => page.locator(".gpumem-follow input").isChecked()).toBe(true);
   });
 
+  it("pans by shift-dragging", async () => {
+    await mount({ samples: 20_000, devices: 1, cells: 12 });
+    const view = (): Promise<[number, number]> =>
+      page.locator(".gpumem-chart").evaluate((el) => [Number((el as HTMLElement).dataset["viewFrom"]), Number((el as HTMLElement).dataset["viewTo"])]);
+    const [from, to] = await view();
+    const over = (await page.locator(".gpumem-panel .u-over").first().boundingBox()) as { x: number; y: number; width: number };
+    await page.keyboard.down("Shift");
+    await page.mouse.move(over.x + over.width * 0.2, over.y + 20);
+    await page.mouse.down();
+    await page.mouse.move(over.x + over.width * 0.7, over.y + 20, { steps: 5 });
+    await page.mouse.up();
+    await page.keyboard.up("Shift");
+    await expect.poll(async () => (await view())[0]).toBeLessThan(from);
+    const [panFrom, panTo] = await view();
+    expect(panTo - panFrom).toBeCloseTo(to - from, 3); // moved, not zoomed
+    expect(await page.locator(".gpumem-follow input").isChecked()).toBe(false);
+  });
+
+  it("hides a line from its legend entry", async () => {
+    await mount({ samples: 2000, devices: 1, cells: 2 });
+    const item = page.locator(".gpumem-legend-item", { hasText: "reserved" }).first();
+    await item.click();
+    expect(await item.getAttribute("class")).toContain("gpumem-legend-item--off");
+    await item.click();
+    expect(await item.getAttribute("class")).not.toContain("gpumem-legend-item--off");
+  });
+
   it("follows JupyterLab's dark theme and fits 400 px", async () => {
     await mount({ samples: 5000, devices: 1, cells: 5, width: 400 });
     const swatch = (): Promise<string> =>
