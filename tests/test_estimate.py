@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpumem_widget.estimate import TOLERANCE, EstimateError, estimate
+from gpumem_widget.estimate import TOLERANCE, EstimateError, available_bytes, estimate
 from gpumem_widget.estimate.magic import configure_parser, estimate_from_args, parse_size
 from gpumem_widget.estimate.meta_run import default_loss, run_step
 
@@ -374,8 +374,20 @@ def test_wire_is_json_and_agrees_with_the_estimate() -> None:
     ]
     assert all(t["formula"] for t in wire["terms"])
     assert "max(" in wire["peak_formula"]
+    assert wire["device_index"] is None  # a CPU model
     assert "activations" in est.table()
     assert json.loads(json.dumps(est.compare(est.total).to_wire()))["suspect"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
+def test_available_bytes_needs_cuda() -> None:
+    est = estimate(two_layers(), "adamw", batch=1)
+    with pytest.raises(EstimateError, match="no CUDA device here"):
+        available_bytes(est)
+    with pytest.raises(EstimateError, match="no CUDA device here"):
+        estimate_from_args(
+            _parser().parse_args(["m", "--batch", "1", "--fits", "batch"]), {"m": two_layers()}
+        )
 
 
 # The user's model is left alone ------------------------------------------------------------

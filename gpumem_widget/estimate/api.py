@@ -238,6 +238,7 @@ def estimate(
     return r.Estimate(
         model=type(model).__name__,
         device=device_type,
+        device_index=next((p.device.index for p in params if p.device.type == "cuda"), None),
         dtype=_dtype_label(params, target_dtype),
         optimizer=f"{opt.name} ({opt.implementation})",
         batch=b,
@@ -303,10 +304,12 @@ def _resident_now(model: nn.Module, optimizer: object, device_type: str) -> int:
 
 
 def available_bytes(est: r.Estimate, device: int | str | torch.device | None = None) -> int:
-    """Memory a training step may use on a CUDA device: free + cached by PyTorch + what the
-    estimated model already holds there (it is part of the estimate's total)."""
+    """Memory a training step may use on a CUDA device (the model's by default): free + cached by
+    PyTorch + what the estimated model already holds there (it is part of the estimate's total)."""
     if not torch.cuda.is_available():
         raise EstimateError("no CUDA device here: pass the free memory to fits() yourself")
+    if device is None:
+        device = est.device_index
     free, _total = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return free + cached + est.resident_now

@@ -169,7 +169,7 @@ def _fused_attention(  # noqa: PLR0917 - SDPA's own signature
     weights for backward; on CUDA a fused kernel (flash for half precision without a mask,
     memory-efficient otherwise) keeps only the output and a log-sum-exp. Both have meta kernels.
     """
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+    if query.device.type != "meta" or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return None
     if enable_gqa and query.size(1) != key.size(1):
         return None
@@ -218,7 +218,7 @@ def _fused_dropout(
     CUDA's fused kernel (`native_dropout`) keeps a boolean mask for backward; on meta dropout
     takes the generic path, which keeps a mask in the input's dtype (4 bytes an element in fp32).
     """
-    if not training or inplace or not 0 < p < 1 or input.numel() == 0:
+    if input.device.type != "meta" or not training or inplace or not 0 < p < 1 or not input.numel():
         return None
     return torch.native_dropout(input, p, True)[0]
 

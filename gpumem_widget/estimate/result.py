@@ -218,6 +218,7 @@ class Estimate:
 
     model: str
     device: str  # the device type trained on: "cuda" | "cpu"
+    device_index: int | None  # the CUDA device the model is on, when it is on one
     dtype: str  # "float32", ..., or "as the model" when not overridden
     optimizer: str
     batch: int
@@ -357,6 +358,7 @@ class Estimate:
         return {
             "model": self.model,
             "device": self.device,
+            "device_index": self.device_index,
             "dtype": self.dtype,
             "optimizer": self.optimizer,
             "batch": self.batch,

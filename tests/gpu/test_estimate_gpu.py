@@ -89,6 +89,7 @@ def test_a_stepped_optimizers_state_is_read_from_the_device() -> None:
     state = est.term("optimizer_state")
     numel = sum(p.numel() for p in model.parameters())
     assert state.source == "optimizer state"
+    assert est.device_index == torch.cuda.current_device()
     # exp_avg and exp_avg_sq on the GPU; `step` lives on the CPU (not capturable, not fused).
     assert state.bytes == 2 * numel * 4
     # What `fits()` counts as already there: parameters, gradients and that state.
