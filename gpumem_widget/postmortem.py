@@ -468,8 +468,9 @@ def _device(
 def suggest(
     d: DeviceOom | None, holders: HoldersReport | None, alloc_conf: str | None = None
 ) -> tuple[Suggestion, ...]:
-    """Ranked: a request no freeing can satisfy first; then measured remedies, those that cover
-    the shortfall first and then by bytes; then remedies whose gain cannot be measured here."""
+    """Ranked: a request no freeing can satisfy first; then measured remedies, most bytes first
+    (so those that cover the shortfall come first); then remedies whose gain cannot be measured
+    here, in a fixed order."""
     shortfall = d.shortfall if d is not None else None
     label = f"cuda:{d.device}" if d is not None else None
     measured: list[Suggestion] = []
@@ -553,8 +554,7 @@ def suggest(
                     "grow segments instead of leaving unusable gaps.",
                     recoverable=unallocated,
                     sufficient=covers(unallocated),
-                    command="import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = "
-                    "'expandable_segments:True'  # before importing torch",
+                    command="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                 )
             )
         others = sum(b for _, b in d.other_processes)
@@ -570,7 +570,7 @@ def suggest(
                     sufficient=covers(others),
                 )
             )
-    measured.sort(key=lambda s: (s.sufficient is not True, -(s.recoverable or 0)))
+    measured.sort(key=lambda s: -(s.recoverable or 0))  # so those covering the shortfall first
     if d is not None:
         later.append(
             Suggestion(

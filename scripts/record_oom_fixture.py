@@ -41,7 +41,7 @@ def record() -> dict[str, Any]:
             {"device": device, "requested": requested, "limit": limit, "free": free, "stats": stats}
         )
 
-    torch._C._cuda_attach_out_of_memory_observer(observer)
+    torch._C._cuda_attach_out_of_memory_observer(observer)  # type: ignore[attr-defined]
     torch.cuda.init()
     dev = torch.device("cuda", 0)
     stats_before = dict(torch.cuda.memory_stats(dev))
