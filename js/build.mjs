@@ -10,6 +10,8 @@ const options = {
   minify: true,
   // anywidget saves the module in the notebook's widget state: keep it small and self-contained.
   sourcemap: false,
+  // The notice uPlot's MIT license asks for, since its own source carries none into the bundle.
+  banner: { js: "/*! gpumem_widget frontend; includes uPlot (MIT License, Copyright (c) 2022 Leon Sorokin) */" },
   logLevel: "info",
 };
 
