@@ -38,19 +38,11 @@ const RIGHT_PADDING = 8;
 const MIN_VISIBLE_SPAN = 1; // seconds
 const CLICK_SLOP_PX = 3;
 
-interface LegendEntry {
-  value: HTMLElement;
-  item: HTMLElement;
-}
-
 interface Panel {
-  el: HTMLElement;
   plot: uPlot;
   device: DeviceInfo | null; // null: the host RSS panel
-  specs: readonly SeriesSpec[];
   columns: string[];
-  legend: LegendEntry[];
-  capacityValue: HTMLElement | null;
+  legendValues: HTMLElement[]; // one per series, showing its current value
   height: number;
   lows: (number | null)[][]; // per series, the minima under the plotted maxima (see decimate)
 }
@@ -208,10 +200,6 @@ export class Chart {
     }
   }
 
-  get needsDraw(): boolean {
-    return this.dirty;
-  }
-
   /** Bring the canvas up to date; call at most once per animation frame. */
   draw(): void {
     if (!this.dirty || this.width <= 0 || !this.opts.root.isConnected) return;
@@ -331,12 +319,12 @@ export class Chart {
     else el.classList.add("gpumem-panel--host");
     const legendEl = div("gpumem-legend");
     const title = div("gpumem-legend-title");
-    title.textContent = device ? `cuda:${device.index} ${device.name}` : "host RSS";
+    title.textContent = device ? `cuda:${device.index} ${device.name}` : "host";
     legendEl.append(title);
     const columns = specs.map((s) => s.column(device?.index ?? 0));
     const panelKey = device ? `cuda:${device.index}` : "host";
 
-    const legend = specs.map((spec, i): LegendEntry => {
+    const legendValues = specs.map((spec, i): HTMLElement => {
       const item = document.createElement("button");
       item.type = "button";
       item.className = "gpumem-legend-item";
@@ -360,10 +348,9 @@ export class Chart {
         this.invalidate();
       });
       legendEl.append(item);
-      return { value, item };
+      return value;
     });
 
-    let capacityValue: HTMLElement | null = null;
     if (device?.total != null) {
       const item = div("gpumem-legend-item gpumem-legend-item--static");
       const swatch = document.createElement("span");
@@ -371,10 +358,10 @@ export class Chart {
       swatch.style.borderColor = p.capacity;
       const label = document.createElement("span");
       label.textContent = "capacity";
-      capacityValue = document.createElement("span");
-      capacityValue.className = "gpumem-legend-value";
-      capacityValue.textContent = formatBytes(device.total);
-      item.append(swatch, label, capacityValue);
+      const value = document.createElement("span");
+      value.className = "gpumem-legend-value";
+      value.textContent = formatBytes(device.total);
+      item.append(swatch, label, value);
       legendEl.append(item);
     }
 
@@ -451,7 +438,7 @@ export class Chart {
     el.append(legendEl, plotEl);
     this.panelsEl.append(el);
     const plot = new uPlot(opts, [[], ...specs.map(() => [])], plotEl);
-    const panel: Panel = { el, plot, device, specs, columns, legend, capacityValue, height, lows: [] };
+    const panel: Panel = { plot, device, columns, legendValues, height, lows: [] };
     this.attachPointer(plot);
     return panel;
   }
@@ -644,10 +631,8 @@ export class Chart {
     for (const panel of this.panels) {
       panel.columns.forEach((name, i) => {
         const col = values.get(name);
-        const entry = panel.legend[i];
-        if (!entry) return;
-        const v = col && idx >= 0 ? (col[idx] as number) : NaN;
-        entry.value.textContent = formatBytes(v);
+        const label = panel.legendValues[i];
+        if (label) label.textContent = formatBytes(col && idx >= 0 ? (col[idx] as number) : NaN);
       });
     }
     if (this.hoverX === null) {
