@@ -313,6 +313,24 @@ def test_fits_along_the_sequence() -> None:
     assert estimate(TinyGPT(), "adamw", batch=2, seq=fit.value).total <= fit.budget
 
 
+class Capped(TinyGPT):
+    """Refuses sequences longer than its context and any batch but 4, as some models do."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] > 64 or ids.shape[0] != 4:
+            raise ValueError("too long")
+        return super().forward(ids)
+
+
+def test_scaling_runs_stay_within_the_context_and_failing_axes_are_noted() -> None:
+    est = estimate(Capped(), "adamw", batch=4, seq=64)
+    assert est.scaling["seq"].sizes == (16, 32, 64)
+    assert est.total_at(64, "seq") == est.total
+    assert any("cannot scale the batch" in n for n in est.notes)
+    with pytest.raises(EstimateError, match="cannot scale along 'batch'"):
+        est.fits(10**9)
+
+
 # Phases, comparison, wire -------------------------------------------------------------------
 
 

@@ -76,11 +76,10 @@ def _dtype_label(params: list[torch.Tensor], dtype: torch.dtype | None) -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed dtypes"
 
 
-def _per_sample(small: int, large: int, batch: int) -> str:
-    """``s per sample x B + c`` through two batch sizes (batch and 2 x batch)."""
-    slope = (large - small) / batch
-    constant = small - slope * batch
-    text = f"{r.format_bytes(slope)} per sample × B = {batch}"
+def _per_sample(batch_scaling: r.Scaling, b: int) -> str:
+    """``s per sample x B + c`` for the activations, from the batch runs."""
+    constant, slope = batch_scaling.saved_coefficients
+    text = f"{r.format_bytes(slope)} per sample × B = {b}"
     return text + (f" + {r.format_bytes(constant)}" if abs(constant) >= 1 else "")
 
 
@@ -139,8 +138,8 @@ def estimate(
         )
 
     b, s = spec.batch, spec.seq
-    main, doubled = run(b, s), run(2 * b, s)
-    scaling = _scalings(run, b, s, main, doubled)
+    main = run(b, s)
+    scaling, notes = _scalings(run, b, s, main)
 
     param_bytes = total_bytes(params, target_dtype)
     buffer_bytes = total_bytes(buffers, target_dtype)
@@ -187,8 +186,8 @@ def estimate(
             r.ACTIVATIONS,
             "activations",
             main.saved_after_forward,
-            "saved for backward at the end of the forward: "
-            + _per_sample(main.saved_after_forward, doubled.saved_after_forward, b),
+            "saved for backward at the end of the forward"
+            + (f": {_per_sample(scaling['batch'], b)}" if "batch" in scaling else ""),
             "meta run",
         ),
         r.Term(
@@ -227,7 +226,6 @@ def estimate(
     fb_side = ("optimizer state + " if state_in_fb else "") + (
         "kept gradients + " if grads_persist else ""
     )
-    notes = []
     if device_type == "cuda":
         notes.append(
             "not counted: the CUDA allocator's rounding (512 B per allocation) and the cuBLAS "
@@ -260,32 +258,28 @@ def estimate(
 
 
 def _scalings(
-    run: Callable[[int, int | None], MetaRun],
-    b: int,
-    s: int | None,
-    main: MetaRun,
-    doubled: MetaRun,
-) -> dict[str, r.Scaling]:
-    """Batch scaling from runs at b and 2b; with a sequence, also from runs at s, 2s and 3s."""
-    scaling = {
-        "batch": r.Scaling.fit(
-            "batch",
-            (b, 2 * b),
-            [main.live, doubled.live],
-            [main.input_bytes, doubled.input_bytes],
-            fixed={} if s is None else {"seq": s},
+    run: Callable[[int, int | None], MetaRun], b: int, s: int | None, main: MetaRun
+) -> tuple[dict[str, r.Scaling], list[str]]:
+    """How the peak grows with the batch (runs at b and 2b) and, with a sequence, with its length
+    (three runs up to s, so a model that caps its context still runs), and notes on any axis whose
+    extra runs failed."""
+    scaling: dict[str, r.Scaling] = {}
+    notes: list[str] = []
+    try:
+        doubled = run(2 * b, s)
+        scaling["batch"] = r.Scaling.fit(
+            "batch", (b, 2 * b), [main, doubled], fixed={} if s is None else {"seq": s}
         )
-    }
+    except EstimateError as e:
+        notes.append(f"cannot scale the batch: the run at {2 * b} failed ({e})")
     if s is not None:
-        runs = [main, run(b, 2 * s), run(b, 3 * s)]
-        scaling["seq"] = r.Scaling.fit(
-            "seq",
-            (s, 2 * s, 3 * s),
-            [x.live for x in runs],
-            [x.input_bytes for x in runs],
-            fixed={"batch": b},
-        )
-    return scaling
+        lengths = (s // 4, s // 2, s) if s >= 8 else (s, s + 1, s + 2)
+        try:
+            runs = [main if n == s else run(b, n) for n in lengths]
+            scaling["seq"] = r.Scaling.fit("seq", lengths, runs, fixed={"batch": b})
+        except EstimateError as e:
+            notes.append(f"cannot scale the sequence length: a run failed ({e})")
+    return scaling, notes
 
 
 def _resident_now(model: nn.Module, optimizer: object, device_type: str) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import EstimateError
+from .meta_run import MetaRun
 
 # The tolerance the GPU tests hold the estimate to, and the default for calling a comparison good.
 TOLERANCE: Final = 0.10
@@ -93,29 +94,30 @@ class Scaling:
     sizes: tuple[int, ...]  # where the meta runs were made
     coefficients: npt.NDArray[np.float64]  # (degree + 1, operators), lowest power first
     input_coefficients: npt.NDArray[np.float64]  # (degree + 1,)
+    saved_coefficients: tuple[float, ...]  # activations at the end of the forward
     fixed: Mapping[str, int]  # the other axis
 
     @classmethod
     def fit(
-        cls,
-        axis: str,
-        sizes: tuple[int, ...],
-        live: list[tuple[int, ...]],
-        inputs: list[int],
-        fixed: Mapping[str, int],
+        cls, axis: str, sizes: tuple[int, ...], runs: list[MetaRun], fixed: Mapping[str, int]
     ) -> Scaling:
         powers = np.vander(np.asarray(sizes, dtype=np.float64), len(sizes), increasing=True)
-        if len({len(run) for run in live}) == 1:
-            values = np.asarray(live, dtype=np.float64)
+
+        def solve(values: list[Any]) -> npt.NDArray[np.float64]:
+            return np.asarray(
+                np.linalg.solve(powers, np.asarray(values, dtype=np.float64)), dtype=np.float64
+            )
+
+        if len({run.ops for run in runs}) == 1:
+            live = solve([run.live for run in runs])
         else:  # the operators differ between sizes: fit the peaks alone
-            values = np.asarray([[max(run, default=0)] for run in live], dtype=np.float64)
+            live = solve([[run.peak] for run in runs])
         return cls(
             axis=axis,
             sizes=sizes,
-            coefficients=np.asarray(np.linalg.solve(powers, values), dtype=np.float64),
-            input_coefficients=np.asarray(
-                np.linalg.solve(powers, np.asarray(inputs, dtype=np.float64)), dtype=np.float64
-            ),
+            coefficients=live,
+            input_coefficients=solve([run.input_bytes for run in runs]),
+            saved_coefficients=tuple(solve([run.saved_after_forward for run in runs]).tolist()),
             fixed=dict(fixed),
         )
 
