@@ -103,21 +103,23 @@ class WidgetView {
     const stale = new Set(this.stale);
     this.stale.clear();
     const layout = stale.has("devices") || stale.has("status");
+    const mode = this.status.mode;
     if (layout) {
       this.attempt("devices", () => (this.devices = parseDevices(this.model.get("devices"))));
       this.status = parseStatus(this.model.get("status"), this.devices);
       this.chart.setLayout(this.devices, this.status.mode);
     }
-    if (stale.has("cells") || layout) {
-      if (stale.has("cells")) {
-        const { cells, problems } = parseCells(this.model.get("cells"));
-        this.cells = cells;
-        this.setProblem("cells", problems.length > 0 ? `${problems.length} cell record(s) left out: ${problems[0]}` : null);
-        this.chart.setCells(cells);
-      }
-      this.ledger.update(this.cells, this.status.mode);
-      this.refreshDetails();
+    if (stale.has("cells")) {
+      const { cells, problems } = parseCells(this.model.get("cells"));
+      this.cells = cells;
+      this.setProblem("cells", problems.length > 0 ? `${problems.length} cell record(s) left out: ${problems[0]}` : null);
+      this.chart.setCells(cells);
     }
+    // The status changes at every cell's edges: only a new mode changes the ledger's columns.
+    if (stale.has("cells") || this.status.mode !== mode) {
+      this.ledger.update(this.cells, this.status.mode);
+    }
+    if (stale.has("cells") || stale.has("devices") || this.status.mode !== mode) this.refreshDetails();
     let timeline = false;
     if (stale.has("timeline_base")) {
       timeline = this.attempt("timeline_base", () => this.store.setBase(decodeTable(this.model.get("timeline_base"), "timeline_base"))) || timeline;
