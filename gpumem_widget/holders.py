@@ -243,7 +243,8 @@ def _row(name: str, type_name: str, cells: Iterable[str], exclusive: str, note: 
 
 
 # The walk --------------------------------------------------------------------------------------
-_SKIP, _TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _ITERABLE, _OBJECT = range(7)
+# Categories start at 1 so that a cache miss (None) is told apart from _SKIP by truth value.
+_SKIP, _TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _ITERABLE, _OBJECT = range(1, 8)
 _SKIP_TYPES: Final = (
     str, bytes, bytearray, int, float, complex, bool, type(None), range, slice, memoryview,
     type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -252,13 +253,13 @@ _SKIP_TYPES: Final = (
 )  # fmt: skip
 # Objects of these packages reach the whole kernel (the shell, comms); never walked into.
 _SKIP_MODULE_PREFIXES: Final = ("IPython.", "ipykernel.", "ipywidgets.", "traitlets.", "zmq.")
-_ITERATORS: Final[tuple[tuple[type, Callable[[Any], Iterator[Any]]], ...]] = (
-    (list, list.__iter__),
-    (tuple, tuple.__iter__),
-    (set, set.__iter__),
-    (frozenset, frozenset.__iter__),
-    (collections.deque, collections.deque.__iter__),
-)
+_ITERATORS: Final[dict[type, Callable[[Any], Iterator[Any]]]] = {
+    list: list.__iter__,
+    tuple: tuple.__iter__,
+    set: set.__iter__,
+    frozenset: frozenset.__iter__,
+    collections.deque: collections.deque.__iter__,
+}
 # Attribute lookups known to be generic (no __getattr__-style forwarding, no laziness).
 _GENERIC_GETATTRIBUTE: Final = (
     object.__dict__["__getattribute__"],
@@ -389,7 +390,7 @@ class _Walker:
             return _OPTIMIZER
         if issubclass(tp, dict):
             return _MAPPING
-        if any(issubclass(tp, base) for base, _ in _ITERATORS):
+        if any(issubclass(tp, base) for base in _ITERATORS):
             return _ITERABLE
         dict_descr, slots = self._fields(tp)
         return _OBJECT if dict_descr is not None or slots else _SKIP
@@ -458,27 +459,39 @@ class _Walker:
         self.nodes += 1
         if c == _OPTIMIZER and self.optimizer(acc, obj, path, depth):
             return
-        for i, (sep, key, child) in enumerate(self.children(obj, c)):
-            if i >= self.max_items:
-                acc.truncated = True
-                break
-            if self.category(type(child)) != _SKIP:
-                self.walk(acc, child, (path, sep, key), depth + 1)
+        for sep, key, child in self.children(acc, obj, c):
+            self.walk(acc, child, (path, sep, key), depth + 1)
 
-    def children(self, obj: Any, c: int) -> Iterator[tuple[str, Any, Any]]:
+    def children(self, acc: _Acc, obj: Any, c: int) -> Iterator[tuple[str, Any, Any]]:
+        """What a container or object refers to, but for what can hold no tensor; at most
+        `max_items` entries (the holder is marked truncated beyond). Built-in methods of the base
+        type are used, so a subclass's overridden ``__iter__``/``items`` never runs."""
+        categories, category, limit = self.categories, self.category, self.max_items
         if c == _MAPPING:
-            for k, v in dict.items(obj):
-                if self.category(type(k)) != _SKIP:
+            for k, v in itertools.islice(dict.items(obj), limit):
+                if (categories.get(type(k)) or category(type(k))) != _SKIP:
                     yield "[]", f"key {type(k).__name__}", k
-                yield "[]", k if type(k) in (str, int) else type(k).__name__, v
+                if (categories.get(type(v)) or category(type(v))) != _SKIP:
+                    yield "[]", k if type(k) in (str, int) else type(k).__name__, v
+            size = dict.__len__(obj)
         elif c == _ITERABLE:
-            tp = type(obj)
-            iterate = next(it for base, it in _ITERATORS if issubclass(tp, base))
-            ordered = not issubclass(tp, (set, frozenset))
-            for i, v in enumerate(iterate(obj)):
-                yield "[]", i if ordered else "item", v
+            base = next(b for b in _ITERATORS if issubclass(type(obj), b))
+            iterate = _ITERATORS[base]
+            ordered = not issubclass(base, (set, frozenset))
+            for i, v in enumerate(itertools.islice(iterate(obj), limit)):
+                if (categories.get(type(v)) or category(type(v))) != _SKIP:
+                    yield "[]", i if ordered else "item", v
+            size = base.__len__(obj)  # type: ignore[attr-defined]
         else:
-            yield from (("." if type(k) is str else "[]", k, v) for k, v in self.attributes(obj))
+            size = 0
+            for k, v in self.attributes(obj):
+                size += 1
+                if size > limit:
+                    break
+                if (categories.get(type(v)) or category(type(v))) != _SKIP:
+                    yield "." if type(k) is str else "[]", k, v
+        if size > limit:
+            acc.truncated = True
 
     def attributes(self, obj: object) -> Iterator[tuple[str, Any]]:
         yield from self.instance_dict(obj).items()
