@@ -6,6 +6,7 @@ of exact deltas and peaks. Programmatic access: `gpumem_widget.ledger()`.
 
 from __future__ import annotations
 
+from .estimate import Estimate, EstimateError, available_bytes, estimate
 from .extension import current_session, load_ipython_extension, unload_ipython_extension
 from .ledger import CellRecord, DeviceCellUsage, LedgerRecords
 
@@ -21,8 +22,13 @@ def ledger() -> LedgerRecords:
 __all__ = [
     "CellRecord",
     "DeviceCellUsage",
+    "Estimate",
+    "EstimateError",
     "LedgerRecords",
     "__version__",
+    "available_bytes",
+    "current_session",
+    "estimate",
     "ledger",
     "load_ipython_extension",
     "unload_ipython_extension",

@@ -16,7 +16,9 @@ _session: Session | None = None
 
 
 def commands() -> tuple[Command, ...]:
-    return CORE_COMMANDS
+    from .commands import FEATURE_COMMANDS
+
+    return CORE_COMMANDS + FEATURE_COMMANDS
 
 
 def current_session() -> Session | None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:
@@ -68,6 +68,9 @@ class CellRecord:
     host_rss_before: int | None
     host_rss_after: int | None
     host_rss_peak: int | None  # sampled: a lower bound
+    # What features add about this cell (JSON-able, by feature): "estimate", "postmortem",
+    # "leaks". See `notes.py`.
+    notes: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def delta_allocated(self) -> int:
@@ -91,6 +94,7 @@ class CellRecord:
             "host_rss_before": self.host_rss_before,
             "host_rss_after": self.host_rss_after,
             "host_rss_peak": self.host_rss_peak,
+            "notes": dict(self.notes),
             "devices": [
                 {
                     **dataclasses.asdict(d),

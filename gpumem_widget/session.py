@@ -6,14 +6,15 @@ in the widget's status, and never reaches the user's cell.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import IPython
 
-from . import protocol
+from . import notes, protocol
 from .ledger import Ledger, LedgerRecords
 from .publisher import Publisher
 from .readers import Readers
@@ -21,6 +22,9 @@ from .sampler import Sampler
 from .timeline import Timeline
 from .tracker import CellTracker, PeakMode
 from .widget import GpuMemWidget
+
+if TYPE_CHECKING:
+    from .estimate import Estimate
 
 log = logging.getLogger(__name__)
 _COUNTS_BEFORE_PRE_RUN = int(IPython.version_info[0]) >= 9
@@ -87,7 +91,9 @@ class Session:
             busy_interval=busy_interval,
             idle_interval=idle_interval,
         )
-        self.tracker = CellTracker(self.readers, self.ledger, self.sampler, peak_mode)
+        self.tracker = CellTracker(self.readers, self.sampler, peak_mode)
+        # Set by `%gpumem estimate`; compared with the next cell that allocates on its device.
+        self.armed_estimate: Estimate | None = None
         self.error: str | None = None
         self.widget.status = self.status()
 
@@ -147,7 +153,23 @@ class Session:
     @guarded
     def post_run_cell(self, result: Any) -> None:
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-        self.tracker.finish(error, execution_count=getattr(result, "execution_count", None))
+        record = self.tracker.finish(
+            error, execution_count=getattr(result, "execution_count", None)
+        )
+        if record is None:
+            return
+        cell_notes: dict[str, Any] = {}
+        for name, annotate in notes.ANNOTATORS:
+            try:
+                note = annotate(self, record, error)
+            except Exception as e:  # one feature failing must not lose the record
+                self.report_error(f"{name} note: {type(e).__name__}: {e}")
+                continue
+            if note is not None:
+                cell_notes[name] = note
+        if cell_notes:
+            record = dataclasses.replace(record, notes=cell_notes)
+        self.ledger.append(record)
 
     def _upcoming_count(self, info: Any) -> int:
         """The running cell's number, as far as pre_run_cell can tell (post_run_cell confirms)."""

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import protocol
-from .ledger import CellRecord, DeviceCellUsage, Ledger
+from .ledger import CellRecord, DeviceCellUsage
 from .readers import AllocatorStats, Readers
 from .sampler import Sampler, read_row
 
@@ -42,11 +42,8 @@ class SessionPeak:
 
 
 class CellTracker:
-    def __init__(
-        self, readers: Readers, ledger: Ledger, sampler: Sampler, peak_mode: PeakMode = "exact"
-    ) -> None:
+    def __init__(self, readers: Readers, sampler: Sampler, peak_mode: PeakMode = "exact") -> None:
         self.readers = readers
-        self.ledger = ledger
         self.sampler = sampler
         self.peak_mode: PeakMode = peak_mode
         self.session_peaks = [SessionPeak() for _ in range(readers.num_devices)]
@@ -80,8 +77,9 @@ class CellTracker:
     def finish(
         self, error: BaseException | None = None, execution_count: int | None = None
     ) -> CellRecord | None:
-        """Close the running cell (`execution_count`, when given, is the authoritative number);
-        None if no cell was started (e.g. the hooks were added mid-cell)."""
+        """Close the running cell (`execution_count`, when given, is the authoritative number) and
+        return its record, for the caller to annotate and append to the ledger; None if no cell
+        was started (e.g. the hooks were added mid-cell)."""
         start, self._current = self._current, None
         if start is None:
             return None
@@ -110,7 +108,6 @@ class CellTracker:
                 start.rss, rss_after, self._value(sampled, protocol.HOST_RSS_COLUMN)
             ),
         )
-        self.ledger.append(record)
         return record
 
     def _device_usage(

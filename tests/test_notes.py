@@ -1,0 +1,67 @@
+"""Feature notes on ledger records: the estimate beside the measured cell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+from recorded_cuda import RecordedAllocator, recorded_readers
+
+import gpumem_widget
+from gpumem_widget.session import Session
+
+
+@pytest.fixture
+def setup() -> Iterator[tuple[Any, Session, RecordedAllocator]]:
+    ip = InteractiveShell.instance()
+    session = Session(shell=ip, readers=recorded_readers())
+    ip.events.register("pre_run_cell", session.pre_run_cell)
+    ip.events.register("post_run_cell", session.post_run_cell)
+    gpu = session.readers.torch
+    assert isinstance(gpu, RecordedAllocator)
+    ip.user_ns["gpu"] = gpu
+    yield ip, session, gpu
+    ip.events.unregister("pre_run_cell", session.pre_run_cell)
+    ip.events.unregister("post_run_cell", session.post_run_cell)
+    session.stop()
+
+
+def test_armed_estimate_lands_on_the_next_allocating_cell(
+    setup: tuple[Any, Session, RecordedAllocator],
+) -> None:
+    ip, session, _ = setup
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    est = gpumem_widget.estimate(model, "adamw", batch=32, device="cpu")
+    session.armed_estimate = est
+    ip.run_cell("x = 1", store_history=True)  # allocates nothing: not the training cell
+    assert "estimate" not in session.records()[-1].notes
+    ip.run_cell(f"gpu.alloc({est.total}); gpu.free({est.total})", store_history=True)
+    record = session.records()[-1]
+    note = record.notes["estimate"]
+    usage = record.devices[0]
+    assert (
+        note["comparison"]["measured"] == usage.peak_allocated == usage.allocated_before + est.total
+    )
+    # Memory held before the cell beyond the model's own is added to the prediction.
+    assert (
+        note["comparison"]
+        == est.compare_cell(usage.peak_allocated, usage.allocated_before).to_wire()
+    )
+    assert note["estimate"]["total"] == est.total
+    assert session.armed_estimate is None  # used once
+    wire = session.ledger.wire()[-1]
+    assert wire["notes"]["estimate"]["device"] == 0
+
+
+def test_a_failing_annotator_keeps_the_record(
+    setup: tuple[Any, Session, RecordedAllocator],
+) -> None:
+    ip, session, _ = setup
+    session.armed_estimate = object()  # type: ignore[assignment]  # breaks the estimate note
+    ip.run_cell("gpu.alloc(1024)", store_history=True)
+    assert session.records()[-1].source == "gpu.alloc(1024)"
+    assert session.status()["error"] is not None
+    assert "estimate note" in session.status()["error"]
