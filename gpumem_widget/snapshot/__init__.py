@@ -19,11 +19,12 @@ from .aggregate import (
 from .export import export_memory_viz
 from .load import DEFAULT_MAX_BYTES, SnapshotLoadError, Source, read_snapshot
 from .record import (
+    CellRecording,
     RecordingUnavailable,
+    recording,
     start_recording,
     stop_recording,
     take_snapshot,
-    watch_ooms,
 )
 from .replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
 
@@ -41,6 +42,7 @@ def open_snapshot(src: Source | Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES)
 
 __all__ = [
     "CATEGORIES",
+    "CellRecording",
     "DeviceReplay",
     "Intervals",
     "Oom",
@@ -56,8 +58,8 @@ __all__ = [
     "export_memory_viz",
     "known_pointers",
     "open_snapshot",
+    "recording",
     "start_recording",
     "stop_recording",
     "take_snapshot",
-    "watch_ooms",
 ]

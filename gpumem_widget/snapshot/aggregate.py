@@ -87,7 +87,7 @@ def _grid(rep: DeviceReplay, x: F64, width: int, t0: float | None, t1: float | N
     col = np.clip(((x[lo:hi] - lo_t) * (width / span)).astype(np.int64), 0, width - 1)
     bounds = lo + np.searchsorted(col, np.arange(width + 1))
     carry = bounds[:-1] - 1
-    carry_val = np.where(carry >= 0, rep.active[np.maximum(carry, 0)], rep.active_before)
+    carry_val = _after(rep.active, rep.active_before, carry)
     nonempty = bounds[1:] > bounds[:-1]
     best = carry.copy()
     low = carry_val.astype(np.float64)
@@ -110,8 +110,9 @@ def _grid(rep: DeviceReplay, x: F64, width: int, t0: float | None, t1: float | N
     return _Grid(lo_t, lo_t + span, start, best, low)
 
 
-def _value_at(rep: DeviceReplay, values: I64, before: int, events: I64) -> F64:
-    return np.where(events >= 0, values[np.maximum(events, 0)], before).astype(np.float64)
+def _after(values: I64, before: int, events: I64) -> I64:
+    """`values` right after each of `events`, `before` for -1 (before the first entry)."""
+    return np.concatenate((np.array([before], np.int64), values))[events + 1]
 
 
 def _stacked(iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, events: I64) -> F64:
@@ -201,6 +202,8 @@ def _common(snap: Snapshot, rep: DeviceReplay) -> dict[str, Any]:
         "allocations": len(rep.intervals),
         "active_before": rep.active_before,
         "reserved_before": rep.reserved_before,
+        "end_bytes": rep.active_after(rep.n_events - 1),  # at the snapshot
+        "end_reserved": int(rep.reserved[-1]) if rep.n_events else rep.reserved_before,
         "peak": {
             "bytes": rep.active_after(peak) if peak >= 0 else rep.active_before,
             "event": peak,
@@ -244,9 +247,9 @@ def active_memory_view(
     )
     columns: dict[str, npt.ArrayLike] = {
         "t": grid.start,
-        "total": _value_at(rep, rep.active, rep.active_before, grid.event),
+        "total": _after(rep.active, rep.active_before, grid.event),
         "min": grid.low,
-        "reserved": _value_at(rep, rep.reserved, rep.reserved_before, grid.event),
+        "reserved": _after(rep.reserved, rep.reserved_before, grid.event),
     }
     groups = []
     for i, (g, row) in enumerate(zip(chosen, series, strict=True)):
@@ -545,8 +548,8 @@ def categories(
     rep = snap.replay(device)
     iv = rep.intervals
     x = _x(rep, snap.data.has_time)
-    phase = _phases(snap, rep, x, phases)
-    category = _classify(iv, phase, rep.n_events)
+    phase, window_end = _phases(snap, rep, x, phases)
+    category = _classify(iv, phase, window_end)
     exact = np.zeros(len(iv), bool)
     pointers = {name: set(addresses) for name, addresses in (known or {}).items()}
     if model is not None or optimizer is not None:
@@ -563,7 +566,7 @@ def categories(
     series = _stacked(iv, category, len(CATEGORIES), grid.event)
     columns: dict[str, npt.ArrayLike] = {
         "t": grid.start,
-        "total": _value_at(rep, rep.active, rep.active_before, grid.event),
+        "total": _after(rep.active, rep.active_before, grid.event),
     }
     groups = []
     for i, name in enumerate(CATEGORIES):
@@ -602,40 +605,45 @@ _PHASES = ("forward", "backward", "optimizer", "parameters", "other")
 
 def _phases(
     snap: Snapshot, rep: DeviceReplay, x: F64, windows: Sequence[tuple[str, float, float]] | None
-) -> npt.NDArray[np.int64]:
-    """Phase index (into `_PHASES`) of each interval's allocation."""
+) -> tuple[npt.NDArray[np.int64], I64]:
+    """Each interval's phase (into `_PHASES`) and the entry where that phase's window ends.
+
+    From stacks, a window is a run of consecutive allocations in one phase, up to the next
+    phase's first allocation; explicit `windows` override both for allocations inside them."""
     iv = rep.intervals
-    if windows is not None:
-        phase = np.full(len(iv), _PHASES.index("other"), np.int64)
-        at = np.where(iv.start >= 0, x[np.maximum(iv.start, 0)], -np.inf)
-        for name, t_start, t_end in windows:
-            if name not in _PHASES[:3]:
-                raise ValueError(f"unknown phase {name!r}; expected forward, backward or optimizer")
-            phase[(at >= t_start) & (at <= t_end)] = _PHASES.index(name)
-        return phase
-    if len(snap.stacks.stacks) == 1:  # recorded without stacks: nothing to tell phases by
-        return np.full(len(iv), _PHASES.index("other"), np.int64)
-    stacks, inverse = np.unique(iv.stack, return_inverse=True)
-    names = [phase_of(snap.stacks.frames_of(int(s))) for s in stacks]
-    per_stack = np.array(
-        [_PHASES.index("backward" if p == "no_stack" else p) for p in names], np.int64
-    )
-    return per_stack[inverse.reshape(-1)] if len(iv) else np.zeros(0, np.int64)
-
-
-def _classify(iv: Intervals, phase: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64]:
-    """Category of each interval from its phase and whether it outlives its phase's window (a
-    run of consecutive allocations in the same phase, up to the next phase's first one)."""
-    category = np.full(len(iv), CATEGORIES.index("other"), np.int64)
+    n = rep.n_events
+    phase = np.full(len(iv), _PHASES.index("other"), np.int64)
+    if len(snap.stacks.stacks) > 1:  # recorded with stacks: they tell the phases
+        stacks, inverse = np.unique(iv.stack, return_inverse=True)
+        names = [phase_of(snap.stacks.frames_of(int(s))) for s in stacks]
+        per_stack = np.array(
+            [_PHASES.index("backward" if p == "no_stack" else p) for p in names], np.int64
+        )
+        phase = per_stack[inverse.reshape(-1)]
+    window_end = np.full(len(iv), n, np.int64)
     recorded = np.flatnonzero(iv.start >= 0)
     order = recorded[np.argsort(iv.start[recorded], kind="stable")]
     ph = phase[order]
     change = np.ones(len(order), bool)
     change[1:] = ph[1:] != ph[:-1]
-    run = np.cumsum(change) - 1
     run_starts = iv.start[order][change]
-    window_end = np.append(run_starts[1:], n)[run]
-    outlives = iv.end[order] >= window_end
+    window_end[order] = np.append(run_starts[1:], n)[np.cumsum(change) - 1]
+    at = np.where(iv.start >= 0, x[np.maximum(iv.start, 0)] if n else 0.0, -np.inf)
+    for name, t_start, t_end in windows or ():
+        if name not in _PHASES[:3]:
+            raise ValueError(f"unknown phase {name!r}; expected forward, backward or optimizer")
+        inside = (at >= t_start) & (at <= t_end)
+        phase[inside] = _PHASES.index(name)
+        window_end[inside] = np.searchsorted(x, t_end, "right")
+    return phase, window_end
+
+
+def _classify(
+    iv: Intervals, phase: npt.NDArray[np.int64], window_end: I64
+) -> npt.NDArray[np.int64]:
+    """Each interval's category, from its phase and whether it outlives the phase's window."""
+    category = np.full(len(iv), CATEGORIES.index("other"), np.int64)
+    outlives = iv.end >= window_end
     names = {
         "forward": ("activations", "temporaries"),
         "backward": ("gradients", "temporaries"),
@@ -644,8 +652,8 @@ def _classify(iv: Intervals, phase: npt.NDArray[np.int64], n: int) -> npt.NDArra
         "other": ("other", "other"),
     }
     for p, (long_lived, short_lived) in names.items():
-        m = ph == _PHASES.index(p)
-        category[order[m & outlives]] = CATEGORIES.index(long_lived)
-        category[order[m & ~outlives]] = CATEGORIES.index(short_lived)
+        m = phase == _PHASES.index(p)
+        category[m & outlives] = CATEGORIES.index(long_lived)
+        category[m & ~outlives] = CATEGORIES.index(short_lived)
     category[iv.start < 0] = CATEGORIES.index("before_recording")
     return category

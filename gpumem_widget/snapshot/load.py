@@ -9,13 +9,15 @@ a callable to call. What was read is then checked to be a snapshot and converted
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import io
 import lzma
 import os
 import pickle
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
@@ -68,19 +70,33 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 def read_snapshot(src: Source, *, max_bytes: int = DEFAULT_MAX_BYTES) -> SnapshotData:
     """Load a snapshot from a path, pickled bytes, or a `_snapshot()` dict into typed data."""
-    if isinstance(src, (str, os.PathLike)):
-        where = os.fspath(src)
-        raw = _unpickle(_read_file(Path(src), max_bytes), where)
-    elif isinstance(src, (bytes, bytearray, memoryview)):
-        where = "snapshot bytes"
-        raw = _unpickle(_decompress(io.BytesIO(bytes(src)), max_bytes, where), where)
-    else:
-        where = "snapshot"
-        raw = src
+    with _collector_paused():
+        if isinstance(src, (str, os.PathLike)):
+            where = os.fspath(src)
+            raw = _unpickle(_read_file(Path(src), max_bytes), where)
+        elif isinstance(src, (bytes, bytearray, memoryview)):
+            where = "snapshot bytes"
+            raw = _unpickle(_decompress(io.BytesIO(bytes(src)), max_bytes, where), where)
+        else:
+            where = "snapshot"
+            raw = src
+        try:
+            return _convert(raw)
+        except _Invalid as e:
+            raise SnapshotLoadError(f"{where}: not a PyTorch memory snapshot: {e}") from None
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """A million fresh dicts set off the cycle collector again and again (tripling the time to
+    unpickle them); none of them form cycles, so it waits until the load is done."""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        return _convert(raw)
-    except _Invalid as e:
-        raise SnapshotLoadError(f"{where}: not a PyTorch memory snapshot: {e}") from None
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # -- bytes -------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Record PyTorch's memory history, take snapshots, and hear about OOMs as they happen.
+"""Record PyTorch's memory history and take snapshots (`postmortem.OomRecorder` takes the one
+at an OOM).
 
 What recording costs (torch's documentation, and DESIGN.md's measurements on an H200):
 - ``stacks="python"`` records Python frames, about 2 us per allocator event; `_snapshot()`
@@ -17,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,7 +30,6 @@ DEFAULT_MAX_ENTRIES = 100_000
 Stacks = Literal["python", "all"]
 Context = Literal["alloc", "all"]
 _STATS = ("requested_bytes", "allocated_bytes", "active_bytes", "reserved_bytes")
-_log = logging.getLogger(__name__)
 
 
 class RecordingUnavailable(RuntimeError):
@@ -49,8 +48,6 @@ class Recording:
 class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     current: Recording | None = None
-    attached: bool = False  # our OOM observer is attached (torch cannot detach it)
-    watchers: list[tuple[Callable[[OomReport], None], bool]] = field(default_factory=list)
 
 
 _state = _State()
@@ -75,6 +72,12 @@ def _torch() -> Any:
 def recording_state() -> Recording | None:
     """How recording was started through this module, or None when it is off."""
     return _state.current
+
+
+def _history_enabled(torch: Any) -> bool:
+    """Whether torch is recording, however it was started (where torch can say)."""
+    enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    return bool(enabled()) if enabled is not None else _state.current is not None
 
 
 def start_recording(
@@ -151,9 +154,8 @@ def recording(
     stacks: Stacks = "python", max_entries: int = DEFAULT_MAX_ENTRIES, context: Context = "alloc"
 ) -> Iterator[CellRecording]:
     """Record the block's allocations (for ``%%gpumem``); the snapshot is taken even when the
-    block raises, an OOM included. Recording started through this module stays on, untouched;
-    recording started directly with torch is not seen, and is stopped at the end."""
-    started_here = _state.current is None
+    block raises, an OOM included. Recording that was already on stays on, untouched."""
+    started_here = not _history_enabled(_torch())
     if started_here:
         start_recording(stacks, max_entries, context)
     out = CellRecording(start=time.time())
@@ -164,60 +166,6 @@ def recording(
         out.snapshot = take_snapshot()
         if started_here:
             stop_recording(snapshot=False)
-
-
-# -- OOMs --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OomReport:
-    device: int
-    requested: int
-    device_allocated: int
-    device_free: int
-    time: float
-    snapshot: dict[str, Any] | None = field(repr=False)
-
-
-def watch_ooms(
-    callback: Callable[[OomReport], None], *, snapshot: bool = True
-) -> Callable[[], None]:
-    """Call `callback` when the allocator is about to raise an OOM, with a snapshot taken then
-    (while what filled the memory is still allocated). Returns a function that stops it."""
-    torch = _torch()
-    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-    if attach is None:
-        raise RecordingUnavailable(f"PyTorch {torch.__version__} has no OOM observer")
-    entry = (callback, snapshot)
-    with _state.lock:
-        _state.watchers.append(entry)
-        if not _state.attached:  # torch cannot detach observers: attach one dispatcher, once
-            attach(_on_oom)
-            _state.attached = True
-
-    def stop() -> None:
-        with _state.lock, contextlib.suppress(ValueError):
-            _state.watchers.remove(entry)
-
-    return stop
-
-
-def _on_oom(device: int, requested: int, device_allocated: int, device_free: int) -> None:
-    """Runs inside the failing allocation, before torch raises: it must never raise itself."""
-    with _state.lock:
-        watchers = list(_state.watchers)
-    snap = None
-    if any(want for _, want in watchers):
-        try:
-            snap = take_snapshot()
-        except Exception:
-            _log.exception("gpumem_widget: snapshot at OOM failed")
-    report = OomReport(device, requested, device_allocated, device_free, time.time(), snap)
-    for callback, _ in watchers:
-        try:
-            callback(report)
-        except Exception:
-            _log.exception("gpumem_widget: OOM callback failed")
 
 
 # -- magic arguments ---------------------------------------------------------------------------

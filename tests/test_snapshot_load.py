@@ -1,0 +1,323 @@
+"""Loading snapshots: every accepted form, and one clear error (running nothing) for the rest."""
+
+from __future__ import annotations
+
+import copyreg
+import gzip
+import lzma
+import os
+import pickle
+import pickletools
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpumem_widget.snapshot import (
+    SnapshotLoadError,
+    active_memory_view,
+    alive_at,
+    categories,
+    cell_slices,
+    export_memory_viz,
+    open_snapshot,
+)
+from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
+
+TRAIN = frame("/home/u/train.py", 10, "step")
+
+
+def small_snapshot() -> dict[str, Any]:
+    sim = AllocatorSim()
+    before = sim.malloc(4096)
+    kept = sim.malloc(3 << 20)
+    sim.start_recording()
+    a = sim.malloc(1 << 20, [TRAIN])
+    sim.malloc(3000, [TRAIN])
+    sim.free(a, [TRAIN])
+    sim.free(before)
+    sim.set_metadata("cell:3")
+    sim.malloc(25 << 20, [TRAIN])
+    sim.free(kept, deferred=True)
+    return sim.snapshot()
+
+
+SNAP = small_snapshot()
+PICKLED = pickle.dumps(SNAP, protocol=4)
+
+
+def summary(snap: Any) -> tuple[Any, ...]:
+    r = snap.replay(0)
+    return (tuple(r.active), r.active_before, tuple(r.reserved), len(r.intervals))
+
+
+def test_dict_pickle_gzip_xz_and_bytes_load_the_same(tmp_path: Path) -> None:
+    expected = summary(open_snapshot(SNAP))
+    assert expected[1] == 4096 + (3 << 20)  # memory from before recording is counted
+    plain = tmp_path / "a.pickle"
+    plain.write_bytes(PICKLED)
+    gz = tmp_path / "b.pickle.gz"
+    gz.write_bytes(gzip.compress(PICKLED))
+    xz = tmp_path / "c.xz"
+    xz.write_bytes(lzma.compress(PICKLED))
+    misnamed = tmp_path / "d.pickle"  # gzip data under a plain name: the magic number decides
+    misnamed.write_bytes(gzip.compress(PICKLED))
+    for src in (plain, str(gz), xz, misnamed, PICKLED, pickle.dumps(SNAP, protocol=2)):
+        assert summary(open_snapshot(src)) == expected
+
+
+def test_segments_only_list_is_accepted_like_memory_viz_does() -> None:
+    snap = open_snapshot(SNAP["segments"])
+    assert snap.replay(0).active_before == sum(
+        b["requested_size"]
+        for s in SNAP["segments"]
+        for b in s["blocks"]
+        if b["state"] != "inactive"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        (42, "found int"),
+        ({"device_traces": []}, "'segments' is missing"),
+        ({"segments": [], "device_traces": [{}]}, "not a list of lists"),
+        ({"segments": [], "device_traces": [[{"action": "alloc"}]]}, "[0][0] has no 'size'"),
+        ({"segments": [], "device_traces": [[7]]}, "[0][0] is int"),
+        (
+            {"segments": [], "device_traces": [[{"action": "alloc", "size": "big", "addr": 1}]]},
+            "['size'] is str",
+        ),
+        (
+            {"segments": [], "device_traces": [[{"action": "alloc", "size": 1, "addr": 2**64}]]},
+            "['addr'] is int, expected an int64",
+        ),
+        (
+            {
+                "segments": [],
+                "device_traces": [[{"action": "alloc", "size": 1, "addr": 1, "frames": [3]}]],
+            },
+            "['frames'][0] is not a frame",
+        ),
+        (
+            {
+                "segments": [],
+                "device_traces": [[{"action": "alloc", "size": 1, "user_metadata": 5}]],
+            },
+            "['user_metadata'] is not a string",
+        ),
+        ({"segments": [{"address": 0, "blocks": [{"size": 1, "state": "x"}]}]}, "['state']"),
+        ({"segments": [{"address": "0"}]}, "segments[0]['address'] is str"),
+    ],
+)
+def test_non_snapshots_get_one_clear_error(data: Any, where: str) -> None:
+    with pytest.raises(SnapshotLoadError) as info:
+        open_snapshot(pickle.dumps(data))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "not a PyTorch memory snapshot" in message
+    assert where in message
+
+
+def test_a_dict_is_checked_like_a_file() -> None:
+    with pytest.raises(SnapshotLoadError, match="'segments' is missing"):
+        open_snapshot({"device_traces": []})
+    with pytest.raises(SnapshotLoadError, match=r"allocator_settings holds a builtin_function"):
+        open_snapshot({"segments": [], "allocator_settings": {"f": os.system}})
+
+
+def test_missing_file_and_garbage(tmp_path: Path) -> None:
+    with pytest.raises(SnapshotLoadError, match="cannot read"):
+        open_snapshot(tmp_path / "absent.pickle")
+    with pytest.raises(SnapshotLoadError, match="not a readable pickle"):
+        open_snapshot(b"hello, world")
+    with pytest.raises(SnapshotLoadError, match="not a readable pickle"):
+        open_snapshot(b"")
+
+
+def test_every_truncation_is_an_error() -> None:
+    for n in range(len(PICKLED)):
+        with pytest.raises(SnapshotLoadError):
+            open_snapshot(PICKLED[:n])
+
+
+def test_truncated_compressed_files_are_errors() -> None:
+    for data in (gzip.compress(PICKLED), lzma.compress(PICKLED)):
+        with pytest.raises(SnapshotLoadError, match="truncated or corrupt"):
+            open_snapshot(data[: len(data) // 2])
+
+
+def test_decompression_has_a_limit() -> None:
+    bomb = gzip.compress(b"\0" * (4 << 20))
+    with pytest.raises(SnapshotLoadError, match="larger than 1048576 bytes uncompressed"):
+        open_snapshot(bomb, max_bytes=1 << 20)
+
+
+# -- hostile pickles: refused before anything runs ---------------------------------------------
+
+
+class _Shell:
+    """Pickles to a call of os.system, like an attacker's file would."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (self.command,))
+
+
+def _hostile_pickles(marker: Path) -> dict[str, bytes]:
+    cmd = f"touch {marker}".encode()
+    shell = _Shell(f"touch {marker}")
+    inside = {**SNAP, "device_traces": [[{**SNAP["device_traces"][0][0], "frames": shell}]]}
+    return {
+        **{
+            f"reduce_protocol_{p}": pickle.dumps(shell, protocol=p)
+            for p in range(pickle.HIGHEST_PROTOCOL + 1)
+        },
+        "global_reduce": b"cos\nsystem\n(S'" + cmd + b"'\ntR.",
+        "inst": b"(S'" + cmd + b"'\nios\nsystem\n.",
+        "obj": b"(cos\nsystem\nS'" + cmd + b"'\no.",
+        "inside_a_snapshot": pickle.dumps(inside, protocol=4),
+        "persistent_id": b"Pfoo\n.",
+        "binpersid": b"\x80\x02X\x03\x00\x00\x00fooQ.",
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "reduce_protocol_0",
+        "reduce_protocol_2",
+        "reduce_protocol_4",
+        "reduce_protocol_5",
+        "global_reduce",
+        "inst",
+        "obj",
+        "inside_a_snapshot",
+        "persistent_id",
+        "binpersid",
+    ],
+)
+def test_hostile_pickles_are_refused_and_run_nothing(tmp_path: Path, name: str) -> None:
+    marker = tmp_path / "pwned"
+    data = _hostile_pickles(marker)[name]
+    ops = {op.name for op, _, _ in pickletools.genops(data)}
+    assert ops & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "PERSID", "BINPERSID"}
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(data)
+    with pytest.raises(SnapshotLoadError, match="refused") as info:
+        open_snapshot(path)
+    assert "nothing in it was run" in str(info.value)
+    assert not marker.exists()
+
+
+def test_extension_codes_are_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    command = f"touch {marker}".encode()
+    code = 0x7FEDCB
+    data = (
+        b"\x80\x02\x84"  # PROTO 2, EXT4: the global registered under `code`
+        + code.to_bytes(4, "little")
+        + b"X"  # BINUNICODE: the command
+        + len(command).to_bytes(4, "little")
+        + command
+        + b"\x85R."  # TUPLE1, REDUCE, STOP
+    )
+    assert {"EXT4", "REDUCE"} <= {op.name for op, _, _ in pickletools.genops(data)}
+    copyreg.add_extension("os", "system", code)
+    try:
+        with pytest.raises(SnapshotLoadError, match="refused"):
+            open_snapshot(data)
+    finally:
+        copyreg.remove_extension("os", "system", code)
+    assert not marker.exists()
+
+
+def test_a_global_is_refused_before_its_module_is_imported() -> None:
+    assert "this" not in sys.modules  # importing `this` prints the Zen of Python
+    with pytest.raises(SnapshotLoadError, match=r"the global this\.s"):
+        open_snapshot(b"cthis\ns\n.")
+    assert "this" not in sys.modules
+
+
+# -- fuzzing -----------------------------------------------------------------------------------
+
+
+def _use(snap: Any, tmp: Path) -> None:
+    """Everything a loaded snapshot offers must work, whatever the numbers in it."""
+    for d in snap.devices:
+        active_memory_view(snap, d, width=50)
+        alive_at(snap, d)
+        cell_slices(snap, d)
+        categories(snap, d, width=50)
+    export_memory_viz(snap, tmp / "out.pickle")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from([2, 4, 5]))
+def test_fuzzed_pickles_load_cleanly_or_raise_one_error(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, protocol: int
+) -> None:
+    raw = bytearray(pickle.dumps(SNAP, protocol=protocol))
+    for _ in range(data.draw(st.integers(1, 6))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    try:
+        snap = open_snapshot(bytes(raw))
+    except SnapshotLoadError as e:
+        error = str(e)
+    else:
+        _use(snap, tmp_path_factory.mktemp("fuzz"))
+        return
+    assert "\n" not in error
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "action": st.sampled_from(
+                    [
+                        "alloc",
+                        "free_requested",
+                        "free_completed",
+                        "segment_alloc",
+                        "segment_free",
+                        "segment_map",
+                        "segment_unmap",
+                        "oom",
+                        "snapshot",
+                        "annotate",
+                    ]
+                ),
+                "addr": st.integers(-5, 5).map(lambda a: 0x7F0000000000 + a * 512),
+                "size": st.integers(-(2**40), 2**40),
+                "stream": st.integers(0, 2),
+                "time_us": st.integers(0, 2**62),
+                "user_metadata": st.sampled_from(["", "cell:1", "cell:2", "x"]),
+            }
+        ),
+        max_size=40,
+    )
+)
+def test_arbitrary_entries_replay_without_crashing(
+    tmp_path_factory: pytest.TempPathFactory, entries: list[dict[str, Any]]
+) -> None:
+    """Traces no allocator would write (frees without allocs, double frees, negative sizes,
+    times out of order) still replay, and the active total stays the end state minus later
+    changes."""
+    snap = open_snapshot({"segments": SNAP["segments"], "device_traces": [entries]})
+    _use(snap, tmp_path_factory.mktemp("entries"))
+    r = snap.replay(0)
+    iv = r.intervals
+    for event in range(-1, r.n_events):
+        assert r.active_after(event) == iv.size[iv.alive_after(event)].sum()
+    end_reserved = r.reserved[-1] if r.n_events else r.reserved_before
+    assert end_reserved == sum(seg["total_size"] for seg in SNAP["segments"])
