@@ -93,7 +93,7 @@ class CellTracker:
             for d, before in enumerate(start.stats)
         )
         rss_after = self._value(row, protocol.HOST_RSS_COLUMN)
-        record = CellRecord(
+        return CellRecord(
             execution_count=start.execution_count if execution_count is None else execution_count,
             cell_id=start.cell_id,
             source=start.source,
@@ -108,7 +108,6 @@ class CellTracker:
                 start.rss, rss_after, self._value(sampled, protocol.HOST_RSS_COLUMN)
             ),
         )
-        return record
 
     def _device_usage(
         self,
