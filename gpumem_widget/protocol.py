@@ -11,8 +11,12 @@ Traits (all written by the kernel; the browser never writes them):
 ``status``   ``{"mode": "cuda"|"host", "sampler": "running"|"paused"|"stopped",
              "busy_interval", "idle_interval" (seconds), "peak_mode": "exact"|"passive",
              "readers": {name: {"ok": bool, "reason": str|None}}, "error": str|None,
-             "running_cell": int|None, "session_peak": [{"device", "allocated", "reserved"}]}``
-``cells``    list of ledger records, oldest first (see ``ledger.CellRecord.to_wire``).
+             "running_cell": int|None, "running_started": unix seconds|None,
+             "session_peak": [{"device", "allocated", "reserved"}],
+             "processes": {"<device>": [{"pid", "used", "self", "name"}]}}`` (``processes``: every
+             process NVML lists per device, largest first; ``self`` marks this kernel)
+``cells``    list of ledger records, oldest first (see ``ledger.CellRecord.to_wire``); each has
+             ``notes``: what features add (``notes.py``), e.g. ``"estimate"``.
 ``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds
              older, possibly decimated samples and changes rarely; the tail holds the samples since
              and changes up to ``MAX_PUBLISH_HZ`` times a second. The chart is base + tail.

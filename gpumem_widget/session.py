@@ -120,6 +120,7 @@ class Session:
             "readers": readers,
             "error": self.error or self.sampler.error,
             "running_cell": self.tracker.running_cell,
+            "running_started": self.tracker.running_started,
             "processes": self._processes(),
             "session_peak": [
                 {"device": d, "allocated": p.allocated, "reserved": p.reserved}

@@ -54,6 +54,11 @@ class CellTracker:
     def running_cell(self) -> int | None:
         return self._current.execution_count if self._current else None
 
+    @property
+    def running_started(self) -> float | None:
+        """The running cell's start (unix seconds), so the chart can draw its band live."""
+        return self._current.started if self._current else None
+
     def start(self, execution_count: int, source: str, cell_id: str | None = None) -> None:
         stats = [self.readers.torch.stats(d) for d in range(self.readers.num_devices)]
         for d, s in enumerate(stats):
