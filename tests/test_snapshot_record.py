@@ -99,9 +99,11 @@ def check_against_stats(snap_dict: dict[str, Any]) -> None:
     stats = snap_dict["gpumem_widget"]["memory_stats"]["0"]
     r = open_snapshot(snap_dict).replay(0)
     iv = r.intervals
-    live = (iv.end == r.n_events) & (iv.free_requested < 0)
-    assert iv.size[live].sum() == stats["requested_bytes"]
-    assert iv.block_size[live].sum() == stats["allocated_bytes"]
+    active = iv.end == r.n_events  # torch counts requested bytes until free_completed
+    allocated = active & (iv.free_requested < 0)  # and allocated bytes until free_requested
+    assert iv.size[active].sum() == stats["requested_bytes"]
+    assert iv.block_size[allocated].sum() == stats["allocated_bytes"]
+    assert iv.block_size[active].sum() == stats["active_bytes"]
     assert (r.reserved[-1] if r.n_events else r.reserved_before) == stats["reserved_bytes"]
     assert r.anomalies == {}
 

@@ -91,6 +91,23 @@ def test_replay_matches_the_allocator_after_every_entry(
     check_against_truth(sim, truth)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_state_at_the_snapshot_matches_the_memory_stats_counters(seed: int) -> None:
+    """The check test_snapshot_fixtures.py makes on GPU snapshots, here against the model's
+    counters: requested bytes count until free_completed, allocated bytes until
+    free_requested (so a deferred free is in one and not the other)."""
+    sim, _ = run(seed, start_at=seed * 10, max_entries=None if seed % 2 else 60)
+    stats = sim.stats()
+    r = open_snapshot(sim.snapshot()).replay(0)
+    iv = r.intervals
+    active = iv.end == r.n_events
+    allocated = active & (iv.free_requested < 0)
+    assert iv.size[active].sum() == stats["requested_bytes.all.current"]
+    assert iv.block_size[allocated].sum() == stats["allocated_bytes.all.current"]
+    assert iv.block_size[active].sum() == stats["active_bytes.all.current"]
+    assert r.reserved[-1] == stats["reserved_bytes.all.current"]
+
+
 def test_ooms_are_reported_and_change_nothing() -> None:
     sim, truth = run(3, ops=400, capacity=200 << 20)
     snap = check_against_truth(sim, truth)

@@ -320,7 +320,6 @@ def alive_at(
         for k in keys
     ]
     tree = _tree(paths, total_by_key, count_by_key.astype(np.int64), max_nodes)
-    sites = _sites(snap, iv, site)
     biggest = alive[np.argsort(-iv.size[alive], kind="stable")[:largest]]
     return {
         "view": "alive_at",
@@ -332,7 +331,7 @@ def alive_at(
         "reserved_bytes": rep.reserved_before if event < 0 else int(rep.reserved[event]),
         "tree": tree[0],
         "labels": tree[1],
-        "largest": [_allocation(snap, rep, x, int(i), sites) for i in biggest],
+        "largest": [_allocation(snap, rep, x, int(i), site) for i in biggest],
     }
 
 
@@ -389,14 +388,19 @@ def _tree(
     return table, out_labels
 
 
-def _allocation(snap: Snapshot, rep: DeviceReplay, x: F64, i: int, sites: _Sites) -> dict[str, Any]:
+def _allocation(
+    snap: Snapshot, rep: DeviceReplay, x: F64, i: int, mode: SiteMode
+) -> dict[str, Any]:
     iv = rep.intervals
     start, end = int(iv.start[i]), int(iv.end[i])
+    frames = snap.stacks.frames_of(int(iv.stack[i]))
+    site = site_of(frames, mode)
+    unknown = site is None and iv.origin[i] != Origin.RECORDED
     return {
         "addr": int(iv.addr[i]),
         "size": int(iv.size[i]),
-        "site": _describe(sites.keys[sites.of_interval[i]])["label"],
-        "stack": folded_path(snap.stacks.frames_of(int(iv.stack[i]))),
+        "site": site.label() if site else BEFORE_RECORDING if unknown else NO_PYTHON_STACK,
+        "stack": folded_path(frames),
         "tag": snap.string(int(iv.tag[i])),
         "stream": int(iv.stream[i]),
         "origin": Origin(int(iv.origin[i])).name.lower(),

@@ -117,8 +117,11 @@ def take_snapshot() -> dict[str, Any]:
     torch = _torch()
     snap: dict[str, Any] = torch.cuda.memory._snapshot()
     stats = {}
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
     if torch.cuda.is_initialized():
         for d in range(torch.cuda.device_count()):
+            if has_context is not None and not has_context(d):
+                continue  # reading it would create a CUDA context on a device never used
             s = torch.cuda.memory_stats(d)
             stats[str(d)] = {k: int(s.get(f"{k}.all.current", 0)) for k in _STATS}
     rec = _state.current

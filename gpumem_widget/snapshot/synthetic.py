@@ -255,10 +255,11 @@ class AllocatorSim:
         return {a: b.requested for a, (_, b) in self._blocks.items()}
 
     def stats(self) -> dict[str, int]:
-        """The `torch.cuda.memory_stats()` counters a replay is checked against."""
+        """The `torch.cuda.memory_stats()` counters a replay is checked against. As in torch,
+        requested bytes drop at free_completed, allocated bytes at free_requested."""
         allocated = [b for _, b in self._blocks.values() if b.state == "active_allocated"]
         return {
-            "requested_bytes.all.current": sum(b.requested for b in allocated),
+            "requested_bytes.all.current": sum(b.requested for _, b in self._blocks.values()),
             "allocated_bytes.all.current": sum(b.size for b in allocated),
             "active_bytes.all.current": sum(b.size for _, b in self._blocks.values()),
             "reserved_bytes.all.current": self.reserved(),
