@@ -34,7 +34,7 @@ _T = TypeVar("_T")
 Section = Literal["user", "output_cache", "traceback"]
 Kind = Literal["parameter", "gradient", "buffer", "optimizer_state", "tensor"]
 DeviceFilter = str | Iterable[str]
-StorageKey = tuple[str, int]  # (device label, data pointer); (\"meta\", id(tensor)) for meta
+StorageKey = tuple[str, int]  # (device label, data pointer); ("meta", id(tensor)) for meta
 
 DEFAULT_MAX_DEPTH: Final = 5
 DEFAULT_MAX_ITEMS: Final = 100_000  # per container; beyond it the walk says it was truncated

@@ -143,8 +143,9 @@ class OomRecorder:
     """The OOM observer: keeps the last few events until `drain` takes them.
 
     Observers cannot be detached from PyTorch's allocator, so use `OomRecorder.install()`: it
-    attaches one per process and returns that one again on later calls (extension reloads).
-    The callback never raises: an error there would replace the user's OutOfMemoryError.
+    attaches one per process and returns that one again on later calls (extension reloads);
+    setting `active` to False (on unload) makes the callback do nothing. The callback never
+    raises: an error there would replace the user's OutOfMemoryError.
     """
 
     _installed: ClassVar[OomRecorder | None] = None
@@ -161,14 +162,18 @@ class OomRecorder:
                 recorder = cls()
                 attach(recorder)
                 cls._installed = recorder
+            cls._installed.active = True
             return cls._installed
 
     def __init__(self, max_events: int = 8, capture_snapshot: bool = True) -> None:
         self._events: collections.deque[OomEvent] = collections.deque(maxlen=max_events)
         self._lock = threading.Lock()
         self.capture_snapshot = capture_snapshot
+        self.active = True
 
     def __call__(self, device: int, requested: int, limit: int, free: int) -> None:
+        if not self.active:
+            return
         try:
             stats = _memory_stats(device)
             with self._lock:

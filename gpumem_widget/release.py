@@ -138,7 +138,7 @@ def free_notebook_memory(shell: Any, *, devices: DeviceFilter = "cuda") -> Relea
 
 def _cuda_initialized() -> bool:
     # Never initialize CUDA here: a notebook that has not touched the GPU holds nothing there.
-    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def _allocator_readings() -> dict[int, tuple[int, int]]:

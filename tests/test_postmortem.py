@@ -319,6 +319,9 @@ def test_the_recorder_keeps_the_last_events_until_drained() -> None:
     assert events[0].free == GiB
     assert events[0].snapshot is None  # no history being recorded
     assert recorder.drain() == []
+    recorder.active = False  # unloaded: the allocator still calls it, and it does nothing
+    recorder(0, GiB, 80 * GiB, GiB)
+    assert recorder.drain() == []
 
 
 def test_the_recorder_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
