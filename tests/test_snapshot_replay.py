@@ -112,9 +112,11 @@ def test_ooms_are_reported_and_change_nothing() -> None:
     sim, truth = run(3, ops=400, capacity=200 << 20)
     snap = check_against_truth(sim, truth)
     assert snap.ooms
+    r = snap.replay(0)
     for oom in snap.ooms:
         assert oom.requested in SIZES
         assert 0 <= oom.device_free < 200 << 20
+        assert r.active_after(oom.event) == r.active_after(oom.event - 1)
 
 
 def test_no_false_zero_baseline() -> None:

@@ -42,7 +42,7 @@ CATEGORIES = (
     "other",
 )
 # Above this many sites x columns, only the sites that allocated the most are ranked one by one.
-_MAX_CELLS = 8_000_000
+_MAX_CELLS = 4_000_000
 
 
 def pack_f8(columns: Mapping[str, npt.ArrayLike]) -> dict[str, Any]:
@@ -161,7 +161,6 @@ class _Sites:
 
 
 def _sites(snap: Snapshot, iv: Intervals, mode: SiteMode) -> _Sites:
-    keys: list[Frame | str] = []
     index: dict[Frame | str, int] = {}
     stacks, inverse = np.unique(iv.stack, return_inverse=True)
     per_stack = np.empty(len(stacks), np.int64)
@@ -212,6 +211,7 @@ def _common(snap: Snapshot, rep: DeviceReplay) -> dict[str, Any]:
         "overflowed": rep.overflowed,
         "ooms": [
             {
+                "event": o.event,
                 "t": o.time_us / 1e6 if snap.data.has_time else float(o.time_us),
                 "requested": o.requested,
                 "device_free": o.device_free,

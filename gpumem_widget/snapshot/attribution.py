@@ -99,10 +99,7 @@ def is_noise(frame: Frame) -> bool:
     )
 
 
-_SITE_PREFERENCE: dict[str, tuple[Kind, ...]] = {
-    "user": (Kind.USER, Kind.LIBRARY, Kind.PYTHON, Kind.TORCH, Kind.JUPYTER, Kind.NATIVE),
-    "code": (Kind.USER, Kind.LIBRARY),
-}
+_PREFERENCE = (Kind.USER, Kind.LIBRARY, Kind.PYTHON, Kind.TORCH, Kind.JUPYTER, Kind.NATIVE)
 
 
 def site_of(frames: Sequence[Frame], mode: SiteMode = "user") -> Frame | None:
@@ -112,17 +109,16 @@ def site_of(frames: Sequence[Frame], mode: SiteMode = "user") -> Frame | None:
     "code": the innermost frame of user or library code, whichever is deeper, else any.
     "leaf": the innermost Python frame (what called into C++).
     """
+    kinds = [kind_of(f.filename) for f in frames]
     if mode == "leaf":
-        return next((f for f in frames if kind_of(f.filename) is not Kind.NATIVE), None) or next(
-            iter(frames), None
-        )
-    if mode == "code":
-        deepest = next((f for f in frames if kind_of(f.filename) in _SITE_PREFERENCE["code"]), None)
-        if deepest is not None:
-            return deepest
-    for kind in _SITE_PREFERENCE["user"]:
-        for f in frames:
-            if kind_of(f.filename) is kind:
+        wanted: tuple[tuple[Kind, ...], ...] = (tuple(k for k in Kind if k is not Kind.NATIVE),)
+    elif mode == "code":
+        wanted = ((Kind.USER, Kind.LIBRARY), *((k,) for k in _PREFERENCE[2:]))
+    else:
+        wanted = tuple((k,) for k in _PREFERENCE)
+    for group in wanted:
+        for f, kind in zip(frames, kinds, strict=True):
+            if kind in group:
                 return f
     return next(iter(frames), None)
 

@@ -57,6 +57,7 @@ class Intervals:
 @dataclass(frozen=True, slots=True)
 class Oom:
     device: int
+    event: int  # its trace entry: `alive_at(snap, device, event=oom.event)` shows what filled
     time_us: int
     requested: int
     device_free: int  # what CUDA reported free when the allocation failed
@@ -116,6 +117,7 @@ def replay_device(data: SnapshotData, device: int) -> DeviceReplay:
     ooms = tuple(
         Oom(
             device,
+            int(i),
             int(time_us[i]),
             int(trace.size[i]),
             int(trace.addr[i]),

@@ -99,7 +99,6 @@ class AllocatorSim:
         self._segments: dict[int, _Segment] = {}
         self._blocks: dict[int, tuple[_Segment, _Block]] = {}  # live allocations by address
         self._next_address = BASE_ADDRESS + (device << 40)
-        self.dropped_entries = 0  # entries the ring buffer overwrote
 
     # -- recording ---------------------------------------------------------------------------
     def start_recording(self, max_entries: int | None = None) -> None:
@@ -129,9 +128,7 @@ class AllocatorSim:
         }
         if frames is not None:
             entry["frames"] = frames
-        if self._trace.maxlen is not None and len(self._trace) == self._trace.maxlen:
-            self.dropped_entries += 1
-        self._trace.append(entry)
+        self._trace.append(entry)  # a full ring buffer drops its oldest entry
 
     # -- allocation --------------------------------------------------------------------------
     def malloc(self, size: int, frames: Sequence[Frame] = (), stream: int = 0) -> int:
