@@ -189,8 +189,8 @@ class Kernel:
             if r.type == "comm_msg" and r.content["comm_id"] == comm_id:
                 yield i, r
 
-    def wait_for_record(self, comm_id: str, count: int, start: int) -> dict[str, Any]:
-        """The ledger record for cell `count`, from the first `cells` update that has it."""
+    def records_for(self, comm_id: str, count: int, start: int) -> list[dict[str, Any]]:
+        """Cell `count`'s ledger records in the first `cells` update that has any."""
 
         def has_record(r: Received) -> bool:
             if r.type != "comm_msg" or r.content["comm_id"] != comm_id:
@@ -199,15 +199,19 @@ class Kernel:
             return any(c["execution_count"] == count for c in cells)
 
         i = self.wait_for(f"a `cells` update with cell {count}", has_record, start)
-        cells = widget_state(self.log[i])["cells"]
-        mine = [c for c in cells if c["execution_count"] == count]
+        return [c for c in widget_state(self.log[i])["cells"] if c["execution_count"] == count]
+
+    def wait_for_record(self, comm_id: str, count: int, start: int) -> dict[str, Any]:
+        """The one ledger record for cell `count`, as soon as the widget gets it."""
+        mine = self.records_for(comm_id, count, start)
         assert len(mine) == 1, f"cell {count} recorded {len(mine)} times: {mine}"
         return dict(mine[0])
 
-    def inspect(self) -> dict[str, Any]:
+    def inspect(self) -> tuple[Execution, dict[str, Any]]:
+        """Run INSPECT_CELL; its execution and what it found."""
         ex = self.execute(INSPECT_CELL)
         assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
-        return dict(json.loads(ex.stdout()))
+        return ex, dict(json.loads(ex.stdout()))
 
 
 def is_our_widget_open(r: Received) -> bool:
@@ -246,16 +250,6 @@ def start_kernel(specs: KernelSpecManager) -> tuple[KernelManager, Kernel]:
     return km, Kernel(client)
 
 
-@pytest.fixture
-def kernel(kernel_specs: KernelSpecManager) -> Iterator[Kernel]:
-    km, k = start_kernel(kernel_specs)
-    try:
-        yield k
-    finally:
-        k.client.stop_channels()
-        km.shutdown_kernel(now=True)
-
-
 @dataclass
 class Loaded:
     kernel: Kernel
@@ -287,6 +281,36 @@ def long_cell(loaded: Loaded) -> Execution:
     ex = loaded.kernel.execute(LONG_CELL)
     assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
     return ex
+
+
+@dataclass
+class Lifecycle:
+    first: Loaded
+    reload: Execution
+    reloaded_comm_id: str
+    after_reload: dict[str, Any]  # INSPECT_CELL's findings
+    inspect_records: list[dict[str, Any]]  # the ledger's records of that inspecting cell
+    unload: Execution
+    after_unload: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def lifecycle(kernel_specs: KernelSpecManager) -> Iterator[Lifecycle]:
+    """One kernel taken through load, reload and unload, inspected from inside after each."""
+    km, k = start_kernel(kernel_specs)
+    try:
+        first = load(k)
+        reload = k.execute("%reload_ext gpumem_widget")
+        opens = [r.content["comm_id"] for r in reload.messages if is_our_widget_open(r)]
+        assert opens, "no widget after the reload"
+        inspect, after_reload = k.inspect()
+        records = k.records_for(opens[-1], inspect.count, k.log.index(inspect.messages[0]))
+        unload = k.execute("%unload_ext gpumem_widget")
+        _, after_unload = k.inspect()
+        yield Lifecycle(first, reload, opens[-1], after_reload, records, unload, after_unload)
+    finally:
+        k.client.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 # Tests ----------------------------------------------------------------------------------------
@@ -398,35 +422,28 @@ def test_a_raising_cell_keeps_its_own_error(loaded: Loaded) -> None:
     assert all(e is None for e in errors), errors
 
 
-def test_reload_leaves_one_of_each(kernel: Kernel) -> None:
-    first = load(kernel)
-    ex = kernel.execute("%reload_ext gpumem_widget")
+def test_reload_leaves_one_of_each(lifecycle: Lifecycle) -> None:
+    ex = lifecycle.reload
     assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
-    assert any(
-        r.type == "comm_close" and r.content["comm_id"] == first.comm_id for r in ex.messages
-    ), "the first widget was not closed"
+    closed = [r.content["comm_id"] for r in ex.messages if r.type == "comm_close"]
+    assert lifecycle.first.comm_id in closed, "the first widget was not closed"
     opens = [r.content["comm_id"] for r in ex.messages if is_our_widget_open(r)]
-    assert len(opens) == 1
-    assert opens[0] != first.comm_id
+    assert opens == [lifecycle.reloaded_comm_id]
+    assert opens[0] != lifecycle.first.comm_id
 
-    state = kernel.inspect()
+    state = lifecycle.after_reload
     assert state["pre_run_cell"] == ["Session.pre_run_cell"], state
     assert state["post_run_cell"] == ["Session.post_run_cell"], state
     assert len(state["threads"]) == 1, state
     assert state["magic"] is True
-    # Exactly one record per cell: the hooks did not run twice.
-    after = kernel.execute("x = 1")
-    kernel.wait_for_record(opens[0], after.count, kernel.log.index(after.messages[0]))
+    # The hooks ran once for the inspecting cell: one record, not two.
+    assert len(lifecycle.inspect_records) == 1, lifecycle.inspect_records
 
 
-def test_unload_stops_the_sampler(kernel: Kernel) -> None:
-    loaded = load(kernel)
-    assert len(kernel.inspect()["threads"]) == 1
-    ex = kernel.execute("%unload_ext gpumem_widget")
+def test_unload_stops_the_sampler(lifecycle: Lifecycle) -> None:
+    ex = lifecycle.unload
     assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
-    assert any(
-        r.type == "comm_close" and r.content["comm_id"] == loaded.comm_id for r in ex.messages
-    ), "the widget was not closed"
-    state = kernel.inspect()
-    assert state == {"pre_run_cell": [], "post_run_cell": [], "threads": [], "magic": False}
-    assert kernel.execute("1 + 1").reply["content"]["status"] == "ok"
+    closed = [r.content["comm_id"] for r in ex.messages if r.type == "comm_close"]
+    assert lifecycle.reloaded_comm_id in closed, "the widget was not closed"
+    empty = {"pre_run_cell": [], "post_run_cell": [], "threads": [], "magic": False}
+    assert lifecycle.after_unload == empty

@@ -40,6 +40,8 @@ const BROWSER_ARGS = [
   "--disable-quic",
 ];
 const POLL_MS = 200;
+// The kernel pushes a ledger update within a quarter second of a cell's end.
+const ROW_TIMEOUT_MS = 15000;
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
 const started = Date.now();
@@ -56,6 +58,7 @@ const result = {
   final: null,
   screenshots: [],
   error: null,
+  widgetTextAtFailure: null,
 };
 const step = (name) => {
   result.steps[name] = (Date.now() - started) / 1000;
@@ -159,7 +162,9 @@ try {
   }
   // The rows of the cells run so far, before the long cell starts (ledger updates are pushed).
   const previous = await Promise.all(plan.cells.slice(1, long).map((_, k) => countOf(k + 1)));
-  for (const n of previous) await page.waitForSelector(`${SEL.ledgerRow}[data-execution-count="${n}"]`);
+  for (const n of previous) {
+    await page.waitForSelector(`${SEL.ledgerRow}[data-execution-count="${n}"]`, { timeout: ROW_TIMEOUT_MS });
+  }
 
   const snapshot = () =>
     page.evaluate(
@@ -203,7 +208,7 @@ try {
 
   const recorded = await Promise.all(plan.cells.slice(1).map((_, k) => countOf(k + 1)));
   const lastRow = `${SEL.ledgerRow}[data-execution-count="${recorded.at(-1)}"]`;
-  await page.waitForSelector(lastRow);
+  await page.waitForSelector(lastRow, { timeout: ROW_TIMEOUT_MS });
 
   // The payload cell: its source must show as text in the ledger, the tooltip and the details.
   const xssCount = recorded[plan.xssCell - 1];
@@ -235,7 +240,14 @@ try {
 } catch (e) {
   result.error = String(e?.stack ?? e);
   const page = context.pages()[0];
-  if (page) await shoot(page, "lab-failure.png").catch(() => {});
+  if (page) {
+    await shoot(page, "lab-failure.png").catch(() => {});
+    result.widgetTextAtFailure = await page
+      .locator(SEL.widget)
+      .first()
+      .innerText({ timeout: 2000 })
+      .catch((err) => `(no widget text: ${err.message.split("\n")[0]})`);
+  }
 } finally {
   await context.close();
   await writeFile(plan.result, JSON.stringify(result, null, 2));

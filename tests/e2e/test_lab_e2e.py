@@ -239,6 +239,8 @@ def drive(lab: Lab, tmp_path: Path) -> dict[str, Any]:
     if result["error"] is not None:
         pytest.fail(
             f"the driver failed: {result['error']}\nsteps: {result['steps']}\n"
+            f"page errors: {result['pageErrors']}\nconsole errors: {result['consoleErrors']}\n"
+            f"widget text: {result['widgetTextAtFailure']}\n"
             f"screenshots: {result['screenshots']}\nserver log:\n{lab.log_tail()}"
         )
     assert driver.returncode == 0, output.decode()[-4000:]
