@@ -16,4 +16,6 @@ def shell() -> Iterator[Any]:
     ip.run_line_magic("load_ext", "gpumem_widget")
     yield ip
     ip.run_line_magic("unload_ext", "gpumem_widget")
+    # Tests share one shell: drop their variables so none frees memory inside a later test.
+    ip.run_line_magic("reset", "-f")
     ip.run_cell("import gc, torch; gc.collect(); torch.cuda.empty_cache()")
