@@ -181,8 +181,8 @@ def _intervals(
     unterminated = (end == n) & ~last_of_addr
     anomalies["alloc_without_free"] = int(unterminated.sum())
     end[unterminated] = start[np.flatnonzero(unterminated) + 1]
-    first_event = np.where(recorded, start, np.where(free_requested >= 0, free_requested, end))
-    sized = np.where(recorded, start, first_event)
+    # The entry that tells a life's size, stack, tag and stream: its alloc, else its first free.
+    sized = np.where(recorded, start, np.where(free_requested >= 0, free_requested, end))
 
     live = np.flatnonzero(end == n)
     live_addr = addr[opens][live]
