@@ -36,4 +36,47 @@ def estimate_note(session: Session, record: CellRecord, error: BaseException | N
     }
 
 
-ANNOTATORS: tuple[tuple[str, Annotator], ...] = (("estimate", estimate_note),)
+def postmortem_note(session: Session, record: CellRecord, error: BaseException | None) -> Any:
+    """For a cell that ran out of CUDA memory: what was asked against what was free, who holds
+    memory, and what to do about it."""
+    from .postmortem import is_cuda_oom
+
+    events = session.oom.drain() if session.oom is not None else []
+    if not (record.oom or is_cuda_oom(error)):
+        return None
+    import torch
+
+    from .holders import holders_for_shell
+    from .postmortem import build_postmortem, current_alloc_conf
+
+    stats = {d.device: torch.cuda.memory_stats(d.device) for d in record.devices}
+    holders = holders_for_shell(session.shell) if session.shell is not None else None
+    pm = build_postmortem(
+        error if error is not None else "CUDA out of memory (caught inside the cell)",
+        stats,
+        events=events,
+        holders=holders,
+        execution_count=record.execution_count,
+        alloc_conf=current_alloc_conf(),
+    )
+    session.last_postmortem = pm
+    return pm.to_wire()
+
+
+def leaks_note(session: Session, record: CellRecord, error: BaseException | None) -> Any:
+    """Hints when re-running this same source keeps leaving more memory allocated."""
+    from .leaks import growing_reruns
+
+    if not record.devices:
+        return None
+    # Only runs of this very source can make a hint about it: a cheap filter before the check.
+    runs = [r for r in session.ledger.records() if r.source == record.source] + [record]
+    hints = [h for h in growing_reruns(runs) if record.execution_count in h.execution_counts]
+    return [h.to_wire() for h in hints] or None
+
+
+ANNOTATORS: tuple[tuple[str, Annotator], ...] = (
+    ("estimate", estimate_note),
+    ("postmortem", postmortem_note),
+    ("leaks", leaks_note),
+)

@@ -25,6 +25,7 @@ from .widget import GpuMemWidget
 
 if TYPE_CHECKING:
     from .estimate import Estimate
+    from .postmortem import OomRecorder, PostMortem
 
 log = logging.getLogger(__name__)
 _COUNTS_BEFORE_PRE_RUN = int(IPython.version_info[0]) >= 9
@@ -41,6 +42,12 @@ def _process_name(pid: int) -> str | None:
     except Exception:
         return None
     return " ".join(cmd)[:120] or None
+
+
+def _install_oom_recorder() -> OomRecorder | None:
+    from .postmortem import OomRecorder
+
+    return OomRecorder.install()
 
 
 def guarded(method: F) -> F:
@@ -94,6 +101,8 @@ class Session:
         self.tracker = CellTracker(self.readers, self.sampler, peak_mode)
         # Set by `%gpumem estimate`; compared with the next cell that allocates on its device.
         self.armed_estimate: Estimate | None = None
+        self.oom = _install_oom_recorder() if self.readers.torch.available else None
+        self.last_postmortem: PostMortem | None = None
         self.error: str | None = None
         self.widget.status = self.status()
 
@@ -145,6 +154,8 @@ class Session:
     # IPython hooks ------------------------------------------------------------------------
     @guarded
     def pre_run_cell(self, info: Any) -> None:
+        if self.oom is not None:
+            self.oom.drain()  # events from between cells belong to no cell
         self.tracker.start(
             execution_count=self._upcoming_count(info),
             source=str(getattr(info, "raw_cell", "") or ""),
@@ -190,6 +201,8 @@ class Session:
         self.sampler.start()
 
     def stop(self) -> None:
+        if self.oom is not None:
+            self.oom.active = False  # PyTorch cannot detach an observer: silence it
         self.sampler.stop()
         self.readers.close()
         self.widget.close()

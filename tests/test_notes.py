@@ -65,3 +65,52 @@ def test_a_failing_annotator_keeps_the_record(
     assert session.records()[-1].source == "gpu.alloc(1024)"
     assert session.status()["error"] is not None
     assert "estimate note" in session.status()["error"]
+
+
+def test_rerunning_a_leaking_cell_gets_a_hint(
+    setup: tuple[Any, Session, RecordedAllocator],
+) -> None:
+    ip, session, _ = setup
+    source = "gpu.alloc(100 * 2**20)  # appends to a list that is never cleared"
+    for _ in range(4):
+        ip.run_cell(source, store_history=True)
+    hints = session.records()[-1].notes.get("leaks")
+    assert hints, session.records()[-1].notes
+    assert session.records()[-1].execution_count in hints[0]["execution_counts"]
+    ip.run_cell("y = 2", store_history=True)
+    assert "leaks" not in session.records()[-1].notes  # hints stay with the cell they are about
+
+
+def test_an_oom_cell_gets_a_postmortem(setup: tuple[Any, Session, RecordedAllocator]) -> None:
+    ip, session, _ = setup
+    ip.run_cell("held = [1, 2, 3]\ngpu.oom()", store_history=True)
+    record = session.records()[-1]
+    assert record.oom
+    pm = record.notes["postmortem"]
+    assert pm["execution_count"] == record.execution_count
+    assert session.last_postmortem is not None
+
+
+@pytest.mark.parametrize(
+    "command", ["vars --help", "free --help", "estimate --help", "postmortem --help"]
+)
+def test_feature_commands_answer_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    try:
+        ip.run_line_magic("gpumem", command)
+        assert f"usage: %gpumem {command.split()[0]}" in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("unload_ext", "gpumem_widget")
+
+
+def test_vars_and_free_run_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    try:
+        ip.run_line_magic("gpumem", "vars")
+        ip.run_line_magic("gpumem", "free")
+        out = capsys.readouterr().out
+        assert out.strip()
+    finally:
+        ip.run_line_magic("unload_ext", "gpumem_widget")
