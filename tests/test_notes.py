@@ -99,7 +99,7 @@ def test_feature_commands_answer_help(command: str, capsys: pytest.CaptureFixtur
     ip.run_line_magic("load_ext", "gpumem_widget")
     try:
         ip.run_line_magic("gpumem", command)
-        assert f"usage: %gpumem {command.split()[0]}" in capsys.readouterr().out
+        assert f"usage: %gpumem {command.split(maxsplit=1)[0]}" in capsys.readouterr().out
     finally:
         ip.run_line_magic("unload_ext", "gpumem_widget")
 
