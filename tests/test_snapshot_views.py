@@ -353,6 +353,19 @@ def test_sites_and_phases_from_frames() -> None:
 
 
 def test_folded_path_drops_noise_and_folds_runs() -> None:
-    native = [Frame("??", 0, "PyEval_EvalFrame"), Frame("/c10/Alloc.cpp", 10, "malloc")]
-    stack = (*native, Frame(f"{SITE}/torch/nn/functional.py", 1, "linear"), Frame(CELL, 2, "f"))
-    assert folded_path(stack) == ["1234.py:2 f", "functional.py:1 linear", "Alloc.cpp:10 malloc"]
+    native = [
+        Frame("??", 0, "PyEval_EvalFrame"),  # noise, as memory_viz filters it
+        Frame("/c10/Alloc.cpp", 10, "c10::Allocator::malloc(unsigned long)"),
+        Frame("/aten/Ops.cpp", 5, "at::empty(c10::ArrayRef<long>)"),
+        Frame("??", 0, "PyCMethod_New"),
+    ]
+    torch_run = [
+        Frame(f"{SITE}/torch/nn/functional.py", 1, "linear"),
+        Frame(f"{SITE}/torch/nn/modules/module.py", 1784, "_call_impl"),
+    ]
+    stack = (*native, *torch_run, Frame(CELL, 2, "f"))
+    assert folded_path(stack) == [
+        "1234.py:2 f",
+        "functional.py:1 linear (+1 torch frames)",  # the op that allocated
+        "Ops.cpp:5 at::empty (+2 native frames)",  # where Python called into C++
+    ]

@@ -125,15 +125,22 @@ def site_of(frames: Sequence[Frame], mode: SiteMode = "user") -> Frame | None:
 
 def folded_path(frames: Sequence[Frame]) -> list[str]:
     """Labels from the outermost frame in: runs of torch, Python, Jupyter or native frames
-    become one node named after the run's innermost frame; noise frames are dropped."""
+    become one node, named after the run's innermost frame (for torch: the op that allocated),
+    or for native runs the outermost C++ function (where Python called in; the innermost is
+    the allocator itself), without its argument list; noise frames are dropped."""
     out: list[str] = []
     run: list[Frame] = []
     run_kind: Kind | None = None
 
     def flush() -> None:
         if run:
+            if run_kind is Kind.NATIVE:
+                f = next((f for f in run if "::" in f.name), run[-1])
+                label = f"{f.filename.rsplit('/', 1)[-1]}:{f.line} {f.name.split('(', 1)[0]}"
+            else:
+                label = run[-1].label()
             extra = f" (+{len(run) - 1} {run_kind.value if run_kind else ''} frames)"
-            out.append(run[-1].label() + (extra if len(run) > 1 else ""))
+            out.append(label + (extra if len(run) > 1 else ""))
             run.clear()
 
     for f in reversed(frames):
