@@ -1,0 +1,145 @@
+"""`gpumem-widget`: reports and summaries of snapshots taken by scripts and clusters.
+
+    gpumem-widget report rank0.pickle rank1.pickle -o report.html
+    gpumem-widget summary rank0.pickle
+
+Bad input (a missing, truncated, hostile or foreign file) ends with one line on stderr and exit
+status 1; nothing in a snapshot file is ever run. Progress goes to stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
+
+PROG = "gpumem-widget"
+
+
+class _Progress:
+    """Stage lines with elapsed time on stderr, only for a person watching a terminal."""
+
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.started = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            elapsed = time.perf_counter() - self.started
+            print(f"{PROG}: [{elapsed:5.1f} s] {message}", file=self.stream, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="GPU memory reports from PyTorch memory snapshots."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    report = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report (Bokeh, no network) of one or more snapshots",
+        description="Write one self-contained HTML file from snapshot pickles "
+        "(torch.cuda.memory._dump_snapshot; .gz and .xz too). Several snapshots, e.g. one per "
+        "rank, get an overview and a selector.",
+    )
+    report.add_argument("snapshots", nargs="+", type=Path, metavar="SNAPSHOT")
+    report.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
+    report.add_argument("--title", help="the report's title")
+    summary = sub.add_parser(
+        "summary",
+        help="print a text summary: peak, top allocation sites, free space, OOMs",
+        description="Print what a snapshot comes to, per device: peak allocated and reserved, "
+        "the top allocation sites, reserved-but-free memory and fragmentation, OOMs.",
+    )
+    summary.add_argument("snapshots", nargs="+", type=Path, metavar="SNAPSHOT")
+    summary.add_argument("--top", type=int, default=10, help="how many sites to list (10)")
+    for p in (report, summary):
+        p.add_argument(
+            "--max-bytes",
+            type=int,
+            help="refuse snapshot files larger than this uncompressed (default 16 GiB)",
+        )
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    progress = _Progress(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
+    try:
+        if args.command == "report":
+            return _report(args, progress)
+        return _summary(args, progress)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every failure is one line for the user, never a traceback
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    from .snapshot import SnapshotLoadError
+
+    if isinstance(e, SnapshotLoadError):
+        return str(e)
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or e}"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _load(
+    paths: Sequence[Path], max_bytes: int | None, progress: _Progress
+) -> list[tuple[str, Snapshot]]:
+    from .snapshot import open_snapshot
+    from .snapshot.load import DEFAULT_MAX_BYTES
+
+    out: list[tuple[str, Snapshot]] = []
+    for path in paths:
+        size = os.path.getsize(path) if path.is_file() else 0
+        progress(f"reading {path} ({size / 1e6:.1f} MB)")
+        out.append(
+            (_label(path, paths), open_snapshot(path, max_bytes=max_bytes or DEFAULT_MAX_BYTES))
+        )
+    return out
+
+
+def _label(path: Path, paths: Sequence[Path]) -> str:
+    """The file's name, or its path where names repeat (rank0/snapshot.pickle, ...)."""
+    names = [p.name for p in paths]
+    return path.name if names.count(path.name) == 1 else str(path)
+
+
+def _report(args: argparse.Namespace, progress: _Progress) -> int:
+    from .report import report
+
+    snapshots = _load(args.snapshots, args.max_bytes, progress)
+    out = report(args.output, snapshots=snapshots, title=args.title, progress=progress)
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 1e6:.1f} MB)")
+    return 0
+
+
+def _summary(args: argparse.Namespace, progress: _Progress) -> int:
+    from .report.summary import summarize
+
+    if args.top < 0:
+        raise ValueError("--top must be 0 or more")
+    for label, snap in _load(args.snapshots, args.max_bytes, progress):
+        progress(f"summarizing {label}")
+        for device in summarize(snap, label, top=max(args.top, 1)):
+            print(device.format(top=args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

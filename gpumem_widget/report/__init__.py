@@ -1,0 +1,61 @@
+"""Standalone HTML reports drawn with Bokeh: the session's timeline and ledger, and snapshots.
+
+One self-contained file (BokehJS and the data inline, no network) to attach to an issue, a pull
+request or a chat; `gpumem-widget report` makes one from snapshots taken by scripts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..snapshot import Snapshot, open_snapshot
+from .page import Progress, SessionData, render
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+SnapshotSource = str | os.PathLike[str] | Snapshot
+DEFAULT_TITLE = "GPU memory report"
+
+
+def report(
+    path: str | os.PathLike[str],
+    *,
+    session: Session | None = None,
+    snapshots: Sequence[SnapshotSource | tuple[str, SnapshotSource]] = (),
+    title: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a report to `path` and return it.
+
+    `session` defaults to this kernel's (when `%load_ext gpumem_widget` ran); `snapshots` are
+    snapshot files or `Snapshot` objects, each optionally as ``(label, snapshot)``, e.g. one per
+    rank. A bad snapshot raises `SnapshotLoadError` before anything is written.
+    """
+    if session is None:
+        from ..extension import current_session
+
+        session = current_session()
+    loaded = [_labeled(i, s) for i, s in enumerate(snapshots)]
+    data = (
+        SessionData(session.timeline, session.records(), len(session.widget.devices))
+        if session is not None
+        else None
+    )
+    html = render(title=title or DEFAULT_TITLE, session=data, snapshots=loaded, progress=progress)
+    out = Path(path)
+    out.write_text(html, encoding="utf-8")
+    return out
+
+
+def _labeled(i: int, item: SnapshotSource | tuple[str, SnapshotSource]) -> tuple[str, Snapshot]:
+    label, src = item if isinstance(item, tuple) else (None, item)
+    if label is None:
+        label = Path(src).name if isinstance(src, (str, os.PathLike)) else f"snapshot {i}"
+    return label, open_snapshot(src)
+
+
+__all__ = ["DEFAULT_TITLE", "SnapshotSource", "report"]

@@ -1,0 +1,176 @@
+"""The report page: a header, the session (timeline and ledger) and the snapshots, with a rank
+selector and an overview when there are several, written as one self-contained HTML file."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bokeh.embed import file_html
+from bokeh.layouts import column, row
+from bokeh.models import CustomJS
+from bokeh.models.widgets.inputs import Select
+from bokeh.models.widgets.tables import NumberFormatter, TableColumn
+from bokeh.resources import INLINE
+
+from ..ledger import CellRecord
+from ..protocol import unpack_table
+from ..snapshot import Snapshot
+from ..timeline import Timeline
+from .ledger_table import ledger_table
+from .snapshot_views import CellWindows, snapshot_panel
+from .style import LINE_COLORS, bytes_column, div, esc, legend_outside, table, time_figure
+from .summary import DeviceSummary, summarize
+from .timeline import timeline_figure
+
+Progress = Callable[[str], None]
+
+_CSS = """
+<style>
+  .gpumem-facts th { text-align: left; padding: 1px 12px 1px 0; font-weight: 600; }
+  .gpumem-facts td { padding: 1px 0; }
+</style>
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionData:
+    """What the report needs from a live session (read once, so it is one consistent moment)."""
+
+    timeline: Timeline
+    records: Sequence[CellRecord]
+    num_devices: int
+
+
+def render(
+    *,
+    title: str,
+    session: SessionData | None,
+    snapshots: Sequence[tuple[str, Snapshot]],
+    progress: Progress | None = None,
+) -> str:
+    """The report as HTML: BokehJS inline, data inline, no request to anywhere."""
+    say = progress or (lambda _: None)
+    parts: list[Any] = [_header(title, session, snapshots)]
+    windows = None
+    if session is not None:
+        say("drawing the session timeline and ledger")
+        parts += [
+            div("<h2>Session</h2>"),
+            timeline_figure(session.timeline, session.records, session.num_devices),
+            div(f"<h3>Ledger: {len(session.records)} cells</h3>"),
+            ledger_table(session.records),
+        ]
+        windows = [(r.execution_count, r.started, r.started + r.duration) for r in session.records]
+    panels = []
+    summaries: list[DeviceSummary] = []
+    for label, snap in snapshots:
+        say(f"computing the views of {label}")
+        for summary in summarize(snap, label):
+            cells = windows if windows and summary.active["x_unit"] == "s" else None
+            panels.append(snapshot_panel(snap, summary, _overlapping(cells, summary)))
+            summaries.append(summary)
+    if len(panels) > 1:
+        parts += _selector(summaries, panels)
+    else:
+        parts += panels
+    if not session and not panels:
+        parts.append(div("<p>Nothing to show: no session and no snapshot.</p>"))
+    say("writing HTML")
+    return file_html(
+        column(*parts, sizing_mode="stretch_width"), resources=INLINE, title=title
+    ).replace("</head>", _CSS + "</head>", 1)
+
+
+def _overlapping(cells: CellWindows | None, summary: DeviceSummary) -> CellWindows | None:
+    """The ledger's cells that overlap the trace (else the snapshot's own tags decide)."""
+    if not cells:
+        return None
+    t0, t1 = summary.active["t0"], summary.active["t1"]
+    inside = [c for c in cells if c[2] >= t0 and c[1] <= t1]
+    return inside or None
+
+
+def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[str, Any]]) -> Any:
+    from .. import __version__
+
+    sources = []
+    if session is not None:
+        sources.append(f"a notebook session ({len(session.records)} cells)")
+    if snapshots:
+        names = ", ".join(label for label, _ in snapshots)
+        sources.append(f"{len(snapshots)} snapshot{'s' if len(snapshots) > 1 else ''} ({names})")
+    made = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return div(
+        f"<h1>{esc(title)}</h1><p>From {esc(' and '.join(sources) or 'nothing')}; made "
+        f"{esc(made)} by gpumem_widget {esc(__version__)}. Drag to pan, scroll to zoom, click "
+        "a legend entry to hide it; times are UTC.</p>"
+    )
+
+
+def _selector(summaries: Sequence[DeviceSummary], panels: Sequence[Any]) -> list[Any]:
+    """Several snapshots (ranks): an overview of all, and a selector showing one in detail."""
+    for p in panels[1:]:
+        p.visible = False
+    options: list[str | tuple[Any, str]] = [(str(i), s.title) for i, s in enumerate(summaries)]
+    select = Select(
+        title="Snapshot (rank) shown in detail",
+        options=options,
+        value="0",
+        width=420,
+    )
+    select.js_on_change(
+        "value",
+        CustomJS(
+            args={"panels": list(panels)},
+            code="panels.forEach((p, i) => { p.visible = String(i) === cb_obj.value })",
+        ),
+    )
+    return [
+        div("<h2>Snapshots</h2>"),
+        _overview_figure(summaries),
+        _overview_table(summaries),
+        row(select),
+        *panels,
+    ]
+
+
+def _overview_figure(summaries: Sequence[DeviceSummary]) -> Any:
+    datetime = all(s.active["x_unit"] == "s" for s in summaries)
+    p = time_figure("Active memory of every snapshot", datetime=datetime, height=260)
+    for i, s in enumerate(summaries):
+        t = unpack_table(s.active["table"])
+        x = t["t"] * 1e3 if datetime else t["t"]
+        p.line(
+            x,
+            t["total"],
+            color=LINE_COLORS[i % len(LINE_COLORS)],
+            line_width=1.5,
+            legend_label=s.title,
+        )
+    legend_outside(p)
+    return p
+
+
+def _overview_table(summaries: Sequence[DeviceSummary]) -> Any:
+    rows = {
+        "name": [s.title for s in summaries],
+        "peak": [s.active["peak"]["bytes"] for s in summaries],
+        "reserved": [s.peak_reserved for s in summaries],
+        "free": [s.free.free for s in summaries],
+        "ooms": [len(s.active["ooms"]) for s in summaries],
+        "entries": [s.active["entries"] for s in summaries],
+    }
+    return table(
+        rows,
+        [
+            TableColumn(field="name", title="snapshot", width=300),
+            bytes_column("peak", "peak allocated"),
+            bytes_column("reserved", "peak reserved"),
+            bytes_column("free", "reserved but free at the end"),
+            TableColumn(field="ooms", title="OOMs", width=50, formatter=NumberFormatter()),
+            TableColumn(field="entries", title="entries", width=90, formatter=NumberFormatter()),
+        ],
+    )

@@ -1,0 +1,298 @@
+"""One device of one snapshot, drawn: memory by allocation site and by category over time, the
+cells, what is alive at the peak and at each OOM. Every view was reduced in the kernel to screen
+size (`gpumem_widget.snapshot`), so a million-entry trace draws from a few thousand numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models.annotations import Span
+from bokeh.models.widgets.tables import DataTable, NumberFormatter, TableColumn
+
+from ..protocol import unpack_table
+from ..snapshot import Snapshot, alive_at, categories, cell_slices
+from .style import (
+    BAND_COLOR,
+    OOM_COLOR,
+    PEAK_COLOR,
+    SITE_COLORS,
+    bytes_column,
+    bytes_hover,
+    div,
+    esc,
+    human_bytes,
+    legend_outside,
+    table,
+    time_figure,
+)
+from .summary import DeviceSummary
+
+TREE_ROWS = 60
+MAX_OOMS_SHOWN = 3
+CellWindows = Sequence[tuple[int, float, float]]
+
+
+def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | None) -> Any:
+    """The whole panel for `summary`'s device; `cells` are the ledger's windows, if any."""
+    d = summary.device
+    view = summary.active
+    datetime = view["x_unit"] == "s"
+    slices = cell_slices(snap, d, cells)
+    parts: list[Any] = [
+        div(f"<h2>{esc(summary.title)}</h2>"),
+        _facts(summary),
+        _stacked(
+            "Active memory by allocation site (each column shows its highest instant)",
+            view,
+            [(g["column"], g["label"]) for g in view["groups"]] + [("other", "other sites")],
+            datetime,
+            slices["cells"],
+        ),
+    ]
+    cat = categories(snap, d, width=view["width"])
+    shown = [(g["column"], g["label"]) for g in cat["groups"] if g["peak_bytes"] > 0]
+    parts.append(
+        _stacked("Active memory by category", cat, shown, datetime, slices["cells"], reserved=False)
+    )
+    if slices["cells"]:
+        parts += [div("<h3>Cells</h3>"), _cells_table(slices["cells"])]
+    peak = alive_at(snap, d, max_nodes=TREE_ROWS * 2)
+    parts += _alive("at the peak", peak, summary)
+    for oom in view["ooms"][-MAX_OOMS_SHOWN:]:
+        at_oom = alive_at(snap, d, event=oom["event"], max_nodes=TREE_ROWS * 2)
+        parts += _alive(f"at the OOM ({summary.when(oom['t'])})", at_oom, summary)
+    return column(*parts)
+
+
+def _facts(summary: DeviceSummary) -> Any:
+    rows = "".join(
+        f"<tr><th>{esc(name)}</th><td>{esc(value)}</td></tr>" for name, value in summary.facts()
+    )
+    return div(f"<table class='gpumem-facts'>{rows}</table>")
+
+
+def _x(view: dict[str, Any], t: Any) -> Any:
+    """Unix seconds as BokehJS datetimes (milliseconds); entry numbers as they are."""
+    return np.asarray(t, dtype=np.float64) * 1e3 if view["x_unit"] == "s" else t
+
+
+def _stacked(
+    title: str,
+    view: dict[str, Any],
+    series: Sequence[tuple[str, str]],
+    datetime: bool,
+    cells: Sequence[dict[str, Any]],
+    *,
+    reserved: bool = True,
+) -> Any:
+    table_ = unpack_table(view["table"])
+    data: dict[str, Any] = {"x": _x(view, table_["t"]), "total": table_["total"]}
+    for key, _ in series:
+        data[key] = table_[key]
+    if reserved:
+        data["reserved"] = table_["reserved"]
+    source = ColumnDataSource(data)
+    p = time_figure(title, datetime=datetime)
+    _cell_bands(p, view, cells, float(np.max(data["reserved" if reserved else "total"], initial=1)))
+    keys = [k for k, _ in series]
+    colors = [SITE_COLORS[i % len(SITE_COLORS)] for i in range(len(keys))]
+    p.varea_stack(keys, x="x", source=source, color=colors, legend_label=_unique(series))
+    total = p.line("x", "total", source=source, color="#222222", line_width=1, legend_label="total")
+    if reserved:
+        p.line(
+            "x",
+            "reserved",
+            source=source,
+            color="#555555",
+            line_dash="dashed",
+            legend_label="reserved",
+        )
+    _marks(p, view)
+    as_bytes = bytes_hover()
+    fields = [("total", "total"), *(("reserved", "reserved"),) * reserved, *series]
+    p.add_tools(
+        HoverTool(
+            renderers=[total],
+            mode="vline",
+            tooltips=[("time" if datetime else "entry", "@x{%H:%M:%S.%3N}" if datetime else "@x")]
+            + [(label, f"@{key}{{custom}}") for key, label in fields],
+            formatters={"@x": "datetime", **{f"@{key}": as_bytes for key, _ in fields}},
+        )
+    )
+    legend_outside(p)
+    return p
+
+
+def _unique(series: Sequence[tuple[str, str]]) -> list[str]:
+    """Legend labels, made distinct: Bokeh merges legend items that share a label."""
+    seen: dict[str, int] = {}
+    out = []
+    for _, label in series:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
+
+
+def _marks(p: Any, view: dict[str, Any]) -> None:
+    """The peak and every OOM, as vertical rules."""
+    if view["peak"]["t"] is not None:
+        p.add_layout(
+            Span(
+                location=float(_x(view, view["peak"]["t"])),
+                dimension="height",
+                line_color=PEAK_COLOR,
+                line_dash="dotted",
+                line_width=1,
+            )
+        )
+    for oom in view["ooms"]:
+        p.add_layout(
+            Span(
+                location=float(_x(view, oom["t"])),
+                dimension="height",
+                line_color=OOM_COLOR,
+                line_width=2,
+            )
+        )
+
+
+def _cell_bands(p: Any, view: dict[str, Any], cells: Sequence[dict[str, Any]], top: float) -> None:
+    if not cells:
+        return
+    source = ColumnDataSource(
+        {
+            "left": _x(view, [c["start"] for c in cells]),
+            "right": _x(view, [c["end"] for c in cells]),
+            "count": [c["execution_count"] for c in cells],
+            "allocated": [c["allocated_bytes"] for c in cells],
+            "peak": [c["peak_bytes"] for c in cells],
+            "left_behind": [c["left_behind_bytes"] for c in cells],
+        }
+    )
+    bands = p.quad(
+        left="left",
+        right="right",
+        bottom=0,
+        top=top * 1.05,
+        source=source,
+        fill_color=BAND_COLOR,
+        fill_alpha=0.08,
+        line_color=BAND_COLOR,
+        line_alpha=0.3,
+        hover_fill_alpha=0.2,
+    )
+    as_bytes = bytes_hover()
+    p.add_tools(
+        HoverTool(
+            renderers=[bands],
+            tooltips=[
+                ("cell", "@count"),
+                ("allocated", "@allocated{custom}"),
+                ("peak", "@peak{custom}"),
+                ("left behind", "@left_behind{custom}"),
+            ],
+            formatters={"@allocated": as_bytes, "@peak": as_bytes, "@left_behind": as_bytes},
+        )
+    )
+
+
+def _cells_table(cells: Sequence[dict[str, Any]]) -> DataTable:
+    def top_site(c: dict[str, Any]) -> str:
+        top = c["top_at_peak"]
+        return f"{top[0]['label']} ({human_bytes(top[0]['bytes'])})" if top else ""
+
+    rows = {
+        "count": [c["execution_count"] for c in cells],
+        "entries": [c["entries"] for c in cells],
+        "allocated": [c["allocated_bytes"] for c in cells],
+        "freed": [c["freed_bytes"] for c in cells],
+        "peak": [c["peak_bytes"] for c in cells],
+        "left": [c["left_behind_bytes"] for c in cells],
+        "site": [top_site(c) for c in cells],
+    }
+    return table(
+        rows,
+        [
+            TableColumn(field="count", title="cell", width=45, formatter=NumberFormatter()),
+            TableColumn(field="entries", title="entries", width=70, formatter=NumberFormatter()),
+            bytes_column("allocated", "allocated"),
+            bytes_column("freed", "freed"),
+            bytes_column("peak", "peak"),
+            bytes_column("left", "left behind"),
+            TableColumn(field="site", title="largest site at its peak", width=380),
+        ],
+    )
+
+
+def _alive(when: str, view: dict[str, Any], summary: DeviceSummary) -> list[Any]:
+    head = div(
+        f"<h3>Alive {esc(when)}: {esc(human_bytes(view['total_bytes']))} in "
+        f"{view['count']:,} allocations</h3>"
+    )
+    return [head, _tree_table(view), _largest_table(view["largest"], summary)]
+
+
+def _tree_table(view: dict[str, Any]) -> DataTable:
+    """The call tree, depth first with the largest child first, indented by depth."""
+    t = unpack_table(view["tree"])
+    labels = view["labels"]
+    parent = t["parent"].astype(np.int64)
+    children: dict[int, list[int]] = {}
+    for i in np.argsort(-t["bytes"], kind="stable"):
+        children.setdefault(int(parent[i]), []).append(int(i))
+    order: list[tuple[int, int]] = []
+    stack = [(i, 0) for i in reversed(children.get(-1, []))]
+    while stack and len(order) < TREE_ROWS:
+        node, depth = stack.pop()
+        order.append((node, depth))
+        stack += [(c, depth + 1) for c in reversed(children.get(node, []))]
+    rows = {
+        "label": ["\u00a0\u00a0" * depth + labels[i] for i, depth in order],
+        "bytes": [float(t["bytes"][i]) for i, _ in order],
+        "self": [float(t["self_bytes"][i]) for i, _ in order],
+        "count": [int(t["count"][i]) for i, _ in order],
+    }
+    return table(
+        rows,
+        [
+            TableColumn(
+                field="label",
+                title="call tree (Python frames; library frames folded)",
+                width=520,
+                sortable=False,
+            ),
+            bytes_column("bytes", "bytes"),
+            bytes_column("self", "allocated here"),
+            TableColumn(field="count", title="allocations", width=80, formatter=NumberFormatter()),
+        ],
+    )
+
+
+def _largest_table(largest: Iterable[dict[str, Any]], summary: DeviceSummary) -> DataTable:
+    items = list(largest)
+    rows = {
+        "size": [a["size"] for a in items],
+        "site": [a["site"] for a in items],
+        "tag": [a["tag"] for a in items],
+        "allocated": [summary.when(a["allocated_at"]) for a in items],
+        "freed": [
+            summary.when(a["freed_at"]) if a["freed_at"] is not None else "alive at the snapshot"
+            for a in items
+        ],
+        "stream": [a["stream"] for a in items],
+    }
+    return table(
+        rows,
+        [
+            bytes_column("size", "largest allocations"),
+            TableColumn(field="site", title="site", width=320),
+            TableColumn(field="tag", title="tag", width=70),
+            TableColumn(field="allocated", title="allocated", width=200),
+            TableColumn(field="freed", title="freed", width=200),
+            TableColumn(field="stream", title="stream", width=60, formatter=NumberFormatter()),
+        ],
+    )

@@ -1,0 +1,154 @@
+"""What one device of a snapshot comes to: peak, top allocation sites, free space, OOMs.
+
+`summarize` computes it once (the active-memory view it reads is also what the report draws);
+`DeviceSummary.format` is the terminal text of `gpumem-widget summary`, `facts` the report's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from ..snapshot import Snapshot, active_memory_view
+from .style import human_bytes
+
+DEFAULT_WIDTH = 1200
+DEFAULT_TOP = 12
+
+
+@dataclass(frozen=True, slots=True)
+class FreeSpace:
+    """Reserved but unallocated memory at the snapshot, from its segments."""
+
+    reserved: int
+    free: int  # bytes in inactive blocks
+    free_blocks: int
+    largest_free: int
+    segments: int
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of free bytes outside the largest free block (a large request can't use them)."""
+        return 1 - self.largest_free / self.free if self.free else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSummary:
+    label: str  # where the snapshot came from (a file name, a rank)
+    device: int
+    active: dict[str, Any]  # `active_memory_view`'s result
+    peak_reserved: int
+    free: FreeSpace
+
+    @property
+    def title(self) -> str:
+        return f"{self.label} · cuda:{self.device}"
+
+    def when(self, t: float | None) -> str:
+        if t is None:
+            return "before the trace"
+        if self.active["x_unit"] == "entry":
+            return f"entry {t:.0f}"
+        return utc(t)
+
+    def facts(self) -> list[tuple[str, str]]:
+        """(name, value) lines, in the order a reader wants them."""
+        a, f = self.active, self.free
+        out = [
+            ("trace", f"{a['entries']:,} entries, {a['allocations']:,} allocations"),
+            ("peak allocated", f"{human_bytes(a['peak']['bytes'])} at {self.when(a['peak']['t'])}"),
+            ("peak reserved", human_bytes(self.peak_reserved)),
+            (
+                "at the snapshot",
+                f"{human_bytes(a['end_bytes'])} allocated, "
+                f"{human_bytes(a['end_reserved'])} reserved in {plural(f.segments, 'segment')}",
+            ),
+            (
+                "reserved but free",
+                f"{human_bytes(f.free)} in {plural(f.free_blocks, 'block')}, largest "
+                f"{human_bytes(f.largest_free)} (fragmentation {f.fragmentation:.0%})",
+            ),
+        ]
+        if a["active_before"]:
+            out.append(("before recording", f"{human_bytes(a['active_before'])} already allocated"))
+        for oom in a["ooms"]:
+            tag = f" [{oom['tag']}]" if oom["tag"] else ""
+            out.append(
+                (
+                    "OOM",
+                    f"at {self.when(oom['t'])}{tag}: requested {human_bytes(oom['requested'])}, "
+                    f"CUDA had {human_bytes(oom['device_free'])} free",
+                )
+            )
+        if a["overflowed"]:
+            out.append(
+                (
+                    "warning",
+                    "the trace ring buffer overflowed: its oldest entries are lost "
+                    "(raise max_entries when recording)",
+                )
+            )
+        if a["anomalies"]:
+            counts = ", ".join(f"{k}: {v}" for k, v in sorted(a["anomalies"].items()))
+            out.append(("warning", f"entries that do not fit together ({counts})"))
+        return out
+
+    def format(self, top: int = 10) -> str:
+        lines = [self.title]
+        width = max(len(name) for name, _ in self.facts())
+        lines += [f"  {name:<{width}}  {value}" for name, value in self.facts()]
+        groups = self.active["groups"][:top]
+        if groups:
+            lines.append(
+                "  top allocation sites (highest bytes at once · allocated in all · count)"
+            )
+            for g in groups:
+                lines.append(
+                    f"    {human_bytes(g['peak_bytes']):>10}"
+                    f"  {human_bytes(g['bytes_allocated']):>10}"
+                    f"  {g['count']:>8,}  {g['label']}"
+                )
+        return "\n".join(lines)
+
+
+def utc(t: float) -> str:
+    """Unix seconds as the report's axes show them (UTC, milliseconds)."""
+    return (
+        dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    )
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def free_space(snap: Snapshot, device: int) -> FreeSpace:
+    segments = [s for s in snap.data.segments if s.device == device]
+    free = [b.size for s in segments for b in s.blocks if not b.active]
+    return FreeSpace(
+        reserved=sum(s.total_size for s in segments),
+        free=sum(free),
+        free_blocks=len(free),
+        largest_free=max(free, default=0),
+        segments=len(segments),
+    )
+
+
+def summarize(
+    snap: Snapshot, label: str, *, width: int = DEFAULT_WIDTH, top: int = DEFAULT_TOP
+) -> list[DeviceSummary]:
+    """One summary per device the snapshot holds."""
+    out = []
+    for device in snap.devices:
+        replay = snap.replay(device)
+        out.append(
+            DeviceSummary(
+                label=label,
+                device=device,
+                active=active_memory_view(snap, device, width=width, top=top),
+                peak_reserved=max(int(replay.reserved.max(initial=0)), replay.reserved_before),
+                free=free_space(snap, device),
+            )
+        )
+    return out
