@@ -186,7 +186,7 @@ def _warm_up(device: torch.device) -> None:
     """cuBLAS and cuBLASLt keep a workspace from their first matmul: make it before the baseline."""
     for dtype in (torch.float32, torch.bfloat16):
         a = torch.randn(64, 64, device=device, dtype=dtype, requires_grad=True)
-        (a @ a).sum().backward()  # type: ignore[no-untyped-call]
+        (a @ a).sum().backward()  # type: ignore[no-untyped-call, unused-ignore]
     torch.cuda.synchronize(device)
 
 
@@ -208,7 +208,7 @@ def measure(case: Case, device: torch.device, batch: int | None = None) -> tuple
     torch.cuda.reset_peak_memory_stats(device)
     for _ in range(case.steps):
         loss = case.loss(model(inputs))
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del loss

@@ -256,6 +256,68 @@ def test_attention_inside_nn_multihead_attention_is_routed() -> None:
     assert a[2] - a[1] == 2 * (a[1] - a[0])
 
 
+def test_norm_first_encoder_keeps_what_cudas_fused_attention_keeps() -> None:
+    """The configuration measured on an H200 (torch 2.11), whose attention inside
+    nn.MultiheadAttention the meta run once left on the math path (L x L weights, a float
+    dropout mask and its output: 13 x d extra floats per token at L = 256), counted by hand."""
+    d, heads, ff, b, length = 64, 4, 256, 2, 32
+    with torch.device("meta"):
+        model = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, heads, ff, batch_first=True, norm_first=True),
+            2,
+            enable_nested_tensor=False,
+        )
+    est = estimate(
+        model, "sgd", batch=b, seq=length, example_inputs=lambda b, s: torch.empty(b, s, d)
+    )
+    tokens, f32 = b * length, 4
+    floats_per_token = (
+        d  # norm1's input (the block's input)
+        + d  # in_proj's input, copied from the (L, B, d) transpose
+        + 3 * d  # SDPA's q, k, v (one contiguous storage)
+        + d  # SDPA's output
+        + d  # out_proj's input (the heads merged, a copy)
+        + d  # norm2's input (the residual sum)
+        + d  # linear1's input (norm2's output)
+        + ff  # ReLU's output
+        + ff  # linear2's input (dropout's output)
+        + 2 * 2  # mean and 1/std of both layer norms
+    )
+    masks = d + ff + d  # one boolean per element: dropout1, the feed-forward's, dropout2
+    log_sum_exp = b * heads * 32 * f32  # query rows padded to 32
+    philox = 2 * 8  # dropout seed and offset of the efficient kernel
+    per_layer = tokens * (f32 * floats_per_token + masks) + log_sum_exp + philox
+    the_batch = tokens * f32 * d  # the first layer's input is an input, not an activation
+    assert est.term("activations").bytes == 2 * per_layer - the_batch
+
+
+def test_routes_for_calls_inside_torch_nn_functional_are_undone() -> None:
+    originals = (F.scaled_dot_product_attention, F.dropout)
+    with torch.device("meta"):
+        model = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
+    estimate(model, "sgd", batch=2, seq=8, example_inputs=lambda b, s: torch.empty(b, s, 16))
+    assert (F.scaled_dot_product_attention, F.dropout) == originals
+    with pytest.raises(EstimateError):
+        estimate(DataDependent(), batch=2)
+    assert (F.scaled_dot_product_attention, F.dropout) == originals
+
+
+def test_each_operator_count_is_the_storages_alive_after_it() -> None:
+    run = run_step(
+        _models_and_inputs()[2][0],
+        ((torch.empty(4, 16, 32, device="meta"),), {}),
+        dtype=None,
+        loss_fn=default_loss,
+        cuda_kernels=True,
+        grads_persist=False,
+    )
+    for i, live in enumerate(run.live):
+        assert sum(s.nbytes for s in run.largest_at(i, count=10**6)) == live
+    largest = run.largest_at(run.peak_index, count=3)
+    assert [s.nbytes for s in largest] == sorted((s.nbytes for s in largest), reverse=True)
+    assert all(s.op.startswith("aten.") for s in largest)
+
+
 # Scaling and fits -------------------------------------------------------------------------
 
 

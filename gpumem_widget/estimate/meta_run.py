@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,18 @@ GRADIENTS: Final = "gradients"  # accumulated into a parameter's .grad
 TEMPORARIES: Final = "temporaries"  # everything else: outputs, gradients of activations, scratch
 CATEGORIES: Final = (ACTIVATIONS, GRADIENTS, TEMPORARIES)
 
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """One storage a run allocated: its bytes, the operator that made it, when it lived."""
+
+    nbytes: int
+    op: str
+    category: str  # at its last recategorization
+    made_at: int  # index into MetaRun.live of the operator that made it
+    freed_at: int | None  # index of the operator after which it was gone; None: outlived the run
+
+
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # positional and keyword arguments of forward
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -50,6 +61,16 @@ class MetaRun:
     peak_parts: Mapping[str, int]  # CATEGORIES -> bytes alive at the peak
     saved_after_forward: int  # activations alive when the forward (and loss) ended
     input_bytes: int  # the batch itself (resident, not in `live`)
+    storages: tuple[Storage, ...]  # every storage counted in `live`, in creation order
+
+    def largest_at(self, index: int, count: int = 8) -> list[Storage]:
+        """The `count` largest storages alive after operator `index`."""
+        alive = [
+            s
+            for s in self.storages
+            if s.made_at <= index and (s.freed_at is None or s.freed_at > index)
+        ]
+        return sorted(alive, key=lambda s: s.nbytes, reverse=True)[:count]
 
     @property
     def peak_op(self) -> str:
@@ -85,6 +106,9 @@ class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ign
         self._size: dict[int, int] = {}
         self._category: dict[int, str] = {}
         self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}
+        self._made: dict[int, tuple[str, int]] = {}  # storage id -> (operator, its index)
+        self.storages: list[Storage] = []
+        self._op = "before the first operator"
         self.parts = dict.fromkeys(CATEGORIES, 0)
         self.total = 0
         self.live: list[int] = []
@@ -97,6 +121,7 @@ class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ign
         size = self._size.pop(key, 0)
         category = self._category.pop(key, TEMPORARIES)
         self._refs.pop(key, None)
+        self._record(key, size, category, freed_at=len(self.live))
         self.parts[category] -= size
         self.total -= size
 
@@ -114,9 +139,22 @@ class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ign
             return
         self._size[key] = size
         self._category[key] = category
+        self._made[key] = (self._op, len(self.live))
         self._refs[key] = weakref.ref(st, functools.partial(self._freed, key))
         self.parts[category] += size
         self.total += size
+
+    def _record(self, key: int, size: int, category: str, freed_at: int) -> None:
+        op, made_at = self._made.pop(key, (self._op, freed_at))
+        self.storages.append(Storage(size, op, category, made_at, freed_at))
+
+    def lifetimes(self) -> tuple[Storage, ...]:
+        """Every storage counted, the ones still alive included, in creation order."""
+        alive = [
+            Storage(size, self._made[key][0], self._category[key], self._made[key][1], None)
+            for key, size in self._size.items()
+        ]
+        return tuple(sorted([*self.storages, *alive], key=lambda s: s.made_at))
 
     def recategorize(self, t: torch.Tensor, category: str) -> None:
         """Mark `t`'s storage as activation or gradient (unless it is resident)."""
@@ -138,6 +176,7 @@ class _LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ign
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        self._op = str(func)
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
@@ -199,17 +238,6 @@ def _fused_attention(  # noqa: PLR0917 - SDPA's own signature
     return cast(torch.Tensor, efficient[0])
 
 
-# A function mode is popped while it handles a call, so it does not see the calls nested in a
-# Python-level functional (nn.MultiheadAttention reaches SDPA inside
-# F.multi_head_attention_forward). Newer torch can skip the one hop that brought the call here, so
-# the mode can stay active inside; without it only the outermost calls are seen.
-_skip_one_hop: Callable[..., Any] | None = getattr(torch._C, "_skip_one_hop_torch_function", None)
-
-
-def _python_functional(func: Any) -> bool:
-    return inspect.isfunction(func) and func.__module__ == F.__name__
-
-
 def _fused_dropout(
     input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
 ) -> torch.Tensor | None:
@@ -226,6 +254,11 @@ def _fused_dropout(
 _CUDA_KERNELS: Final[Mapping[Callable[..., Any], Callable[..., torch.Tensor | None]]] = {
     F.scaled_dot_product_attention: _fused_attention,
     F.dropout: _fused_dropout,
+}
+# The same routes, by the names torch.nn.functional's own code calls them by.
+_NESTED_ROUTES: Final[Mapping[str, Callable[..., torch.Tensor | None]]] = {
+    "scaled_dot_product_attention": _fused_attention,
+    "dropout": _fused_dropout,
 }
 
 
@@ -245,10 +278,37 @@ class _CudaKernels(TorchFunctionMode):
             routed = route(*args, **kwargs)
             if routed is not None:
                 return routed
-        if _skip_one_hop is None or not _python_functional(func):
-            return func(*args, **kwargs)
-        with self:
-            return _skip_one_hop(func, types, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _routed(original: Callable[..., Any], route: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        result = route(*args, **kwargs)
+        return result if result is not None else original(*args, **kwargs)
+
+    return routed
+
+
+@contextlib.contextmanager
+def _cuda_kernels() -> Iterator[None]:
+    """The function mode, and the same routes for calls torch.nn.functional makes to itself.
+
+    A function mode is popped while it handles a call, so it does not see the calls nested in a
+    Python functional: `F.multi_head_attention_forward` (nn.MultiheadAttention, hence
+    nn.Transformer*) reaches SDPA and dropout by their names in torch.nn.functional, unrouted
+    (they then keep the L x L attention weights and a float dropout mask). Those names are
+    rebound for the run (torch 2.11 has no way to re-enter a mode for nested calls).
+    """
+    before = {name: getattr(F, name) for name in _NESTED_ROUTES}
+    try:
+        for name, route in _NESTED_ROUTES.items():
+            setattr(F, name, _routed(before[name], route))
+        with _CudaKernels():
+            yield
+    finally:
+        for name, original in before.items():
+            setattr(F, name, original)
 
 
 @contextlib.contextmanager
@@ -342,7 +402,7 @@ def run_step(
             torch.inference_mode(False),
             torch.enable_grad(),
             torch.device(device),
-            _CudaKernels() if cuda_kernels else contextlib.nullcontext(),
+            _cuda_kernels() if cuda_kernels else contextlib.nullcontext(),
             tracker,
             torch.autograd.graph.saved_tensors_hooks(pack, unpack),
         ):
@@ -376,4 +436,5 @@ def run_step(
         peak_parts=dict(tracker.peak_parts),
         saved_after_forward=saved,
         input_bytes=input_bytes,
+        storages=tracker.lifetimes(),
     )
