@@ -103,7 +103,8 @@ export function devicesTrait(numDevices) {
   }));
 }
 
-export function statusTrait(numDevices, runningCell = null) {
+export function statusTrait(numDevices, runningCell = null, runningStarted = null) {
+  const kernel = "/usr/bin/python -m ipykernel_launcher -f kernel-1.json";
   return {
     mode: numDevices > 0 ? "cuda" : "host",
     sampler: "running",
@@ -113,7 +114,18 @@ export function statusTrait(numDevices, runningCell = null) {
     readers: { torch: { ok: numDevices > 0, reason: numDevices > 0 ? null : "torch.cuda.is_available() is False" }, nvml: { ok: true, reason: null }, host: { ok: true, reason: null } },
     error: null,
     running_cell: runningCell,
+    running_started: runningCell === null ? null : runningStarted,
     session_peak: Array.from({ length: numDevices }, (_, d) => ({ device: d, allocated: 7.2 * GiB, reserved: 8 * GiB })),
+    // As Session._processes writes it: this kernel and another job on every device.
+    processes: Object.fromEntries(
+      Array.from({ length: numDevices }, (_, d) => [
+        String(d),
+        [
+          { pid: 4242, used: (d === 0 ? 7 : 0.5) * GiB, self: true, name: kernel },
+          { pid: 777, used: 1.2 * GiB, self: false, name: "python train.py --epochs 3" },
+        ],
+      ]),
+    ),
   };
 }
 

@@ -6,7 +6,7 @@ import { cellsTrait, devicesTrait, FakeModel, memoryAt, packTable, statusTrait, 
 const params = new URLSearchParams(location.search);
 const num = (k, d) => (params.has(k) ? Number(params.get(k)) : d);
 
-const dev = { model: null, cleanups: [], cols: [], tail: null, t0: 0, dt: 0.01, next: 0, devices: 0, cells: [] };
+const dev = { model: null, cleanups: [], cols: [], tail: null, t0: 0, dt: 0.01, next: 0, devices: 0, cells: [], running: null };
 
 function emptyTail() {
   return Object.fromEntries(dev.cols.map((c) => [c, []]));
@@ -15,6 +15,7 @@ function emptyTail() {
 /** A fresh widget on `samples` samples spread over `span` seconds (default: 100 per second). */
 function mount({ samples = 20000, span = samples / 100, devices = 1, cells = 12, width = null, target = "stage" } = {}) {
   unmount();
+  dev.running = null;
   dev.devices = devices;
   dev.dt = span / samples;
   dev.t0 = Date.now() / 1000 - samples * dev.dt;
@@ -67,17 +68,34 @@ function publishBase() {
   dev.model.set("timeline_tail", packTable(dev.cols, dev.tail));
 }
 
+function nextCount() {
+  return (dev.cells[dev.cells.length - 1]?.execution_count ?? 0) + 1;
+}
+
+/** A cell starts running: the status names it and when it started (the next sample's time). */
+function startCell() {
+  const n = nextCount();
+  dev.running = { n, started: dev.t0 + dev.next * dev.dt };
+  dev.model.set("status", statusTrait(dev.devices, n, dev.running.started));
+  return n;
+}
+
+/** The running cell (or a new one, 3 s long) ends: its record lands, the status goes idle. */
 function addCell({ oom = false } = {}) {
-  const last = dev.cells[dev.cells.length - 1];
-  const n = (last?.execution_count ?? 0) + 1;
+  const n = dev.running?.n ?? nextCount();
   const tNow = dev.t0 + dev.next * dev.dt;
-  const [cell] = cellsTrait(dev.devices, tNow - 3, tNow, 1);
-  dev.cells = [...dev.cells, { ...cell, execution_count: n, oom, error: oom ? "OutOfMemoryError" : null, source: `# cell ${n}\nx = torch.empty(${n} << 28, device="cuda")` }];
+  const started = dev.running?.started ?? tNow - 3;
+  dev.running = null;
+  const [cell] = cellsTrait(dev.devices, started, tNow, 1);
+  const source = `# cell ${n}\nx = torch.empty(${n} << 28, device="cuda")`;
+  dev.cells = [...dev.cells, { ...cell, execution_count: n, started, duration: tNow - started, oom, error: oom ? "OutOfMemoryError" : null, source }];
   dev.model.set("cells", dev.cells);
+  dev.model.set("status", statusTrait(dev.devices));
+  return n;
 }
 
 /** A state recorded by record_state.py, with its buffers put back as ipywidgets does (DataViews). */
-async function mountRecorded(path) {
+async function mountRecorded(path, { width = null } = {}) {
   const saved = await (await fetch(`/${path.replace(/^\/+/, "")}`)).json();
   const state = structuredClone(saved.state);
   saved.buffer_paths.forEach((bufferPath, i) => {
@@ -88,10 +106,12 @@ async function mountRecorded(path) {
   });
   unmount();
   dev.model = new FakeModel(state);
-  dev.cleanups.push(widget.render({ model: dev.model, el: document.getElementById("stage") }));
+  const el = document.getElementById("stage");
+  el.style.width = width ? `${width}px` : "";
+  dev.cleanups.push(widget.render({ model: dev.model, el }));
 }
 
-window.gpumemDev = { mount, unmount, addView, publishTail, publishBase, addCell, get model() { return dev.model; }, timelineColumns };
+window.gpumemDev = { mount, mountRecorded, unmount, addView, publishTail, publishBase, startCell, addCell, get model() { return dev.model; }, timelineColumns };
 
 if (params.has("state")) {
   mountRecorded(params.get("state"));
@@ -109,7 +129,10 @@ if (params.has("state")) {
       e.target.textContent = "pause live";
     }
   });
-  button("cell", () => addCell());
+  button("cell", () => {
+    startCell();
+    setTimeout(() => addCell(), 3000);
+  });
   button("oom", () => addCell({ oom: true }));
   button("theme", () => {
     const light = document.body.dataset.jpThemeLight === "true";

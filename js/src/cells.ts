@@ -1,10 +1,14 @@
 // What the chart bands, the ledger and the details panel say about one cell. The kernel sends
-// per-device figures; across devices a cell's change is the sum and its peak the largest.
+// per-device figures; for one device they are that device's, across all devices a cell's change
+// is the sum and its peak the largest.
 
-import { formatBytes, formatDelta, formatDuration, sourcePreview } from "./format";
+import { formatBytes, formatDelta, formatDuration, formatPercent, sourcePreview } from "./format";
+import { estimateError } from "./notes";
 import type { CellRecord, Status } from "./protocol";
 
 export type Mode = Status["mode"];
+/** The device the view shows: an index, or null for all of them. */
+export type DeviceChoice = number | null;
 
 export interface CellSummary {
   delta: number | null; // allocated (CUDA) or host RSS (host mode)
@@ -13,7 +17,7 @@ export interface CellSummary {
   deltaReserved: number | null; // CUDA only
 }
 
-export function summarize(cell: CellRecord, mode: Mode): CellSummary {
+export function summarize(cell: CellRecord, mode: Mode, device: DeviceChoice = null): CellSummary {
   if (mode === "host") {
     const { host_rss_before: before, host_rss_after: after } = cell;
     return {
@@ -23,12 +27,13 @@ export function summarize(cell: CellRecord, mode: Mode): CellSummary {
       deltaReserved: null,
     };
   }
-  if (cell.devices.length === 0) return { delta: null, peak: null, peakExact: true, deltaReserved: null };
+  const usage = device === null ? cell.devices : cell.devices.filter((d) => d.device === device);
+  if (usage.length === 0) return { delta: null, peak: null, peakExact: true, deltaReserved: null };
   let delta = 0;
   let deltaReserved = 0;
   let peak = -Infinity;
   let peakExact = true;
-  for (const d of cell.devices) {
+  for (const d of usage) {
     delta += d.delta_allocated;
     deltaReserved += d.delta_reserved;
     peak = Math.max(peak, d.peak_allocated);
@@ -73,8 +78,8 @@ function sortValue(cell: CellRecord, s: CellSummary, key: SortKey): number | nul
 }
 
 /** A sorted copy; cells without the figure go last either way, ties keep execution order. */
-export function sortCells(cells: readonly CellRecord[], mode: Mode, key: SortKey, descending: boolean): CellRecord[] {
-  const keyed = cells.map((cell) => ({ cell, v: sortValue(cell, summarize(cell, mode), key) }));
+export function sortCells(cells: readonly CellRecord[], mode: Mode, key: SortKey, descending: boolean, device: DeviceChoice = null): CellRecord[] {
+  const keyed = cells.map((cell) => ({ cell, v: sortValue(cell, summarize(cell, mode, device), key) }));
   keyed.sort((a, b) => {
     if (a.v === null || b.v === null) {
       if (a.v === b.v) return a.cell.execution_count - b.cell.execution_count;
@@ -89,11 +94,11 @@ export function sortCells(cells: readonly CellRecord[], mode: Mode, key: SortKey
 export const TOOLTIP_SOURCE_LINES = 6;
 
 /** The band's hover text, one string per line (shown as text, never parsed as HTML). */
-export function tooltipLines(cell: CellRecord, mode: Mode): string[] {
-  const s = summarize(cell, mode);
+export function tooltipLines(cell: CellRecord, mode: Mode, device: DeviceChoice = null): string[] {
+  const s = summarize(cell, mode, device);
   const what = mode === "host" ? "RSS" : "allocated";
-  const head = [`[${cell.execution_count}]`, formatDuration(cell.duration), outcomeLabel(cell)].filter(Boolean);
-  const figures = [`\u0394 ${what} ${formatDelta(s.delta)}`, `peak ${formatPeak(s)}`];
+  const head = [`[${cell.execution_count}]`, formatDuration(cell.duration), outcomeLabel(cell), ...noteMarkers(cell).map((m) => m.text)].filter(Boolean);
+  const figures = [`${mode === "cuda" && device !== null ? `cuda:${device} ` : ""}\u0394 ${what} ${formatDelta(s.delta)}`, `peak ${formatPeak(s)}`];
   if (mode === "cuda") figures.push(`\u0394 reserved ${formatDelta(s.deltaReserved)}`);
   return [head.join("  "), ...sourcePreview(cell.source, TOOLTIP_SOURCE_LINES, 80), figures.join("  \u00b7  ")];
 }
@@ -105,4 +110,30 @@ export function firstCodeLine(source: string): string {
     if (trimmed !== "") return trimmed;
   }
   return "";
+}
+
+export interface NoteMarker {
+  kind: "estimate" | "leak";
+  text: string;
+  title: string;
+  warn: boolean; // worth the user's attention: an estimate off by more than its tolerance, a leak
+}
+
+/** The short markers a cell's notes put on its ledger row and its band's hover text. */
+export function noteMarkers(cell: CellRecord): NoteMarker[] {
+  const markers: NoteMarker[] = [];
+  const est = cell.notes.estimate;
+  if (est) {
+    const c = est.comparison;
+    markers.push({
+      kind: "estimate",
+      text: `est ${formatPercent(estimateError(c))}`,
+      title: `Estimate ${formatBytes(c.predicted)}, measured ${formatBytes(c.measured)}: ${c.explanation}`,
+      warn: !c.within_tolerance,
+    });
+  }
+  if (cell.notes.leaks.length > 0) {
+    markers.push({ kind: "leak", text: "\u26a0 leak", title: cell.notes.leaks.map((h) => h.message).join("\n\n"), warn: true });
+  }
+  return markers;
 }

@@ -1,12 +1,17 @@
-// The live chart: one uPlot panel per CUDA device (allocated, reserved, NVML process and device
-// use, capacity as a ceiling) and a small host RSS panel, sharing one time range; a strip of cell
-// bands above them; a legend with current values per panel; zoom (drag), pan (shift-drag), a
-// "follow live" toggle. Nothing here draws until `draw()`, which the widget calls once per frame.
+// The live chart: one uPlot panel per CUDA device shown (allocated, reserved, NVML process and
+// device use, capacity as a ceiling) and a small host RSS panel, sharing one time range; a strip
+// of cell bands above them, the running cell's band open-ended to the newest sample; a cell's
+// estimate as a dashed line across its band; a legend with current values per panel; zoom
+// (drag), pan (shift-drag), a "follow live" toggle. Nothing here draws until `draw()`, which the
+// widget calls once per frame.
+//
+// With several devices, "all" shows one panel per device rather than summed lines: each keeps its
+// own capacity line and scale, so the one card that is full stays visible, which a sum hides.
 
 import uPlot from "uplot";
-import { outcome, tooltipLines, type Mode } from "./cells";
+import { outcome, tooltipLines, type DeviceChoice, type Mode } from "./cells";
 import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
-import { byteTicks, clockPrecision, formatBytes, formatClock, formatTick } from "./format";
+import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "./format";
 import { deviceColumn, HOST_RSS_COLUMN, type CellRecord, type DeviceField, type DeviceInfo, type Timeline } from "./protocol";
 import { readPalette, type Palette } from "./theme";
 
@@ -39,6 +44,7 @@ const MIN_VISIBLE_SPAN = 1; // seconds
 const CLICK_SLOP_PX = 3;
 
 interface Panel {
+  el: HTMLElement;
   plot: uPlot;
   device: DeviceInfo | null; // null: the host RSS panel
   columns: string[];
@@ -52,9 +58,20 @@ export interface ChartOptions {
   root: HTMLElement;
   requestFrame: () => void;
   onSelectCell: (executionCount: number) => void;
+  /** Controls that belong at the start of the chart's toolbar (the device selector). */
+  toolbarStart?: HTMLElement;
 }
 
 type Range = { min: number; max: number };
+
+/** A cell's estimate, drawn as a dashed line at `predicted` across its band on `device`'s panel. */
+interface EstimateLine {
+  executionCount: number;
+  device: number;
+  start: number;
+  end: number;
+  predicted: number;
+}
 
 let nextSyncKey = 0;
 
@@ -78,8 +95,12 @@ export class Chart {
   private devices: DeviceInfo[] = [];
   private mode: Mode = "host";
   private timeline: Timeline = { n: 0, t: new Float64Array(0), values: new Map() };
+  private deviceChoice: DeviceChoice = null;
   private cells: CellRecord[] = [];
+  private estimates: EstimateLine[] = [];
   private bands = new Map<number, HTMLElement>();
+  private readonly runningBand: HTMLElement;
+  private running: { executionCount: number; started: number } | null = null;
   private selected: number | null = null;
   private width = 0;
   private dirty = true;
@@ -109,14 +130,18 @@ export class Chart {
     const showAll = button("Show all", () => this.showAll());
     showAll.title = "Show every sample and follow live (or double-click the chart)";
     this.hoverText = div("gpumem-hover-time");
-    this.toolbar.append(followLabel, zoomOut, showAll, this.hoverText);
+    this.toolbar.append(...(opts.toolbarStart ? [opts.toolbarStart] : []), followLabel, zoomOut, showAll, this.hoverText);
     this.toolbar.title = "Drag to zoom, shift-drag to pan, double-click to show all";
 
     this.strip = div("gpumem-strip");
     this.strip.addEventListener("pointermove", (e) => this.onStripHover(e));
     this.strip.addEventListener("pointerleave", () => this.hideTooltip());
+    this.runningBand = div("gpumem-band gpumem-band--running");
+    this.runningBand.dataset["running"] = "";
+    this.runningBand.hidden = true;
+    this.strip.append(this.runningBand);
     this.strip.addEventListener("click", (e) => {
-      const band = (e.target as Element).closest<HTMLElement>(".gpumem-band");
+      const band = (e.target as Element).closest<HTMLElement>(".gpumem-band:not([data-running])");
       const n = Number(band?.dataset["executionCount"]);
       if (band && Number.isFinite(n)) this.opts.onSelectCell(n);
     });
@@ -138,13 +163,29 @@ export class Chart {
     this.resizeObserver.observe(this.el);
   }
 
-  setLayout(devices: DeviceInfo[], mode: Mode): void {
-    const key = JSON.stringify([mode, devices.map((d) => [d.index, d.name, d.total])]);
+  /** The devices, the mode, and which device's panel to show (null: one per device). */
+  setLayout(devices: DeviceInfo[], mode: Mode, deviceChoice: DeviceChoice = null): void {
+    const key = JSON.stringify([mode, deviceChoice, devices.map((d) => [d.index, d.name, d.total])]);
     if (key === this.layoutKey) return;
     this.layoutKey = key;
     this.devices = devices;
     this.mode = mode;
+    this.deviceChoice = deviceChoice;
     this.rebuildWanted = true;
+    this.invalidate();
+  }
+
+  /** The cell running now (`started`: unix seconds, kernel clock), or null when idle. */
+  setRunning(executionCount: number | null, started: number | null): void {
+    const running = executionCount !== null && started !== null ? { executionCount, started } : null;
+    if (JSON.stringify(running) === JSON.stringify(this.running)) return;
+    this.running = running;
+    if (running) {
+      this.runningBand.dataset["executionCount"] = String(running.executionCount);
+      this.runningBand.textContent = `[${running.executionCount}] running`;
+    } else {
+      delete this.runningBand.dataset["executionCount"];
+    }
     this.invalidate();
   }
 
@@ -155,6 +196,11 @@ export class Chart {
 
   setCells(cells: CellRecord[]): void {
     this.cells = cells;
+    this.estimates = cells.flatMap((c): EstimateLine[] => {
+      const est = c.notes.estimate;
+      if (!est) return [];
+      return [{ executionCount: c.execution_count, device: est.device, start: c.started, end: c.started + c.duration, predicted: est.comparison.predicted }];
+    });
     const keep = new Set<number>();
     for (const cell of cells) {
       const n = cell.execution_count;
@@ -165,7 +211,7 @@ export class Chart {
         band.dataset["executionCount"] = String(n);
         band.textContent = `[${n}]`;
         this.bands.set(n, band);
-        this.strip.append(band);
+        this.strip.insertBefore(band, this.runningBand);
       }
       band.dataset["outcome"] = outcome(cell);
     }
@@ -239,11 +285,20 @@ export class Chart {
     return n > 0 ? { min: t[0] as number, max: t[n - 1] as number } : null;
   }
 
+  /** The running cell's span: from its start to the newest sample (its "now"), if any. */
+  private runningSpan(): Range | null {
+    if (!this.running || this.cells.some((c) => c.execution_count === this.running?.executionCount)) return null;
+    const { started } = this.running;
+    return { min: started, max: Math.max(started, this.dataExtent()?.max ?? started) };
+  }
+
   private currentRange(): Range {
     let range: Range;
     if (this.follow) {
       const extent = this.dataExtent() ?? { min: Date.now() / 1000 - 60, max: Date.now() / 1000 };
-      range = { min: this.followSpan === null ? extent.min : extent.max - this.followSpan, max: extent.max };
+      // A cell that started after the newest sample still shows its (thin) band at the edge.
+      const newest = Math.max(extent.max, this.runningSpan()?.max ?? -Infinity);
+      range = { min: this.followSpan === null ? extent.min : newest - this.followSpan, max: newest };
     } else {
       range = this.fixed;
     }
@@ -304,8 +359,10 @@ export class Chart {
     for (const p of this.panels) p.plot.destroy();
     this.panelsEl.replaceChildren();
     this.palette = readPalette(this.opts.root);
-    const devices = this.mode === "cuda" ? this.devices : [];
-    const deviceHeight = devices.length <= 1 ? 190 : devices.length === 2 ? 150 : 120;
+    const all = this.mode === "cuda" ? this.devices : [];
+    const chosen = all.filter((d) => d.index === this.deviceChoice);
+    const devices = chosen.length > 0 ? chosen : all;
+    const deviceHeight = devices.length <= 1 ? 190 : devices.length === 2 ? 150 : devices.length <= 4 ? 110 : 80;
     this.panels = devices.map((d) => this.createPanel(d, DEVICE_SERIES, deviceHeight, false));
     this.panels.push(this.createPanel(null, HOST_SERIES, devices.length === 0 ? 190 : 90, true));
     // The strip's bands are placed in plot coordinates: indent it by the y axis.
@@ -428,6 +485,7 @@ export class Chart {
         draw: [
           (u) => {
             if (capacity !== null) this.paintCapacity(u, capacity);
+            if (device) this.paintEstimates(u, device.index, el);
           },
         ],
         setScale: [(u, key) => this.onPlotScale(u, key)],
@@ -438,7 +496,7 @@ export class Chart {
     el.append(legendEl, plotEl);
     this.panelsEl.append(el);
     const plot = new uPlot(opts, [[], ...specs.map(() => [])], plotEl);
-    const panel: Panel = { plot, device, columns, legendValues, height, lows: [] };
+    const panel: Panel = { el, plot, device, columns, legendValues, height, lows: [] };
     this.attachPointer(plot);
     return panel;
   }
@@ -451,7 +509,12 @@ export class Chart {
     const data: Envelope = decimate(this.timeline.t, columns, min, max, plotWidth);
     panel.lows = data.lo;
     const visible = data.hi.filter((_y, i) => plot.series[i + 1]?.show !== false);
-    const top = yTop(seriesMax(visible), panel.device?.total ?? null);
+    const index = panel.device?.index;
+    let dataMax = seriesMax(visible);
+    for (const e of this.estimates) {
+      if (e.device === index && e.end >= min && e.start <= max) dataMax = Math.max(dataMax, e.predicted);
+    }
+    const top = yTop(dataMax, panel.device?.total ?? null);
     this.settingScales = true;
     try {
       plot.batch(() => {
@@ -512,6 +575,39 @@ export class Chart {
   // -------------------------------------------------------------------------------------------
   // cell bands: shaded on every panel's canvas, labelled and interactive in the strip
 
+  private paintEstimates(u: uPlot, device: number, panelEl: HTMLElement): void {
+    const p = this.palette;
+    const top = u.scales["y"]?.max;
+    if (!p || top == null) return;
+    const { ctx, bbox } = u;
+    const { min, max } = this.shown;
+    const drawn: number[] = [];
+    ctx.save();
+    ctx.strokeStyle = p.estimate;
+    ctx.fillStyle = p.estimate;
+    ctx.lineWidth = 2 * uPlot.pxRatio;
+    ctx.setLineDash([5 * uPlot.pxRatio, 3 * uPlot.pxRatio]);
+    ctx.font = p.font.replace(/^\d+px/, (px) => `${parseInt(px, 10) * uPlot.pxRatio}px`);
+    ctx.textBaseline = "bottom";
+    for (const e of this.estimates) {
+      if (e.device !== device || e.end < min || e.start > max || e.predicted > top) continue;
+      const x0 = Math.max(bbox.left, u.valToPos(e.start, "x", true));
+      const x1 = Math.min(bbox.left + bbox.width, u.valToPos(e.end, "x", true));
+      const y = Math.round(u.valToPos(e.predicted, "y", true)) + 0.5;
+      ctx.beginPath();
+      ctx.moveTo(x0, y);
+      ctx.lineTo(Math.max(x1, x0 + 2 * uPlot.pxRatio), y);
+      ctx.stroke();
+      const label = `est ${formatBytes(e.predicted)}`;
+      if (ctx.measureText(label).width + 4 * uPlot.pxRatio < x1 - x0) ctx.fillText(label, x0 + 2 * uPlot.pxRatio, y - 2 * uPlot.pxRatio);
+      drawn.push(e.executionCount);
+    }
+    ctx.restore();
+    // Tests read which estimates are on screen.
+    const list = drawn.join(" ");
+    if (panelEl.dataset["estimates"] !== list) panelEl.dataset["estimates"] = list;
+  }
+
   private cellAt(x: number): CellRecord | undefined {
     for (let i = this.cells.length - 1; i >= 0; i--) {
       const c = this.cells[i] as CellRecord;
@@ -542,6 +638,13 @@ export class Chart {
                 ? p.band
                 : p.bandAlt;
       ctx.fillRect(x0, bbox.top, Math.max(uPlot.pxRatio, x1 - x0), bbox.height);
+    }
+    const running = this.runningSpan();
+    if (running && running.max >= min && running.min <= max) {
+      const x0 = Math.max(bbox.left, u.valToPos(running.min, "x", true));
+      const x1 = Math.min(bbox.left + bbox.width, u.valToPos(running.max, "x", true));
+      ctx.fillStyle = p.bandRunning;
+      ctx.fillRect(x0, bbox.top, Math.max(2 * uPlot.pxRatio, x1 - x0), bbox.height);
     }
   }
 
@@ -584,17 +687,32 @@ export class Chart {
       band.style.width = `${w}px`;
       band.classList.toggle("gpumem-band--narrow", w < 26);
     }
+    const running = this.runningSpan();
+    const band = this.runningBand;
+    if (!running || running.max < min || running.min > max) {
+      band.hidden = true;
+      return;
+    }
+    const left = Math.max(0, plot.valToPos(running.min, "x"));
+    const w = Math.max(4, Math.min(width, plot.valToPos(running.max, "x")) - left);
+    band.hidden = false;
+    band.style.left = `${Math.min(left, width - w)}px`; // a cell that just started: at the edge
+    band.style.width = `${w}px`;
+    band.classList.toggle("gpumem-band--narrow", w < 26);
   }
 
   private onStripHover(e: PointerEvent): void {
     const band = (e.target as Element).closest<HTMLElement>(".gpumem-band");
     const n = Number(band?.dataset["executionCount"]);
-    const cell = band ? this.cells.find((c) => c.execution_count === n) : undefined;
-    if (!cell) {
+    const running = band === this.runningBand ? this.runningSpan() : null;
+    const cell = band && !running ? this.cells.find((c) => c.execution_count === n) : undefined;
+    if (!cell && !running) {
       this.hideTooltip();
       return;
     }
-    const lines = tooltipLines(cell, this.mode);
+    const lines = cell
+      ? tooltipLines(cell, this.mode, this.deviceChoice)
+      : [`[${n}]  running`, `started ${formatClock(running?.min ?? 0)}, ${formatDuration((running?.max ?? 0) - (running?.min ?? 0))} so far`];
     this.tooltip.replaceChildren(
       ...lines.map((line, i) => {
         const el = div(i === 0 ? "gpumem-tooltip-head" : i === lines.length - 1 ? "gpumem-tooltip-figures" : "gpumem-tooltip-source");
@@ -602,7 +720,7 @@ export class Chart {
         return el;
       }),
     );
-    this.tooltip.dataset["outcome"] = outcome(cell);
+    this.tooltip.dataset["outcome"] = cell ? outcome(cell) : "running";
     this.tooltip.hidden = false;
     const rootBox = this.opts.root.getBoundingClientRect();
     const maxLeft = Math.max(0, rootBox.width - this.tooltip.offsetWidth - 4);

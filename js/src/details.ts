@@ -1,8 +1,10 @@
 // The selected cell in full: per-device figures (before → after, change, peaks), memory outside
-// PyTorch (NVML's process use minus what the allocator reserved), host RSS, and the source.
+// PyTorch (NVML's process use minus what the allocator reserved), host RSS, what features noted
+// (estimate, OOM post-mortem, leak hints, others), and the source.
 
 import { outcome, outcomeLabel, type Mode } from "./cells";
 import { formatBytes, formatClock, formatDelta, formatDuration } from "./format";
+import { noteSections } from "./notes_view";
 import type { CellRecord, DeviceCellUsage, DeviceInfo } from "./protocol";
 
 type Row = [label: string, value: (d: DeviceCellUsage) => string, hint?: string];
@@ -63,7 +65,7 @@ export class Details {
 
     const parts: HTMLElement[] = [head];
     if (mode === "cuda" && cell.devices.length > 0) parts.push(deviceTable(cell.devices, devices));
-    parts.push(hostLine(cell));
+    parts.push(hostLine(cell), ...noteSections(cell.notes));
     const source = document.createElement("pre");
     source.className = "gpumem-details-source";
     source.textContent = cell.source;

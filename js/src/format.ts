@@ -63,6 +63,14 @@ export function formatDelta(bytes: number | null | undefined): string {
   return bytes > 0 ? `+${text}` : text;
 }
 
+/** A signed share: "+3.1%", "−12.0%", "0.0%". */
+export function formatPercent(fraction: number): string {
+  if (!Number.isFinite(fraction)) return MISSING;
+  const text = `${(Math.abs(fraction) * 100).toFixed(1)}%`;
+  if (text === "0.0%") return text;
+  return (fraction > 0 ? "+" : MINUS) + text;
+}
+
 /** "850 µs", "12 ms", "1.23 s", "2 min 03 s", "1 h 02 min". */
 export function formatDuration(seconds: number | null | undefined): string {
   if (seconds == null || Number.isNaN(seconds)) return MISSING;

@@ -1,12 +1,16 @@
 // The header: mode, sampler state, the running cell, one chip per device (name, capacity,
-// session peak), and every reason something is missing: a reader that is unavailable, an
-// error the kernel side reported, or a trait the browser could not read.
+// session peak, and who uses the device: this kernel and other processes, listed on expand),
+// and every reason something is missing: a reader that is unavailable, an error the kernel side
+// reported, or a trait the browser could not read.
 
-import { formatBytes, formatDuration } from "./format";
-import type { DeviceInfo, Status } from "./protocol";
+import { formatBytes, formatClock, formatDuration } from "./format";
+import type { DeviceInfo, ProcessUse, Status } from "./protocol";
 
 export class Header {
   readonly el: HTMLElement;
+  // The header is rebuilt whenever the status changes (process figures move while a cell runs):
+  // remember which process lists the user opened.
+  private readonly openLists = new Set<number>();
 
   constructor() {
     this.el = document.createElement("header");
@@ -23,7 +27,10 @@ export class Header {
     const sampler = span("gpumem-sampler", samplerText(status));
     sampler.dataset["state"] = status.sampler ?? "none";
     top.append(title, mode, sampler);
-    if (status.running_cell !== null) top.append(span("gpumem-running", `running [${status.running_cell}]`));
+    if (status.running_cell !== null) {
+      const since = status.running_started !== null ? ` since ${formatClock(status.running_started)}` : "";
+      top.append(span("gpumem-running", `running [${status.running_cell}]${since}`));
+    }
 
     const chips = document.createElement("div");
     chips.className = "gpumem-devices";
@@ -34,6 +41,8 @@ export class Header {
       const peak = status.session_peak.find((p) => p.device === d.index);
       if (peak) chip.append(span("gpumem-device-peak", ` \u00b7 peak ${formatBytes(peak.allocated)}`));
       if (d.uuid) chip.title = d.uuid;
+      const procs = status.processes.get(d.index);
+      if (procs) chip.append(this.processList(d.index, procs));
       chips.append(chip);
     }
 
@@ -47,6 +56,44 @@ export class Header {
 
     this.el.replaceChildren(top, ...(devices.length > 0 ? [chips] : []), ...(notes.childElementCount > 0 ? [notes] : []));
   }
+
+  /** "this kernel 4.20 GiB · other processes 1.30 GiB (2)", opening to one line per process. */
+  private processList(device: number, procs: readonly ProcessUse[]): HTMLElement {
+    const details = document.createElement("details");
+    details.className = "gpumem-processes";
+    details.dataset["device"] = String(device);
+    details.open = this.openLists.has(device);
+    details.addEventListener("toggle", () => {
+      if (details.open) this.openLists.add(device);
+      else this.openLists.delete(device);
+    });
+    const summary = document.createElement("summary");
+    summary.textContent = processSummary(procs);
+    const lines = procs.map(processLine);
+    summary.title = lines.join("\n") || "NVML lists no process on this device";
+    const list = document.createElement("ul");
+    list.append(...lines.map((line, i) => item(line, procs[i]?.self ? "self" : "other")));
+    details.append(summary, list);
+    return details;
+  }
+}
+
+/** The sum of what NVML says these processes use, and whether any figure was unavailable. */
+function used(procs: readonly ProcessUse[]): { bytes: number; unknown: boolean } {
+  return { bytes: procs.reduce((sum, p) => sum + (p.used ?? 0), 0), unknown: procs.some((p) => p.used === null) };
+}
+
+export function processSummary(procs: readonly ProcessUse[]): string {
+  const mine = procs.filter((p) => p.self);
+  const others = procs.filter((p) => !p.self);
+  const text = (u: { bytes: number; unknown: boolean }): string => (u.unknown && u.bytes === 0 ? "n/a" : `${u.unknown ? "\u2265 " : ""}${formatBytes(u.bytes)}`);
+  const self = mine.length > 0 ? `this kernel ${text(used(mine))}` : "this kernel not listed";
+  return `${self} \u00b7 other processes ${others.length > 0 ? text(used(others)) : formatBytes(0)} (${others.length})`;
+}
+
+function processLine(p: ProcessUse): string {
+  const who = p.self ? "this kernel" : (p.name ?? "(name not visible)");
+  return `pid ${p.pid}  ${p.used === null ? "n/a" : formatBytes(p.used)}  ${who}`;
 }
 
 function samplerText(status: Status): string {

@@ -1,25 +1,58 @@
 // The ledger table: one row per executed cell, sortable by change, peak and duration, so "which
 // cell cost the most" is one click. Rows carry data-execution-count; selecting one (click, Enter)
-// asks the widget to select that cell.
+// asks the widget to select that cell. With several devices the figures are the chosen device's,
+// or across all of them the sum of the changes and the largest peak (the column titles say which).
+// Markers before the source flag what features noted: an estimate's error, a leak hint.
 
-import { firstCodeLine, formatPeak, outcome, outcomeLabel, sortCells, summarize, type Mode, type SortKey } from "./cells";
+import { firstCodeLine, formatPeak, noteMarkers, outcome, outcomeLabel, sortCells, summarize, type DeviceChoice, type Mode, type SortKey } from "./cells";
 import { formatDelta, formatDuration } from "./format";
 import type { CellRecord } from "./protocol";
+
+/** What the figure columns cover: the mode, and in CUDA mode the device choice. */
+interface Scope {
+  mode: Mode;
+  device: DeviceChoice;
+  multiDevice: boolean; // the kernel sees more than one device
+}
 
 interface ColumnSpec {
   key: SortKey | null; // null: not sortable
   label: (mode: Mode) => string;
+  title: (scope: Scope) => string;
   className: string;
   cudaOnly?: boolean;
 }
 
+/** "allocated" on the chosen device, or across all of them (sum or largest). */
+function across(scope: Scope, what: string, all: string): string {
+  if (scope.mode === "host" || !scope.multiDevice) return what;
+  return scope.device === null ? `${what}: ${all}` : `${what} on cuda:${scope.device}`;
+}
+
 const COLUMNS: readonly ColumnSpec[] = [
-  { key: "execution_count", label: () => "#", className: "gpumem-col-n" },
-  { key: null, label: () => "cell", className: "gpumem-col-source" },
-  { key: "duration", label: () => "time", className: "gpumem-col-num" },
-  { key: "delta", label: (m) => (m === "host" ? "\u0394 RSS" : "\u0394 alloc"), className: "gpumem-col-num" },
-  { key: "peak", label: () => "peak", className: "gpumem-col-num" },
-  { key: "delta_reserved", label: () => "\u0394 reserved", className: "gpumem-col-num gpumem-col-reserved", cudaOnly: true },
+  { key: "execution_count", label: () => "#", title: () => "Execution count", className: "gpumem-col-n" },
+  { key: null, label: () => "cell", title: () => "The cell's first line of code", className: "gpumem-col-source" },
+  { key: "duration", label: () => "time", title: () => "How long the cell ran", className: "gpumem-col-num" },
+  {
+    key: "delta",
+    label: (m) => (m === "host" ? "\u0394 RSS" : "\u0394 alloc"),
+    title: (s) =>
+      s.mode === "host" ? "Change in host RSS over the cell" : across(s, "Change in allocated memory over the cell", "the sum over all devices"),
+    className: "gpumem-col-num",
+  },
+  {
+    key: "peak",
+    label: () => "peak",
+    title: (s) => (s.mode === "host" ? "Highest sampled host RSS (a lower bound)" : across(s, "Peak allocated during the cell", "the largest of any device")),
+    className: "gpumem-col-num",
+  },
+  {
+    key: "delta_reserved",
+    label: () => "\u0394 reserved",
+    title: (s) => across(s, "Change in memory PyTorch reserved over the cell", "the sum over all devices"),
+    className: "gpumem-col-num gpumem-col-reserved",
+    cudaOnly: true,
+  },
 ];
 
 export class Ledger {
@@ -28,7 +61,7 @@ export class Ledger {
   private readonly head: HTMLTableRowElement;
   private readonly body: HTMLTableSectionElement;
   private cells: CellRecord[] = [];
-  private mode: Mode = "host";
+  private scope: Scope = { mode: "host", device: null, multiDevice: false };
   private sortKey: SortKey = "execution_count";
   private descending = true; // newest first until the user sorts
   private selected: number | null = null;
@@ -53,11 +86,13 @@ export class Ledger {
     this.renderHead();
   }
 
-  update(cells: CellRecord[], mode: Mode): void {
-    const modeChanged = mode !== this.mode;
+  /** `device`: whose figures to show (null: all); `multiDevice`: whether there is a choice. */
+  update(cells: CellRecord[], mode: Mode, device: DeviceChoice = null, multiDevice = false): void {
+    const scope: Scope = { mode, device: mode === "cuda" ? device : null, multiDevice };
+    const scopeChanged = JSON.stringify(scope) !== JSON.stringify(this.scope);
     this.cells = cells;
-    this.mode = mode;
-    if (modeChanged) this.renderHead();
+    this.scope = scope;
+    if (scopeChanged) this.renderHead();
     this.renderBody();
   }
 
@@ -71,7 +106,7 @@ export class Ledger {
   }
 
   private columns(): ColumnSpec[] {
-    return COLUMNS.filter((c) => !c.cudaOnly || this.mode === "cuda");
+    return COLUMNS.filter((c) => !c.cudaOnly || this.scope.mode === "cuda");
   }
 
   private sortBy(key: SortKey): void {
@@ -88,17 +123,19 @@ export class Ledger {
         const th = document.createElement("th");
         th.className = col.className;
         th.scope = "col";
+        th.title = col.title(this.scope);
         const { key } = col;
+        const label = col.label(this.scope.mode);
         if (key === null) {
-          th.textContent = col.label(this.mode);
+          th.textContent = label;
           return th;
         }
         const sortButton = document.createElement("button");
         sortButton.type = "button";
         sortButton.dataset["sort"] = key;
         const active = key === this.sortKey;
-        sortButton.textContent = col.label(this.mode) + (active ? (this.descending ? " \u25be" : " \u25b4") : "");
-        sortButton.title = `Sort by ${col.label(this.mode)}`;
+        sortButton.textContent = label + (active ? (this.descending ? " \u25be" : " \u25b4") : "");
+        sortButton.title = `${th.title}. Click to sort.`;
         sortButton.addEventListener("click", () => this.sortBy(key));
         th.setAttribute("aria-sort", active ? (this.descending ? "descending" : "ascending") : "none");
         th.append(sortButton);
@@ -119,12 +156,14 @@ export class Ledger {
       this.body.replaceChildren(row);
       return;
     }
-    const rows = sortCells(this.cells, this.mode, this.sortKey, this.descending).map((cell) => this.row(cell));
+    const { mode, device } = this.scope;
+    const rows = sortCells(this.cells, mode, this.sortKey, this.descending, device).map((cell) => this.row(cell));
     this.body.replaceChildren(...rows);
   }
 
   private row(cell: CellRecord): HTMLTableRowElement {
-    const s = summarize(cell, this.mode);
+    const { mode, device, multiDevice } = this.scope;
+    const s = summarize(cell, mode, device);
     const tr = document.createElement("tr");
     const n = cell.execution_count;
     tr.dataset["executionCount"] = String(n);
@@ -142,16 +181,36 @@ export class Ledger {
       badge.title = label;
       num.append(" ", badge);
     }
-    const source = td("gpumem-col-source", firstCodeLine(cell.source));
+    const source = td("gpumem-col-source", "");
     source.title = cell.source.split(/\r?\n/).slice(0, 8).join("\n");
-    tr.append(
-      num,
-      source,
-      td("gpumem-col-num", formatDuration(cell.duration)),
+    for (const marker of noteMarkers(cell)) {
+      const m = document.createElement("span");
+      m.className = "gpumem-marker";
+      m.dataset["note"] = marker.kind;
+      if (marker.warn) m.dataset["warn"] = "";
+      m.textContent = marker.text;
+      m.title = marker.title;
+      source.append(m);
+    }
+    const code = document.createElement("span");
+    code.className = "gpumem-source-text";
+    code.textContent = firstCodeLine(cell.source);
+    source.append(code);
+    const figures = [
       td("gpumem-col-num", formatDelta(s.delta)),
       td("gpumem-col-num", formatPeak(s)),
-    );
-    if (this.mode === "cuda") tr.append(td("gpumem-col-num gpumem-col-reserved", formatDelta(s.deltaReserved)));
+      ...(mode === "cuda" ? [td("gpumem-col-num gpumem-col-reserved", formatDelta(s.deltaReserved))] : []),
+    ];
+    // Across several devices, each device's own figure is one hover away.
+    if (mode === "cuda" && multiDevice && device === null && cell.devices.length > 1) {
+      const perDevice = (pick: (d: CellRecord["devices"][number]) => string): string =>
+        cell.devices.map((d) => `cuda:${d.device} ${pick(d)}`).join("\n");
+      const [delta, peak, reserved] = figures;
+      if (delta) delta.title = perDevice((d) => formatDelta(d.delta_allocated));
+      if (peak) peak.title = perDevice((d) => formatPeak({ peak: d.peak_allocated, peakExact: d.peak_exact, delta: null, deltaReserved: null }));
+      if (reserved) reserved.title = perDevice((d) => formatDelta(d.delta_reserved));
+    }
+    tr.append(num, source, td("gpumem-col-num", formatDuration(cell.duration)), ...figures);
     return tr;
   }
 

@@ -4,6 +4,22 @@
 // Everything here validates what the model holds, because a malformed trait must cost one clear
 // message in the header, never a broken view.
 
+import {
+  describe,
+  field,
+  isBool,
+  isNumber,
+  isNumberOrNull,
+  isObject,
+  isString,
+  isStringOrNull,
+  optional,
+  ProtocolError,
+} from "./json";
+import { parseNotes, type CellNotes } from "./notes";
+
+export { ProtocolError };
+
 export const TIME_COLUMN = "t";
 export const HOST_RSS_COLUMN = "host/rss";
 // allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
@@ -24,9 +40,6 @@ export type Traits = {
   timeline_tail: unknown;
 };
 
-export class ProtocolError extends Error {
-  override name = "ProtocolError";
-}
 
 // ---------------------------------------------------------------------------------------------
 // JSON traits
@@ -50,6 +63,14 @@ export interface SessionPeak {
   reserved: number;
 }
 
+/** One process NVML lists on a device. */
+export interface ProcessUse {
+  pid: number;
+  used: number | null; // bytes; null where NVML reports N/A (containers, MIG)
+  self: boolean; // this kernel
+  name: string | null; // command line, short; null where it cannot be seen
+}
+
 export interface Status {
   mode: "cuda" | "host";
   sampler: "running" | "paused" | "stopped" | null; // null: no status published yet
@@ -59,7 +80,9 @@ export interface Status {
   readers: Record<string, ReaderState>;
   error: string | null;
   running_cell: number | null;
+  running_started: number | null; // unix seconds (kernel clock), null when idle
   session_peak: SessionPeak[];
+  processes: Map<number, ProcessUse[]>; // by device index; absent where NVML has no list
 }
 
 export interface DeviceCellUsage {
@@ -93,37 +116,7 @@ export interface CellRecord {
   host_rss_after: number | null;
   host_rss_peak: number | null; // sampled: a lower bound
   devices: DeviceCellUsage[];
-}
-
-type Json = Record<string, unknown>;
-
-function isObject(x: unknown): x is Json {
-  return typeof x === "object" && x !== null && !Array.isArray(x);
-}
-
-function field<T>(obj: Json, key: string, what: string, check: (v: unknown) => v is T, expected: string): T {
-  const v = obj[key];
-  if (!check(v)) throw new ProtocolError(`${what}.${key}: expected ${expected}, got ${describe(v)}`);
-  return v;
-}
-
-function describe(v: unknown): string {
-  if (v === undefined) return "nothing";
-  if (v === null) return "null";
-  if (Array.isArray(v)) return "a list";
-  return typeof v === "string" ? `"${v.slice(0, 40)}"` : typeof v;
-}
-
-const isNumber = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v);
-const isNumberOrNull = (v: unknown): v is number | null => v === null || isNumber(v);
-const isString = (v: unknown): v is string => typeof v === "string";
-const isStringOrNull = (v: unknown): v is string | null => v === null || typeof v === "string";
-const isBool = (v: unknown): v is boolean => typeof v === "boolean";
-
-/** Optional fields: absent or wrong-typed reads as `fallback` (older kernels, partial status). */
-function optional<T>(obj: Json, key: string, check: (v: unknown) => v is T, fallback: T): T {
-  const v = obj[key];
-  return check(v) ? v : fallback;
+  notes: CellNotes;
 }
 
 export function parseDevices(raw: unknown): DeviceInfo[] {
@@ -175,8 +168,32 @@ export function parseStatus(raw: unknown, devices: readonly DeviceInfo[]): Statu
     readers,
     error: optional(s, "error", isStringOrNull, null),
     running_cell: optional(s, "running_cell", isNumberOrNull, null),
+    running_started: optional(s, "running_started", isNumberOrNull, null),
     session_peak: peaks,
+    processes: parseProcesses(s["processes"]),
   };
+}
+
+/** `{"<device>": [{pid, used, self, name}]}`; malformed entries are left out. */
+function parseProcesses(raw: unknown): Map<number, ProcessUse[]> {
+  const out = new Map<number, ProcessUse[]>();
+  if (!isObject(raw)) return out;
+  for (const [key, list] of Object.entries(raw)) {
+    const device = Number(key);
+    if (!Number.isInteger(device) || device < 0 || !Array.isArray(list)) continue;
+    const procs: ProcessUse[] = [];
+    for (const p of list) {
+      if (!isObject(p) || !isNumber(p["pid"])) continue;
+      procs.push({
+        pid: p["pid"],
+        used: optional(p, "used", isNumberOrNull, null),
+        self: optional(p, "self", isBool, false),
+        name: optional(p, "name", isStringOrNull, null),
+      });
+    }
+    out.set(device, procs);
+  }
+  return out;
 }
 
 function parseDeviceUsage(d: unknown, what: string): DeviceCellUsage {
@@ -228,6 +245,7 @@ export function parseCell(c: unknown, what: string): CellRecord {
     host_rss_after: optional(c, "host_rss_after", isNumberOrNull, null),
     host_rss_peak: optional(c, "host_rss_peak", isNumberOrNull, null),
     devices: devices.map((d, i) => parseDeviceUsage(d, `${what}.devices[${i}]`)),
+    notes: parseNotes(c["notes"]),
   };
 }
 

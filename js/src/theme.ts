@@ -14,11 +14,13 @@ export interface Palette {
   deviceUsed: string;
   capacity: string;
   hostRss: string;
+  estimate: string;
   band: string;
   bandAlt: string;
   bandError: string;
   bandOom: string;
   bandSelected: string;
+  bandRunning: string;
 }
 
 const FALLBACK: Palette = {
@@ -33,11 +35,13 @@ const FALLBACK: Palette = {
   deviceUsed: "#8a8a8a",
   capacity: "#d63a2f",
   hostRss: "#2e9e6b",
+  estimate: "#0f8a80",
   band: "rgba(128, 128, 128, 0.10)",
   bandAlt: "rgba(128, 128, 128, 0.05)",
   bandError: "rgba(224, 135, 26, 0.22)",
   bandOom: "rgba(214, 58, 47, 0.28)",
   bandSelected: "rgba(31, 119, 208, 0.22)",
+  bandRunning: "rgba(46, 158, 107, 0.2)",
 };
 
 const VARIABLES: Record<Exclude<keyof Palette, "font">, string> = {
@@ -51,11 +55,13 @@ const VARIABLES: Record<Exclude<keyof Palette, "font">, string> = {
   deviceUsed: "--gpumem-device-used",
   capacity: "--gpumem-capacity",
   hostRss: "--gpumem-host-rss",
+  estimate: "--gpumem-estimate",
   band: "--gpumem-band",
   bandAlt: "--gpumem-band-alt",
   bandError: "--gpumem-band-error",
   bandOom: "--gpumem-band-oom",
   bandSelected: "--gpumem-band-selected",
+  bandRunning: "--gpumem-band-running",
 };
 
 /** The palette as styled on `el` (which must be in the document for styles to apply). */

@@ -6,8 +6,10 @@
 import "uplot/dist/uPlot.min.css";
 import "./widget.css";
 import type { AnyModel } from "@anywidget/types";
+import type { DeviceChoice } from "./cells";
 import { Chart } from "./chart";
 import { Details } from "./details";
+import { DeviceSelect } from "./device_select";
 import { renderDrilldown } from "./drilldown";
 import { Header } from "./header";
 import { Ledger } from "./ledger";
@@ -33,6 +35,7 @@ class WidgetView {
   private readonly root: HTMLElement;
   private readonly header = new Header();
   private readonly chart: Chart;
+  private readonly deviceSelect: DeviceSelect;
   private readonly ledger: Ledger;
   private readonly details: Details;
   private readonly snapshotPanel: HTMLElement;
@@ -47,6 +50,7 @@ class WidgetView {
   private status: Status;
   private cells: CellRecord[] = [];
   private selected: number | null = null;
+  private deviceChoice: DeviceChoice = null;
   private problemsChanged = true;
 
   constructor(model: AnyModel<Traits>, host: HTMLElement) {
@@ -54,10 +58,12 @@ class WidgetView {
     this.root = document.createElement("div");
     this.root.className = "gpumem-widget";
     this.status = parseStatus(undefined, []);
+    this.deviceSelect = new DeviceSelect((choice) => this.chooseDevice(choice));
     this.chart = new Chart({
       root: this.root,
       requestFrame: () => this.requestFrame(),
       onSelectCell: (n) => this.select(n),
+      toolbarStart: this.deviceSelect.el,
     });
     this.ledger = new Ledger((n) => this.select(n));
     this.details = new Details(() => this.select(null));
@@ -104,10 +110,15 @@ class WidgetView {
     this.stale.clear();
     const layout = stale.has("devices") || stale.has("status");
     const mode = this.status.mode;
+    const multiDevice = this.devices.length > 1;
+    const choice = this.deviceChoice;
     if (layout) {
       this.attempt("devices", () => (this.devices = parseDevices(this.model.get("devices"))));
       this.status = parseStatus(this.model.get("status"), this.devices);
-      this.chart.setLayout(this.devices, this.status.mode);
+      if (!this.devices.some((d) => d.index === this.deviceChoice)) this.deviceChoice = null;
+      this.deviceSelect.update(this.devices, this.status.mode, this.deviceChoice);
+      this.chart.setLayout(this.devices, this.status.mode, this.deviceChoice);
+      this.chart.setRunning(this.status.running_cell, this.status.running_started);
     }
     if (stale.has("cells")) {
       const { cells, problems } = parseCells(this.model.get("cells"));
@@ -115,9 +126,11 @@ class WidgetView {
       this.setProblem("cells", problems.length > 0 ? `${problems.length} cell record(s) left out: ${problems[0]}` : null);
       this.chart.setCells(cells);
     }
-    // The status changes at every cell's edges: only a new mode changes the ledger's columns.
-    if (stale.has("cells") || this.status.mode !== mode) {
-      this.ledger.update(this.cells, this.status.mode);
+    // The status changes at every cell's edges: only a new mode (or a second device, or the chosen
+    // device gone) changes the ledger's columns.
+    const scopeChanged = this.status.mode !== mode || this.devices.length > 1 !== multiDevice || this.deviceChoice !== choice;
+    if (stale.has("cells") || scopeChanged) {
+      this.updateLedger();
     }
     if (stale.has("cells") || stale.has("devices") || this.status.mode !== mode) this.refreshDetails();
     let timeline = false;
@@ -154,6 +167,16 @@ class WidgetView {
       this.setProblem(source, e.message);
       return false;
     }
+  }
+
+  private updateLedger(): void {
+    this.ledger.update(this.cells, this.status.mode, this.deviceChoice, this.devices.length > 1);
+  }
+
+  private chooseDevice(choice: DeviceChoice): void {
+    this.deviceChoice = choice;
+    this.chart.setLayout(this.devices, this.status.mode, choice);
+    this.updateLedger();
   }
 
   private select(n: number | null): void {

@@ -16,6 +16,9 @@ const JS_DIR = fileURLToPath(new URL("..", import.meta.url));
 interface DevWindow {
   gpumemDev: {
     mount(opts: object): void;
+    mountRecorded(path: string, opts?: object): Promise<void>;
+    startCell(): number;
+    addCell(opts?: object): number;
     addView(): void;
     unmount(): void;
     publishTail(k?: number): number;
@@ -202,6 +205,85 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
     expect(await page.locator(".gpumem-drilldown").innerText()).toContain("No snapshot loaded");
     await page.getByRole("tab", { name: "Memory" }).click();
     expect(await page.locator(".gpumem-chart").isVisible()).toBe(true);
+  });
+
+  it("draws the running cell's band live, then hands it to the cell's record", async () => {
+    await mount({ samples: 2000, devices: 1, cells: 3 });
+    const n = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.startCell());
+    const running = page.locator(`.gpumem-band[data-execution-count="${n}"][data-running]`);
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.publishTail(100));
+    await running.waitFor({ state: "visible" });
+    expect(await running.innerText()).toBe(`[${n}] running`);
+    const width = async (): Promise<number> => (await running.boundingBox())?.width ?? 0;
+    const before = await width();
+    const t = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.publishTail(300));
+    await expect.poll(() => drawnUntil()).toBe(t);
+    expect(await width()).toBeGreaterThan(before);
+    // It ends at the newest sample: the strip's right edge while following live.
+    const strip = (await page.locator(".gpumem-strip").boundingBox()) as { x: number; width: number };
+    const box = (await running.boundingBox()) as { x: number; width: number };
+    expect(Math.abs(box.x + box.width - (strip.x + strip.width))).toBeLessThan(2);
+    expect(await page.locator(".gpumem-header").innerText()).toContain(`running [${n}] since`);
+    await running.hover();
+    await expect.poll(() => page.locator(".gpumem-tooltip").innerText()).toContain("so far");
+
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.addCell());
+    await running.waitFor({ state: "detached" });
+    const done = page.locator(`.gpumem-band[data-execution-count="${n}"]`);
+    expect(await done.count()).toBe(1);
+    expect(await done.getAttribute("data-running")).toBeNull();
+    expect(await page.locator(`.gpumem-ledger tr[data-execution-count="${n}"]`).count()).toBe(1);
+  });
+
+  it("switches between all devices and one, in the chart and the ledger", async () => {
+    await mount({ samples: 5000, devices: 2, cells: 4, width: 400 });
+    const select = page.locator(".gpumem-device-select select");
+    expect(await select.isVisible()).toBe(true);
+    expect(await page.locator(".gpumem-device-select option").allInnerTexts()).toEqual(["All devices", "cuda:0", "cuda:1"]);
+    const panels = (): Promise<string[]> => page.locator(".gpumem-panel").evaluateAll((els) => els.map((e) => (e as HTMLElement).dataset["device"] ?? "host"));
+    const peakTitle = (): Promise<string | null> => page.locator('button[data-sort="peak"]').locator("xpath=..").getAttribute("title");
+    expect(await panels()).toEqual(["0", "1", "host"]);
+    expect(await peakTitle()).toContain("the largest of any device");
+    await select.selectOption("1");
+    await expect.poll(panels).toEqual(["1", "host"]);
+    expect(await page.locator(".gpumem-chart canvas").count()).toBe(2);
+    expect(await peakTitle()).toBe("Peak allocated during the cell on cuda:1");
+    const fits = await page.locator(".gpumem-widget").evaluate((el) => el.scrollWidth <= el.clientWidth + 1);
+    expect(fits).toBe(true);
+    await select.selectOption("all");
+    await expect.poll(panels).toEqual(["0", "1", "host"]);
+    await mount({ samples: 1000, devices: 1, cells: 2 });
+    expect(await page.locator(".gpumem-device-select").isVisible()).toBe(false);
+  });
+
+  it("renders a recorded state: the estimate as a line on its device's panel, notes in the details", async () => {
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.mountRecorded("js/test/fixtures/wire.json", { width: 700 }));
+    await page.waitForSelector('.gpumem-panel[data-device="0"][data-estimates]');
+    expect(await page.locator('.gpumem-panel[data-device="0"]').getAttribute("data-estimates")).toBe("4 6");
+    expect(await page.locator('.gpumem-panel[data-device="1"]').getAttribute("data-estimates")).toBe("");
+    // The line's colour is on device 0's canvas, within the estimate cells' bands, and nowhere on device 1's.
+    const estimatePixels = (device: string): Promise<number> =>
+      page.locator(`.gpumem-panel[data-device="${device}"] canvas`).evaluate((c) => {
+        const canvas = c as HTMLCanvasElement;
+        const color = getComputedStyle(document.querySelector(".gpumem-widget") as Element).getPropertyValue("--gpumem-estimate").trim();
+        const [r, g, b] = [1, 3, 5].map((i) => parseInt(color.slice(i, i + 2), 16));
+        const { data } = (canvas.getContext("2d") as CanvasRenderingContext2D).getImageData(0, 0, canvas.width, canvas.height);
+        let hits = 0;
+        for (let i = 0; i < data.length; i += 4) {
+          if (Math.abs((data[i] as number) - (r as number)) + Math.abs((data[i + 1] as number) - (g as number)) + Math.abs((data[i + 2] as number) - (b as number)) < 30) hits++;
+        }
+        return hits;
+      });
+    expect(await estimatePixels("0")).toBeGreaterThan(20);
+    expect(await estimatePixels("1")).toBe(0);
+    // The recorded status has cell 7 running.
+    expect(await page.locator('.gpumem-band[data-execution-count="7"][data-running]').isVisible()).toBe(true);
+    await page.click('.gpumem-ledger tr[data-execution-count="5"]');
+    const details = page.locator('.gpumem-details[data-execution-count="5"]');
+    await details.waitFor();
+    expect(await details.locator('[data-note="postmortem"]').innerText()).toContain("What to do, most useful first");
+    await page.locator(".gpumem-device-select select").selectOption("1");
+    await expect.poll(() => page.locator(".gpumem-panel[data-device]").evaluateAll((els) => els.map((e) => [(e as HTMLElement).dataset["device"], (e as HTMLElement).dataset["estimates"]]))).toEqual([["1", ""]]);
   });
 
   it("made no request off this machine and raised no page error", () => {

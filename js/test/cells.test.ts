@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { firstCodeLine, formatPeak, outcome, sortCells, summarize, tooltipLines } from "../src/cells";
+import { firstCodeLine, formatPeak, noteMarkers, outcome, sortCells, summarize, tooltipLines } from "../src/cells";
+import { NO_NOTES, parseNotes } from "../src/notes";
 import type { CellRecord, DeviceCellUsage } from "../src/protocol";
 
 const GiB = 1024 ** 3;
@@ -38,6 +39,7 @@ function cell(n: number, over: Partial<CellRecord> = {}): CellRecord {
     host_rss_after: GiB + n,
     host_rss_peak: 2 * GiB,
     devices: [],
+    notes: NO_NOTES,
     ...over,
   };
 }
@@ -46,6 +48,13 @@ describe("summaries", () => {
   it("sums changes and takes the largest peak across devices", () => {
     const c = cell(1, { devices: [device(0, 0, 2 * GiB, 3 * GiB), device(1, GiB, 0, 5 * GiB)] });
     expect(summarize(c, "cuda")).toEqual({ delta: GiB, peak: 5 * GiB, peakExact: true, deltaReserved: 3 * GiB });
+  });
+
+  it("gives one device's own figures when a device is chosen", () => {
+    const c = cell(1, { devices: [device(0, 0, 2 * GiB, 3 * GiB), device(1, GiB, 0, 5 * GiB, false)] });
+    expect(summarize(c, "cuda", 0)).toEqual({ delta: 2 * GiB, peak: 3 * GiB, peakExact: true, deltaReserved: 3 * GiB });
+    expect(summarize(c, "cuda", 1)).toEqual({ delta: -GiB, peak: 5 * GiB, peakExact: false, deltaReserved: 0 });
+    expect(summarize(c, "cuda", 2)).toEqual({ delta: null, peak: null, peakExact: true, deltaReserved: null });
   });
 
   it("marks a peak as a lower bound when any device's is", () => {
@@ -90,6 +99,17 @@ describe("sorting", () => {
     expect(order("execution_count", false)).toEqual([1, 2, 3, 4]);
   });
 
+  it("sorts by the chosen device's figures", () => {
+    const two = [
+      cell(1, { devices: [device(0, 0, 0, 9 * GiB), device(1, 0, 0, GiB)] }),
+      cell(2, { devices: [device(0, 0, 0, GiB), device(1, 0, 0, 4 * GiB)] }),
+      cell(3, { devices: [device(0, 0, 0, 2 * GiB)] }),
+    ];
+    const byPeak = (d: number | null): number[] => sortCells(two, "cuda", "peak", true, d).map((c) => c.execution_count);
+    expect(byPeak(null)).toEqual([1, 2, 3]);
+    expect(byPeak(1)).toEqual([2, 1, 3]); // cell 3 has no figure on cuda:1: last
+  });
+
   it("does not reorder its input", () => {
     order("peak", true);
     expect(cells.map((c) => c.execution_count)).toEqual([1, 2, 3, 4]);
@@ -106,6 +126,22 @@ describe("text", () => {
       "\u0394 allocated +1.00 GiB  \u00b7  peak 2.00 GiB  \u00b7  \u0394 reserved +2.00 GiB",
     ]);
     expect(tooltipLines(cell(2), "host").at(-1)).toBe("\u0394 RSS +2 B  \u00b7  peak \u2265 2.00 GiB");
+  });
+
+  it("names the device in the hover text when one is chosen, and adds the notes' markers", () => {
+    const notes = parseNotes({ estimate: { device: 0, estimate: {}, comparison: { predicted: 100, measured: 150, within_tolerance: false, explanation: "too high" } } });
+    const c = cell(3, { source: "a", devices: [device(0, 0, GiB, 2 * GiB), device(1, 0, 0, 0)], notes });
+    expect(tooltipLines(c, "cuda", 1)).toEqual(["[3]  3.00 s  est +33.3%", "a", "cuda:1 \u0394 allocated 0 B  \u00b7  peak 0 B  \u00b7  \u0394 reserved +1.00 GiB"]);
+  });
+
+  it("marks an estimate's error (a warning outside its tolerance) and leak hints", () => {
+    const within = parseNotes({ estimate: { device: 0, estimate: {}, comparison: { predicted: 100, measured: 97, error_bytes: -3, tolerance: 0.1, within_tolerance: true, explanation: "ok" } } });
+    expect(noteMarkers(cell(1, { notes: within }))).toEqual([
+      { kind: "estimate", text: "est \u22123.1%", title: "Estimate 100 B, measured 97 B: ok", warn: false },
+    ]);
+    const leaks = parseNotes({ leaks: [{ message: "grows" }, { message: "cached" }] });
+    expect(noteMarkers(cell(1, { notes: leaks }))).toEqual([{ kind: "leak", text: "\u26a0 leak", title: "grows\n\ncached", warn: true }]);
+    expect(noteMarkers(cell(1))).toEqual([]);
   });
 
   it("finds the first line of code", () => {

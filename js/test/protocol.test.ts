@@ -1,5 +1,5 @@
-import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
+import { estimateError, NO_NOTES, parseNotes } from "../src/notes";
 import {
   decodeTable,
   parseCells,
@@ -9,6 +9,7 @@ import {
   TimelineStore,
   type DecodedTable,
 } from "../src/protocol";
+import { fixture, received } from "./wire";
 
 type Data = Record<string, readonly number[]>;
 
@@ -174,6 +175,16 @@ describe("JSON traits", () => {
     expect(s.session_peak).toEqual([{ device: 0, allocated: 1, reserved: 2 }]);
   });
 
+  it("keeps only well-formed process lists, and reads no running cell as idle", () => {
+    const s = parseStatus(
+      { processes: { "0": [{ pid: 1, used: 10, self: true, name: "k" }, { used: 5 }, 7], x: [{ pid: 2 }], "1": "none" }, running_cell: 3 },
+      [],
+    );
+    expect([...s.processes]).toEqual([[0, [{ pid: 1, used: 10, self: true, name: "k" }]]]);
+    expect(s.running_started).toBeNull();
+    expect(parseStatus({}, []).processes.size).toBe(0);
+  });
+
   it("leaves out a malformed cell record and says which", () => {
     const good = { execution_count: 1, source: "x", started: 10, duration: 1, devices: [] };
     const { cells, problems } = parseCells([good, { execution_count: 2, started: "soon", duration: 1 }]);
@@ -189,28 +200,6 @@ describe("JSON traits", () => {
 });
 
 describe("the Python side's real output (test/fixtures/wire.json)", () => {
-  interface Fixture {
-    state: Record<string, unknown>;
-    buffer_paths: (string | number)[][];
-    buffers: string[];
-    expected: { base: Record<string, (number | null)[]>; tail: Record<string, (number | null)[]>; cells: unknown[] };
-  }
-  const fixture = JSON.parse(readFileSync(new URL("./fixtures/wire.json", import.meta.url), "utf8")) as Fixture;
-
-  /** What @jupyter-widgets/base's put_buffers does: a DataView at each buffer path (here at odd offsets). */
-  function received(): Record<string, unknown> {
-    const state = structuredClone(fixture.state);
-    fixture.buffer_paths.forEach((path, i) => {
-      const bytes = Buffer.from(fixture.buffers[i] as string, "base64");
-      const padded = new Uint8Array(bytes.length + 1);
-      padded.set(bytes, 1);
-      let obj = state as Record<string | number, unknown>;
-      for (const key of path.slice(0, -1)) obj = obj[key] as Record<string | number, unknown>;
-      obj[path[path.length - 1] as string | number] = new DataView(padded.buffer, 1, bytes.length);
-    });
-    return state;
-  }
-
   const approx = (expected: (number | null)[], name: string): number[] =>
     expected.map((v) => (v === null ? NaN : name === "t" ? v : Math.fround(v)));
 
@@ -238,9 +227,83 @@ describe("the Python side's real output (test/fixtures/wire.json)", () => {
     ]);
     const status = parseStatus(state["status"], devices);
     expect(status.readers["nvml"]).toEqual({ ok: false, reason: "NVML Shared Library Not Found" });
-    expect(status.running_cell).toBe(5);
+    expect(status.running_cell).toBe(7);
+    expect(status.running_started).toBe(1_750_000_000.25 + 0.49);
     const { cells, problems } = parseCells(state["cells"]);
     expect(problems).toEqual([]);
-    expect(cells).toEqual(fixture.expected.cells);
+    expect(cells.map(({ notes: _notes, ...rest }) => rest)).toEqual(fixture.expected.cells.map(({ notes: _notes, ...rest }) => rest));
+  });
+
+  it("reads each device's process list: this kernel, the others, a figure NVML did not have", () => {
+    const status = parseStatus(received()["status"], []);
+    expect([...status.processes.keys()]).toEqual([0, 1]);
+    expect(status.processes.get(0)?.map((p) => [p.pid, p.self])).toEqual([
+      [4242, true],
+      [777, false],
+    ]);
+    expect(status.processes.get(1)?.[1]).toEqual({ pid: 9001, used: null, self: false, name: null });
+  });
+
+  it("reads every feature's note as the kernel wrote it", () => {
+    const { cells } = parseCells(received()["cells"]);
+    const wire = (n: number): Record<string, Record<string, unknown>> =>
+      fixture.expected.cells.find((c) => c["execution_count"] === n)?.["notes"] as Record<string, Record<string, unknown>>;
+    const byCount = new Map(cells.map((c) => [c.execution_count, c.notes]));
+
+    const close = byCount.get(4)?.estimate;
+    const closeWire = wire(4)["estimate"] as { comparison: Record<string, unknown>; estimate: { terms: unknown[]; total: number } };
+    expect(close?.device).toBe(0);
+    expect(close?.comparison).toMatchObject({
+      predicted: closeWire.comparison["predicted"],
+      measured: closeWire.comparison["measured"],
+      within_tolerance: true,
+      suspect: null,
+    });
+    expect(close?.estimate.terms.map((t) => t.key)).toEqual(closeWire.estimate.terms.map((t) => (t as { key: string }).key));
+    expect(close?.estimate.total).toBe(closeWire.estimate.total);
+    expect(byCount.get(6)?.estimate?.comparison).toMatchObject({ within_tolerance: false, suspect: "optimizer_state" });
+
+    const pm = byCount.get(5)?.postmortem;
+    const pmWire = wire(5)["postmortem"] as { devices: Record<string, unknown>[]; suggestions: { key: string }[] };
+    expect(pm?.devices[0]).toEqual(pmWire.devices[0]);
+    expect(pm?.suggestions.map((s) => s.key)).toEqual(pmWire.suggestions.map((s) => s.key));
+    expect(pm?.holders?.holders.map((h) => [h.name, h.section])).toEqual([
+      ["activations (train.py:12)", "traceback"],
+      ["model", "user"],
+      ["old_batch", "user"],
+      ["Out[3]", "output_cache"],
+    ]);
+
+    expect(byCount.get(3)?.leaks).toEqual(wire(3)["leaks"]);
+    expect(byCount.get(4)?.other).toEqual([{ key: "future_feature", value: wire(4)["future_feature"], problem: null }]);
+    expect(byCount.get(1)).toBe(NO_NOTES);
+  });
+});
+
+describe("notes", () => {
+  it("keeps a note this version cannot read as it came, with the reason", () => {
+    const notes = parseNotes({ estimate: { device: 0, comparison: { measured: 5 } }, leaks: "three", postmortem: null });
+    expect(notes.estimate).toBeNull();
+    expect(notes.other.map((o) => [o.key, o.problem])).toEqual([
+      ["estimate", "notes.estimate.estimate: expected an object"],
+      ["leaks", "notes.leaks: expected a list"],
+      ["postmortem", "notes.postmortem: expected an object"],
+    ]);
+  });
+
+  it("leaves out a malformed item, not the whole note", () => {
+    const notes = parseNotes({ leaks: [{ message: "grows" }, { message: 3 }, "x"] });
+    expect(notes.leaks).toEqual([{ kind: "", message: "grows", device: "", bytes: 0, execution_counts: [] }]);
+  });
+
+  it("derives a comparison's verdict when an older kernel left it out", () => {
+    const est = parseNotes({ estimate: { device: 1, estimate: {}, comparison: { predicted: 100, measured: 105 } } }).estimate;
+    expect(est?.comparison).toMatchObject({ error_bytes: 5, within_tolerance: true, tolerance: 0.1 });
+    expect(estimateError(est!.comparison)).toBeCloseTo(5 / 105);
+  });
+
+  it("reads a record without notes (an older kernel) as having none", () => {
+    const { cells } = parseCells([{ execution_count: 1, started: 0, duration: 1 }]);
+    expect(cells[0]?.notes).toBe(NO_NOTES);
   });
 });
