@@ -159,7 +159,8 @@ export interface CellNotes {
   other: OtherNote[];
 }
 
-export const NO_NOTES: CellNotes = Object.freeze({ estimate: null, postmortem: null, leaks: [], other: [] }) as CellNotes;
+/** Shared by every record without notes, so frozen throughout. */
+export const NO_NOTES: CellNotes = Object.freeze({ estimate: null, postmortem: null, leaks: Object.freeze([]), other: Object.freeze([]) }) as unknown as CellNotes;
 
 export function parseNotes(raw: unknown): CellNotes {
   if (!isObject(raw) || Object.keys(raw).length === 0) return NO_NOTES;
