@@ -97,7 +97,7 @@ class CellRecord:
             "notes": dict(self.notes),
             "devices": [
                 {
-                    **dataclasses.asdict(d),
+                    **{f.name: getattr(d, f.name) for f in _DEVICE_FIELDS},  # asdict deep-copies
                     "delta_allocated": d.delta_allocated,
                     "delta_reserved": d.delta_reserved,
                     "outside_pytorch": d.outside_pytorch,
@@ -129,6 +129,9 @@ class CellRecord:
             row[p + "delta_reserved"] = d.delta_reserved
             row[p + "outside_pytorch"] = d.outside_pytorch
         return row
+
+
+_DEVICE_FIELDS = dataclasses.fields(DeviceCellUsage)
 
 
 class LedgerRecords(Sequence[CellRecord]):

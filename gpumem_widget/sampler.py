@@ -72,7 +72,8 @@ class Sampler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _cell_max
+        self._rate_lock = threading.Lock()  # guards busy against the thread's next deadline
         self._cell_max: npt.NDArray[np.float64] | None = None
         self._last_publish = 0.0
         self._last_sample = 0.0  # monotonic
@@ -117,15 +118,17 @@ class Sampler:
         """Enter the fast rate and start tracking each column's maximum for this cell."""
         with self._lock:
             self._cell_max = None
-        self.busy = True
-        self._poke(self.busy_interval)
+        with self._rate_lock:
+            self.busy = True
+            self._poke(self.busy_interval)
 
     def end_cell(self) -> npt.NDArray[np.float64] | None:
         """Leave the fast rate; the per-column maxima sampled during the cell (None if none)."""
-        self.busy = False
         with self._lock:
             out, self._cell_max = self._cell_max, None
-        self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
+        with self._rate_lock:
+            self.busy = False
+            self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
         return out
 
     def _poke(self, within: float) -> None:
@@ -148,30 +151,41 @@ class Sampler:
         return row
 
     def _run(self) -> None:
-        failures = 0
+        failures = 0  # consecutive failed samples
         while not self._stop.is_set():
             interval = self.busy_interval if self.busy else self.idle_interval
+            # Woken early (a cell started or ended): sample only when due, so cells that
+            # follow each other quickly cost the thread nothing.
+            if not self.paused and time.monotonic() - self._last_sample >= interval:
+                try:
+                    self.sample()
+                    failures = 0
+                except Exception as e:
+                    failures += 1
+                    self._note_error("sampler", e)
             publish_due: float | None = None
             try:
-                # Woken early (a cell started or ended): sample only when due, so cells that
-                # follow each other quickly cost the thread nothing.
-                if not self.paused and time.monotonic() - self._last_sample >= interval:
-                    self.sample()
                 publish_due = self._maybe_publish()
-                failures = 0
-            except Exception as e:  # keep sampling; say it once
-                failures += 1
-                if self.error is None:
-                    self.error = f"sampler: {type(e).__name__}: {e}"
-                    log.exception("gpumem_widget sampler failed")
-            # Back off on repeated failures so a broken reader cannot spin a core.
-            wait = self._last_sample + interval - time.monotonic()
-            wait = min(max(wait, 0.001) * (2 ** min(failures, 6)), 60.0)
-            if publish_due is not None:
-                wait = min(wait, publish_due)
-            self._deadline = time.monotonic() + wait
+            except Exception as e:  # a closed or broken widget must not stop the sampling
+                self._note_error("publisher", e)
+            # Under the lock `_poke` takes, so a cell starting now either is seen here or sees
+            # this deadline (and wakes the thread).
+            with self._rate_lock:
+                interval = self.busy_interval if self.busy else self.idle_interval
+                wait = max(self._last_sample + interval - time.monotonic(), 0.001)
+                # Back off on repeated failures so a broken reader cannot spin a core.
+                wait = min(wait * (2 ** min(failures, 6)), 60.0)
+                if publish_due is not None:
+                    wait = min(wait, publish_due)
+                self._deadline = time.monotonic() + wait
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _note_error(self, where: str, e: Exception) -> None:
+        """Keep the first error for the widget's status; log each one."""
+        log.warning("gpumem_widget %s failed: %s: %s", where, type(e).__name__, e)
+        if self.error is None:
+            self.error = f"{where}: {type(e).__name__}: {e}"
 
     def _maybe_publish(self) -> float | None:
         """Publish if the rate allows; else the seconds until it will (None: nothing to do)."""

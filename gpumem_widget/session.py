@@ -205,7 +205,9 @@ class Session:
             self.oom.active = False  # PyTorch cannot detach an observer: silence it
         self.sampler.stop()
         self.readers.close()
+        layout = self.widget.layout  # a child widget with its own comm: close it too
         self.widget.close()
+        layout.close()
 
     def records(self) -> LedgerRecords:
         return self.ledger.records()

@@ -132,3 +132,13 @@ def test_magic_before_loading_says_how_to_load() -> None:
     assert gpumem_widget.current_session() is None
     with pytest.raises(UsageError, match="load_ext gpumem_widget"):
         gpumem("status")
+
+
+def test_unload_closes_every_widget_it_opened(ip: Any) -> None:
+    from ipywidgets import Widget
+
+    before = set(Widget.widgets)
+    ip.run_line_magic("reload_ext", "gpumem_widget")
+    ip.run_line_magic("unload_ext", "gpumem_widget")
+    assert set(Widget.widgets) <= before  # nothing new left open (the widget and its layout)
+    ip.run_line_magic("load_ext", "gpumem_widget")  # for the fixture's teardown

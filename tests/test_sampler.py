@@ -1,0 +1,89 @@
+"""The sampler thread: fast while a cell runs, even when the cell starts mid-publish."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from recorded_cuda import recorded_readers
+
+from gpumem_widget import protocol
+from gpumem_widget.sampler import Sampler
+from gpumem_widget.timeline import Timeline
+
+
+def make(publish_seconds: float = 0.0) -> tuple[Sampler, Timeline, threading.Event]:
+    readers = recorded_readers()
+    timeline = Timeline(protocol.timeline_columns(readers.num_devices))
+    publishing = threading.Event()
+
+    calls = []
+
+    def publish() -> None:  # the first publish is slow, like a large ledger going out
+        calls.append(1)
+        if len(calls) == 1:
+            publishing.set()
+            time.sleep(publish_seconds)
+
+    return Sampler(readers, timeline, publish, idle_interval=1.0), timeline, publishing
+
+
+def samples_between(timeline: Timeline, t0: float, t1: float) -> int:
+    t = timeline.column("t")
+    return int(np.count_nonzero((t > t0) & (t < t1)))
+
+
+def test_busy_rate_starts_at_once_even_mid_publish() -> None:
+    sampler, timeline, publishing = make(publish_seconds=0.3)
+    sampler.start()
+    try:
+        assert publishing.wait(5)  # the thread is inside a slow publish right now
+        t0 = time.time()
+        sampler.begin_cell()
+        time.sleep(1.0)
+        sampler.end_cell()
+        t1 = time.time()
+        # 20 Hz for 1 s, less the publish it was in and a loaded machine's scheduling; a
+        # thread that missed the cell's start would sleep its idle second and take none.
+        assert samples_between(timeline, t0, t1) >= 8
+    finally:
+        sampler.stop()
+
+
+def test_idle_rate_is_slow_and_back_to_back_cells_do_not_wake_the_thread() -> None:
+    sampler, timeline, _ = make()
+    sampler.start()
+    try:
+        time.sleep(0.2)
+        t0 = time.time()
+        time.sleep(1.5)
+        assert samples_between(timeline, t0, time.time()) <= 3  # about 1 Hz idle
+        for _ in range(200):  # trivial cells: only the hooks' own edge samples
+            sampler.begin_cell()
+            sampler.record(timeline_row(sampler))
+            sampler.end_cell()
+        assert sampler.state == "running"
+    finally:
+        sampler.stop()
+    assert sampler.state == "stopped"
+
+
+def timeline_row(sampler: Sampler) -> np.ndarray:
+    from gpumem_widget.sampler import read_row
+
+    return read_row(sampler.readers, nvml=False)
+
+
+def test_cell_maxima_cover_the_samples_taken_during_the_cell() -> None:
+    sampler, _, _ = make()
+    gpu = sampler.readers.torch
+    sampler.begin_cell()
+    gpu.alloc(3 * 2**30)  # type: ignore[attr-defined]
+    sampler.sample()
+    gpu.free(3 * 2**30)  # type: ignore[attr-defined]
+    sampler.sample()
+    maxima = sampler.end_cell()
+    assert maxima is not None
+    col = protocol.timeline_columns(1).index("cuda:0/allocated")
+    assert maxima[col] >= 3 * 2**30
