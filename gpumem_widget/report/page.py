@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bokeh.embed import file_html
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import CustomJS
 from bokeh.models.widgets.inputs import Select
 from bokeh.models.widgets.tables import NumberFormatter, TableColumn
@@ -26,13 +26,6 @@ from .summary import DeviceSummary, summarize
 from .timeline import timeline_figure
 
 Progress = Callable[[str], None]
-
-_CSS = """
-<style>
-  .gpumem-facts th { text-align: left; padding: 1px 12px 1px 0; font-weight: 600; }
-  .gpumem-facts td { padding: 1px 0; }
-</style>
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +57,7 @@ def render(
             ledger_table(session.records),
         ]
         windows = [(r.execution_count, r.started, r.started + r.duration) for r in session.records]
-    panels = []
+    panels: list[list[Any]] = []
     summaries: list[DeviceSummary] = []
     for label, snap in snapshots:
         say(f"computing the views of {label}")
@@ -74,14 +67,12 @@ def render(
             summaries.append(summary)
     if len(panels) > 1:
         parts += _selector(summaries, panels)
-    else:
-        parts += panels
+    elif panels:
+        parts += panels[0]
     if not session and not panels:
         parts.append(div("<p>Nothing to show: no session and no snapshot.</p>"))
     say("writing HTML")
-    return file_html(
-        column(*parts, sizing_mode="stretch_width"), resources=INLINE, title=title
-    ).replace("</head>", _CSS + "</head>", 1)
+    return file_html(column(*parts, sizing_mode="stretch_width"), resources=INLINE, title=title)
 
 
 def _overlapping(cells: CellWindows | None, summary: DeviceSummary) -> CellWindows | None:
@@ -110,10 +101,11 @@ def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[s
     )
 
 
-def _selector(summaries: Sequence[DeviceSummary], panels: Sequence[Any]) -> list[Any]:
+def _selector(summaries: Sequence[DeviceSummary], panels: Sequence[list[Any]]) -> list[Any]:
     """Several snapshots (ranks): an overview of all, and a selector showing one in detail."""
-    for p in panels[1:]:
-        p.visible = False
+    for panel in panels[1:]:
+        for item in panel:
+            item.visible = False
     options: list[str | tuple[Any, str]] = [(str(i), s.title) for i, s in enumerate(summaries)]
     select = Select(
         title="Snapshot (rank) shown in detail",
@@ -125,15 +117,16 @@ def _selector(summaries: Sequence[DeviceSummary], panels: Sequence[Any]) -> list
         "value",
         CustomJS(
             args={"panels": list(panels)},
-            code="panels.forEach((p, i) => { p.visible = String(i) === cb_obj.value })",
+            code="panels.forEach((items, i) => items.forEach((m) => {"
+            " m.visible = String(i) === cb_obj.value }))",
         ),
     )
     return [
         div("<h2>Snapshots</h2>"),
         _overview_figure(summaries),
         _overview_table(summaries),
-        row(select),
-        *panels,
+        select,
+        *(item for panel in panels for item in panel),
     ]
 
 

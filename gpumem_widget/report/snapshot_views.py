@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from bokeh.layouts import column
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.models.annotations import Span
 from bokeh.models.widgets.tables import DataTable, NumberFormatter, TableColumn
@@ -36,8 +35,11 @@ MAX_OOMS_SHOWN = 3
 CellWindows = Sequence[tuple[int, float, float]]
 
 
-def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | None) -> Any:
-    """The whole panel for `summary`'s device; `cells` are the ledger's windows, if any."""
+def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | None) -> list[Any]:
+    """The items of `summary`'s device, top to bottom; `cells` are the ledger's windows, if any.
+
+    A list rather than a nested column: BokehJS squeezes stretch-width tables inside nested
+    columns to a sliver, so the page keeps one flat column."""
     d = summary.device
     view = summary.active
     datetime = view["x_unit"] == "s"
@@ -55,9 +57,9 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     ]
     cat = categories(snap, d, width=view["width"])
     shown = [(g["column"], g["label"]) for g in cat["groups"] if g["peak_bytes"] > 0]
-    parts.append(
-        _stacked("Active memory by category", cat, shown, datetime, slices["cells"], reserved=False)
-    )
+    by_category = _stacked("Active memory by category", cat, shown, datetime, slices["cells"])
+    by_category.x_range = parts[-1].x_range  # zoom both together
+    parts.append(by_category)
     if slices["cells"]:
         parts += [div("<h3>Cells</h3>"), _cells_table(slices["cells"])]
     peak = alive_at(snap, d, max_nodes=TREE_ROWS * 2)
@@ -65,7 +67,7 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     for oom in view["ooms"][-MAX_OOMS_SHOWN:]:
         at_oom = alive_at(snap, d, event=oom["event"], max_nodes=TREE_ROWS * 2)
         parts += _alive(f"at the OOM ({summary.when(oom['t'])})", at_oom, summary)
-    return column(*parts)
+    return parts
 
 
 def _facts(summary: DeviceSummary) -> Any:
@@ -86,9 +88,10 @@ def _stacked(
     series: Sequence[tuple[str, str]],
     datetime: bool,
     cells: Sequence[dict[str, Any]],
-    *,
-    reserved: bool = True,
 ) -> Any:
+    """Stacked areas of `series` (column, label), with the total (and reserved, when the view
+    has it) as lines; hover shows every series at that column."""
+    reserved = "reserved" in view["table"]["columns"]
     table_ = unpack_table(view["table"])
     data: dict[str, Any] = {"x": _x(view, table_["t"]), "total": table_["total"]}
     for key, _ in series:
@@ -113,7 +116,7 @@ def _stacked(
         )
     _marks(p, view)
     as_bytes = bytes_hover()
-    fields = [("total", "total"), *(("reserved", "reserved"),) * reserved, *series]
+    fields = [("total", "total"), *([("reserved", "reserved")] if reserved else []), *series]
     p.add_tools(
         HoverTool(
             renderers=[total],
