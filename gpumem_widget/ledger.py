@@ -6,6 +6,7 @@ allocator readings taken at the cell's edges, so deltas and peaks are exact rath
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 # The browser shows the first lines of a cell; the full source stays in the Python records.
 WIRE_SOURCE_CHARS = 4000
+RECENT_RUNS = 8  # per source: enough for the leak check's streak of re-runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +179,8 @@ class Ledger:
         self._lock = threading.Lock()
         self._records: list[CellRecord] = []
         self._wire: list[dict[str, Any]] = []  # each record's browser form, made once
+        # The latest runs of each source, so per-cell checks never scan the whole ledger.
+        self._by_source: dict[str, collections.deque[CellRecord]] = {}
         self.version = 0  # bumps on every change, so the publisher can tell when to resend
 
     def append(self, record: CellRecord) -> None:
@@ -184,13 +188,21 @@ class Ledger:
         with self._lock:
             self._records.append(record)
             self._wire.append(wire)
+            runs = self._by_source.setdefault(record.source, collections.deque(maxlen=RECENT_RUNS))
+            runs.append(record)
             self.version += 1
 
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
             self._wire.clear()
+            self._by_source.clear()
             self.version += 1
+
+    def recent_runs(self, source: str) -> list[CellRecord]:
+        """The latest `RECENT_RUNS` records of cells with exactly this source, oldest first."""
+        with self._lock:
+            return list(self._by_source.get(source, ()))
 
     def wire(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -69,8 +69,8 @@ def leaks_note(session: Session, record: CellRecord, error: BaseException | None
 
     if not record.devices:
         return None
-    # Only runs of this very source can make a hint about it: a cheap filter before the check.
-    runs = [r for r in session.ledger.records() if r.source == record.source] + [record]
+    # Only the latest runs of this very source can make a hint about it.
+    runs = [*session.ledger.recent_runs(record.source), record]
     hints = [h for h in growing_reruns(runs) if record.execution_count in h.execution_counts]
     return [h.to_wire() for h in hints] or None
 

@@ -114,3 +114,24 @@ def test_vars_and_free_run_without_cuda(capsys: pytest.CaptureFixture[str]) -> N
         assert out.strip()
     finally:
         ip.run_line_magic("unload_ext", "gpumem_widget")
+
+
+def test_per_cell_checks_see_only_the_latest_runs_of_a_source() -> None:
+    from gpumem_widget.ledger import RECENT_RUNS, Ledger
+
+    session_ledger = Ledger()
+    shell = InteractiveShell.instance()
+    session = Session(shell=shell, readers=recorded_readers())
+    try:
+        shell.events.register("post_run_cell", session.post_run_cell)
+        shell.events.register("pre_run_cell", session.pre_run_cell)
+        for _ in range(RECENT_RUNS + 5):
+            shell.run_cell("z = 0", store_history=True)
+        runs = session.ledger.recent_runs("z = 0")
+        assert len(runs) == RECENT_RUNS  # bounded: a cell re-run 10,000 times costs the same
+        assert runs[-1] is session.records()[-1]
+        assert session_ledger.recent_runs("z = 0") == []
+    finally:
+        shell.events.unregister("post_run_cell", session.post_run_cell)
+        shell.events.unregister("pre_run_cell", session.pre_run_cell)
+        session.stop()
