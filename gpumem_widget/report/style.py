@@ -12,7 +12,6 @@ from bokeh.models import (
     DataRange1d,
     DatetimeTickFormatter,
 )
-from bokeh.models.css import InlineStyleSheet
 from bokeh.models.widgets.markups import Div
 from bokeh.models.widgets.tables import DataTable, HTMLTemplateFormatter, TableColumn
 from bokeh.palettes import Category20_20, Colorblind8
@@ -120,9 +119,10 @@ def table(rows: dict[str, list[Any]], columns: list[TableColumn]) -> DataTable:
     )
 
 
-# Each Div draws in its own shadow root, so its style travels with it.
-_DIV_CSS = InlineStyleSheet(
-    css=":host { font-family: system-ui, sans-serif; }"
+# Each Div draws in its own shadow root, so its style travels with it (as text: a shared
+# stylesheet model could belong to one Bokeh document only).
+_DIV_CSS = (
+    ":host { font-family: system-ui, sans-serif; }"
     " th { text-align: left; padding: 1px 12px 1px 0; font-weight: 600; }"
     " td { padding: 1px 0; } h1, h2, h3 { margin: 0.6em 0 0.2em; }"
 )

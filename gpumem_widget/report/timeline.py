@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from bokeh.models import ColumnDataSource, HoverTool
 
 from .. import protocol
@@ -30,8 +31,8 @@ def first_line(source: str, limit: int = 80) -> str:
 
 def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devices: int) -> Any:
     """Each device's allocator and NVML series and host RSS over the session; cells as bands."""
-    t = timeline.column(protocol.TIME_COLUMN)
-    data: dict[str, Any] = {"x": t * 1e3}  # BokehJS datetimes are milliseconds
+    columns = _read(timeline)
+    data: dict[str, Any] = {"x": columns[protocol.TIME_COLUMN] * 1e3}  # BokehJS: milliseconds
     p = time_figure("GPU memory over the session", datetime=True)
     top = 0.0
     hover_fields: list[tuple[str, str]] = []
@@ -39,7 +40,7 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
     for d in range(num_devices):
         color = LINE_COLORS[d % len(LINE_COLORS)]
         for field, label, dash, shown in _SERIES:
-            values = timeline.column(protocol.device_column(d, field))
+            values = columns[protocol.device_column(d, field)]
             if np.isnan(values).all():
                 continue  # this reader had nothing (no NVML, no CUDA)
             key = f"d{d}_{field}"
@@ -47,7 +48,7 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
             top = max(top, float(np.nanmax(values)))
             lines.append((key, f"cuda:{d} {label}", color, dash, shown))
             hover_fields.append((f"cuda:{d} {label}", key))
-    rss = timeline.column(protocol.HOST_RSS_COLUMN)
+    rss = columns[protocol.HOST_RSS_COLUMN]
     if not np.isnan(rss).all():
         data["host_rss"] = rss
         lines.append(("host_rss", "host RSS", "#999999", "solid", num_devices == 0))
@@ -90,6 +91,16 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
         )
     legend_outside(p)
     return p
+
+
+def _read(timeline: Timeline) -> dict[str, npt.NDArray[np.float64]]:
+    """Every column from one moment: the sampler may append (or decimate) between two column
+    reads, so read until no append happened meanwhile."""
+    while True:
+        version = timeline.version
+        columns = {name: timeline.column(name) for name in timeline.columns}
+        if timeline.version == version:
+            return columns
 
 
 def _bands(p: Any, records: Sequence[CellRecord], top: float) -> Any:

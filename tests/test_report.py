@@ -1,0 +1,266 @@
+"""Reports: built from a real session (through IPython, on recorded H200 allocator data), from
+snapshots recorded on H200s, and from both; and the ledger export. The browser side is in
+tests/e2e/test_report_browser.py."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from recorded_cuda import recorded_readers
+
+from gpumem_widget.export import export_ledger
+from gpumem_widget.ledger import CellRecord, DeviceCellUsage
+from gpumem_widget.report import report
+from gpumem_widget.report.ledger_table import ledger_table
+from gpumem_widget.report.page import render
+from gpumem_widget.report.snapshot_views import snapshot_panel
+from gpumem_widget.report.style import human_bytes
+from gpumem_widget.report.summary import FreeSpace, summarize
+from gpumem_widget.report.timeline import timeline_figure
+from gpumem_widget.session import Session
+from gpumem_widget.snapshot import SnapshotLoadError, open_snapshot
+from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+TAGGED = SNAPSHOTS / "train_tagged.pickle.gz"
+MiB = 2**20
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[Session]:
+    """Four cells through a real shell and the real hooks; the second is long (over 4,000
+    characters), the third raises, the fourth carries markup in its source."""
+    ip = InteractiveShell.instance()
+    s = Session(shell=ip, readers=recorded_readers(), idle_interval=0.02, busy_interval=0.01)
+    ip.events.register("pre_run_cell", s.pre_run_cell)
+    ip.events.register("post_run_cell", s.post_run_cell)
+    s.start()
+    ip.user_ns["gpu"] = s.readers.torch
+    try:
+        ip.run_cell("gpu.alloc(300 * 2**20)", store_history=True)
+        long_tail = "\n".join(f"# line {i}" for i in range(600))
+        ip.run_cell(f"gpu.alloc(64 * 2**20); gpu.free(64 * 2**20)\n{long_tail}", store_history=True)
+        ip.run_cell("raise ValueError('no')", store_history=True)
+        ip.run_cell(f"x = '{HOSTILE}'", store_history=True)
+        yield s
+    finally:
+        ip.events.unregister("pre_run_cell", s.pre_run_cell)
+        ip.events.unregister("post_run_cell", s.post_run_cell)
+        s.stop()
+
+
+def docs_json(page: str) -> str:
+    """The Bokeh document embedded in a report, as JSON text."""
+    found = re.search(
+        r'<script type="application/json" id="[^"]+">\s*(.*?)\s*</script>', page, re.S
+    )
+    assert found is not None
+    return found.group(1)
+
+
+def models(page: str, type_name: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and node.get("name") == type_name:
+                out.append(node)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(docs_json(page)))
+    return out
+
+
+def test_session_report_has_timeline_bands_and_ledger(session: Session, tmp_path: Path) -> None:
+    records = session.records()
+    assert [r.execution_count for r in records] == [1, 2, 3, 4]
+    out = report(tmp_path / "session.html", session=session, title="Run <7>")
+    page = out.read_text()
+    assert "<title>Run &lt;7&gt;</title>" in page
+    # BokehJS is inline: no script or stylesheet comes from anywhere.
+    assert re.search(r"<script[^>]*\bsrc=|<link[^>]*\bhref=", page) is None
+    assert out.stat().st_size < 4_000_000
+    assert len(models(page, "DataTable")) == 1
+    assert len(models(page, "Select")) == 0  # no snapshots: no rank selector
+    # The ledger table and the bands carry the real records, and the markup only as data.
+    assert HOSTILE not in page.replace(html.escape(HOSTILE), "")
+    fig = timeline_figure(session.timeline, records, 1)
+    quads = [r for r in fig.renderers if type(r.glyph).__name__ == "Quad"]
+    assert len(quads) == 1
+    bands = quads[0].data_source.data
+    assert list(bands["count"]) == [1, 2, 3, 4]
+    assert list(bands["delta"]) == [r.delta_allocated for r in records]
+    assert bands["delta"][0] == 300 * MiB
+    assert list(bands["outcome"]) == ["ok", "ok", "raised ValueError", "ok"]
+    table = ledger_table(records).source.data
+    assert table["peak"] == [r.peak_allocated for r in records]
+    assert table["peak_text"][0] == human_bytes(records[0].peak_allocated)
+    lines = [r.renderers[0] if hasattr(r, "renderers") else r for r in fig.renderers]
+    assert any("d0_allocated" in str(getattr(r.glyph, "y", "")) for r in lines)
+
+
+def test_snapshot_report_matches_the_views(tmp_path: Path) -> None:
+    out = report(tmp_path / "snap.html", session=None, snapshots=[TAGGED])
+    page = out.read_text()
+    snap = open_snapshot(TAGGED)
+    (summary,) = summarize(snap, TAGGED.name)
+    replay = snap.replay(0)
+    assert summary.active["peak"]["bytes"] == int(replay.active.max())
+    assert summary.peak_reserved == int(replay.reserved.max())
+    assert html.escape(human_bytes(summary.active["peak"]["bytes"])) in page
+    assert len(models(page, "DataTable")) == 3  # cells, call tree, largest allocations
+    assert out.stat().st_size < 4_000_000
+
+
+def test_ledger_windows_decide_the_cells_when_they_overlap_the_trace() -> None:
+    snap = open_snapshot(TAGGED)
+    (summary,) = summarize(snap, "t")
+    windows = [tuple(c) for c in json.loads((SNAPSHOTS / "train_tagged.cells.json").read_text())]
+    items = snapshot_panel(snap, summary, windows)  # type: ignore[arg-type]
+    tables = [i for i in items if type(i).__name__ == "DataTable"]
+    counts = tables[0].source.data["count"]
+    assert counts == [1, 2, 3, 4, 5, 6]  # the ledger's six cells, not the four tagged ones
+    tagged = snapshot_panel(snap, summary, None)
+    assert next(i for i in tagged if type(i).__name__ == "DataTable").source.data["count"] == [
+        1,
+        3,
+        4,
+        6,
+    ]
+
+
+def test_session_and_snapshot_in_one_report(session: Session, tmp_path: Path) -> None:
+    page = report(tmp_path / "both.html", session=session, snapshots=[TAGGED]).read_text()
+    # The ledger, and the snapshot's cells, call tree and largest allocations.
+    assert len(models(page, "DataTable")) == 4
+    assert "Session" in page
+    assert "train_tagged.pickle.gz" in page
+
+
+def test_several_snapshots_get_an_overview_and_a_selector(tmp_path: Path) -> None:
+    names = ["train_tagged", "oom", "toy_linear"]
+    page = report(
+        tmp_path / "ranks.html",
+        snapshots=[(f"rank {i}", SNAPSHOTS / f"{n}.pickle.gz") for i, n in enumerate(names)],
+    ).read_text()
+    (select,) = models(page, "Select")
+    labels = [o[1] for o in select["attributes"]["options"]]
+    assert labels == ["rank 0 · cuda:0", "rank 1 · cuda:0", "rank 2 · cuda:0"]
+    (callback,) = models(page, "CustomJS")
+    panels = callback["attributes"]["args"]["entries"][0][1]
+    assert len(panels) == 3  # each a list of the items the selector shows or hides
+    assert all(len(items) >= 5 for items in panels)
+    assert "rank 1" in page
+    assert "OOM" in page
+
+
+def test_two_devices_in_one_snapshot_are_two_panels(tmp_path: Path) -> None:
+    from gpumem_widget.snapshot.synthetic import merge_devices
+
+    sims = []
+    for device, size in enumerate((10 * MiB, 20 * MiB)):
+        sim = AllocatorSim(device=device, capacity=1 << 30)
+        sim.start_recording()
+        sim.malloc(size, [frame("/w/train.py", 3, "step")])
+        sims.append(sim.snapshot())
+    page = report(tmp_path / "two.html", snapshots=[merge_devices(*sims)]).read_text()  # type: ignore[list-item]
+    (select,) = models(page, "Select")
+    assert [o[1] for o in select["attributes"]["options"]] == [
+        "snapshot 0 · cuda:0",
+        "snapshot 0 · cuda:1",
+    ]
+
+
+def test_a_bad_snapshot_writes_nothing(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.pickle"
+    broken.write_bytes(b"\x80\x04\x95")
+    with pytest.raises(SnapshotLoadError):
+        report(tmp_path / "out.html", snapshots=[broken])
+    assert not (tmp_path / "out.html").exists()
+
+
+def test_free_space_and_fragmentation() -> None:
+    snap = open_snapshot(TAGGED)
+    (summary,) = summarize(snap, "t")
+    inactive = [b.size for s in snap.data.segments for b in s.blocks if not b.active]
+    assert summary.free.free == sum(inactive) > 0
+    assert summary.free.largest_free == max(inactive)
+    assert summary.free.reserved == summary.active["end_reserved"]
+    assert FreeSpace(100, 40, 2, 30, 1).fragmentation == pytest.approx(0.25)
+    assert FreeSpace(100, 0, 0, 0, 1).fragmentation == 0.0
+    text = summary.format(top=3)
+    assert text.count("\n    ") == 3  # three sites listed
+    assert "fragmentation" in text
+    assert human_bytes(summary.active["peak"]["bytes"]) in text
+
+
+@pytest.mark.parametrize(
+    ("n", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (-3 * MiB, "-3.00 MiB")]
+)
+def test_human_bytes(n: int, text: str) -> None:
+    assert human_bytes(n) == text
+
+
+def test_render_without_anything_says_so() -> None:
+    page = render(title="empty", session=None, snapshots=[])
+    assert "Nothing to show" in page
+
+
+# -- ledger export ------------------------------------------------------------------------------
+
+
+def test_export_csv_has_one_flat_row_per_cell(session: Session, tmp_path: Path) -> None:
+    records = session.records()
+    out = export_ledger(tmp_path / "ledger.csv", records=records)
+    with out.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["execution_count"]) for r in rows] == [1, 2, 3, 4]
+    assert int(rows[0]["cuda0_delta_allocated"]) == 300 * MiB
+    assert rows[1]["source"] == records[1].source  # multi-line source survives quoting
+    assert rows[2]["error"] == "ValueError"
+    assert list(rows[0]) == [*records[0].flat(), "notes"]
+
+
+def test_export_json_keeps_whole_sources(session: Session, tmp_path: Path) -> None:
+    records = session.records()
+    out = export_ledger(tmp_path / "ledger.json", records=records)
+    cells = json.loads(out.read_text())["cells"]
+    assert len(records[1].source) > 4000
+    assert cells[1]["source"] == records[1].source
+    assert cells[0]["devices"][0]["delta_allocated"] == 300 * MiB
+
+
+def test_export_format_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"\.csv or \.json"):
+        export_ledger(tmp_path / "ledger.txt", records=[])
+    assert json.loads(export_ledger(tmp_path / "x.dat", "json", records=[]).read_text()) == {
+        "cells": []
+    }
+
+
+def test_export_from_hand_made_records_with_two_devices(tmp_path: Path) -> None:
+    usage = [
+        DeviceCellUsage(d, 0, d * MiB, 0, 2 * MiB, d * MiB, 2 * MiB, True, 0, 0, None, None)
+        for d in (0, 1)
+    ]
+    rec = CellRecord(1, None, "x", 1.0, 0.5, None, False, tuple(usage), None, None, None, {"k": 1})
+    out = export_ledger(tmp_path / "l.csv", records=[rec])
+    with out.open(newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["cuda1_delta_allocated"] == str(MiB)
+    assert json.loads(row["notes"]) == {"k": 1}
+    assert np.isclose(float(row["duration"]), 0.5)
