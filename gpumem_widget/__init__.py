@@ -9,6 +9,8 @@ from __future__ import annotations
 from .estimate import Estimate, EstimateError, available_bytes, estimate
 from .extension import current_session, load_ipython_extension, unload_ipython_extension
 from .ledger import CellRecord, DeviceCellUsage, LedgerRecords
+from .snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
+from .snapshot.load import Source
 
 __version__ = "0.1.0"
 
@@ -19,17 +21,33 @@ def ledger() -> LedgerRecords:
     return session.records() if session is not None else LedgerRecords(())
 
 
+def show_snapshot(src: Source | Snapshot) -> Snapshot:
+    """Open a snapshot (a `_dump_snapshot` file, its bytes, a `_snapshot()` dict, or a
+    `Snapshot`) in the widget's Snapshot tab; without the extension loaded, just open it.
+
+    A bad file raises `SnapshotLoadError` and leaves the widget as it was."""
+    session = current_session()
+    if session is None:
+        return open_snapshot(src)
+    return session.drilldown.show(src)
+
+
 __all__ = [
     "CellRecord",
     "DeviceCellUsage",
     "Estimate",
     "EstimateError",
     "LedgerRecords",
+    "Snapshot",
+    "SnapshotLoadError",
     "__version__",
     "available_bytes",
     "current_session",
     "estimate",
+    "export_memory_viz",
     "ledger",
     "load_ipython_extension",
+    "open_snapshot",
+    "show_snapshot",
     "unload_ipython_extension",
 ]

@@ -6,10 +6,14 @@ Feature modules are imported when their command runs, so loading the extension s
 from __future__ import annotations
 
 import argparse
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from IPython.core.error import UsageError
 
+from .drilldown import CellWindow
 from .magics import Command
 from .session import Session
 
@@ -70,6 +74,115 @@ def _postmortem(session: Session, args: argparse.Namespace, cell: str | None) ->
     print(pm.format() if pm is not None else "gpumem: no cell has run out of CUDA memory yet")
 
 
+@contextlib.contextmanager
+def _recording_unavailable(name: str) -> Iterator[None]:
+    """Turn the snapshot package's RecordingUnavailable into one UsageError line."""
+    from .snapshot import RecordingUnavailable
+
+    try:
+        yield
+    except RecordingUnavailable as e:
+        raise UsageError(f"%gpumem {name}: {e}") from None
+
+
+def _publish(
+    session: Session,
+    snap: dict[str, Any],
+    label: str,
+    args: argparse.Namespace,
+    extra_cells: Sequence[CellWindow] = (),
+) -> None:
+    """Show a freshly taken snapshot in the widget; export it too when -o was given."""
+    from .snapshot import export_memory_viz
+
+    shown = session.drilldown.show(snap, label, extra_cells)
+    print(f"gpumem: {shown!r} is in the widget's Snapshot tab")
+    if args.output:
+        print(f"gpumem: wrote {export_memory_viz(shown, args.output)} (for PyTorch's memory_viz)")
+
+
+def _configure_record(p: argparse.ArgumentParser) -> None:
+    from .snapshot.record import configure_record
+
+    configure_record(p)
+
+
+def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from .snapshot import start_recording, stop_recording
+
+    with _recording_unavailable("record"):
+        if args.state == "on":
+            rec = start_recording(args.stacks, args.max_entries, args.context)
+            print(
+                f"gpumem: recording allocations with {rec.stacks} stacks (newest "
+                f"{rec.max_entries:,} events); `%gpumem record off` shows them"
+            )
+            return None
+        snap = stop_recording()
+    if snap is not None:
+        _publish(session, snap, time.strftime("recording stopped at %H:%M:%S"), args)
+
+
+def _configure_snapshot(p: argparse.ArgumentParser) -> None:
+    from .snapshot.record import configure_snapshot
+
+    configure_snapshot(p)
+
+
+def _snapshot(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from .snapshot import take_snapshot
+
+    with _recording_unavailable("snapshot"):
+        snap = take_snapshot()
+    _publish(session, snap, time.strftime("snapshot at %H:%M:%S"), args)
+
+
+def _configure_cell(p: argparse.ArgumentParser) -> None:
+    from .snapshot.record import configure_cell
+
+    configure_cell(p)
+
+
+def _cell(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    """Run the cell's body while recording, then show what it allocated."""
+    from .snapshot import CellRecording, recording
+
+    if cell is None:
+        raise UsageError("%gpumem cell: use it as a cell magic, `%%gpumem cell [options]`")
+    shell = session.shell
+    count = session.tracker.running_cell
+    taken: CellRecording | None = None
+    try:
+        with (
+            _recording_unavailable("cell"),
+            recording(args.stacks, args.max_entries, args.context) as taken,
+        ):
+            shell.ex(shell.transform_cell(cell))
+    finally:
+        # Shown even when the body raised (an OOM above all), and never hiding its error.
+        if taken is not None and taken.snapshot is not None:
+            window = [(count, taken.start, taken.end)] if count is not None else []
+            label = f"cell {count}" if count is not None else "%%gpumem cell"
+            try:
+                _publish(session, taken.snapshot, label, args, window)
+            except Exception as e:
+                session.report_error(f"%%gpumem: {type(e).__name__}: {e}")
+
+
+def _show_snapshot(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from .snapshot import SnapshotLoadError
+
+    try:
+        snap = session.drilldown.show(args.path)
+    except SnapshotLoadError as e:
+        raise UsageError(f"%gpumem show-snapshot: {e}") from None
+    print(f"gpumem: {snap!r} is in the widget's Snapshot tab")
+
+
+def _configure_show_snapshot(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a torch.cuda.memory._dump_snapshot file (.pickle, .gz or .xz)")
+
+
 FEATURE_COMMANDS: tuple[Command, ...] = (
     Command(
         "vars",
@@ -104,5 +217,41 @@ FEATURE_COMMANDS: tuple[Command, ...] = (
         "optimizer state, activations) from one forward/backward on the meta device, then "
         "compare it with the next cell that allocates on the model's device (in the ledger and "
         "on the chart). Costs no GPU memory; the first call takes about 2 s (torch imports).",
+    ),
+    Command(
+        "record",
+        "record every allocation with its stack (on), or stop and drill into it (off)",
+        _record,
+        _configure_record,
+        description="Record PyTorch's allocator history (torch.cuda.memory._record_memory_history)"
+        ". `on` starts it; `off` takes the snapshot (stopping clears the history) and shows it "
+        "in the widget's Snapshot tab: active memory by allocation site, what is alive at any "
+        "instant, per-cell slices and categories. The defaults keep the cost low: Python stacks "
+        "only and a bounded ring of events. Needs CUDA.",
+    ),
+    Command(
+        "snapshot",
+        "take a memory snapshot now and show it in the widget's Snapshot tab",
+        _snapshot,
+        _configure_snapshot,
+        description="Take torch.cuda.memory._snapshot() now and show it in the widget's Snapshot "
+        "tab. While recording (`%gpumem record on`), it holds every allocation's history and "
+        "stack; otherwise only the segments and blocks alive now. Needs CUDA.",
+    ),
+    Command(
+        "cell",
+        "as `%%gpumem cell [options]`: record only this cell's allocations and drill into them",
+        _cell,
+        _configure_cell,
+        description="Run the cell while recording the allocator's history, then show the "
+        "snapshot in the widget's Snapshot tab, sliced to this cell. The snapshot is taken even "
+        "when the cell raises (an out-of-memory error included). Recording that was already on "
+        "stays on. Needs CUDA.",
+    ),
+    Command(
+        "show-snapshot",
+        "open a snapshot file in the widget's Snapshot tab (read safely: runs nothing)",
+        _show_snapshot,
+        _configure_show_snapshot,
     ),
 )

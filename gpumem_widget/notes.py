@@ -60,6 +60,8 @@ def postmortem_note(session: Session, record: CellRecord, error: BaseException |
         alloc_conf=current_alloc_conf(),
     )
     session.last_postmortem = pm
+    if pm.snapshot is not None:  # kept, computed only when looked at
+        session.drilldown.offer(pm.snapshot, f"OOM in cell {record.execution_count}")
     return pm.to_wire()
 
 

@@ -20,6 +20,16 @@ Traits (all written by the kernel; the browser never writes them):
 ``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds
              older, possibly decimated samples and changes rarely; the tail holds the samples since
              and changes up to ``MAX_PUBLISH_HZ`` times a second. The chart is base + tail.
+``drilldown``  the current snapshot's overview (``drilldown.py``): ``{}`` when none; ``{"pending":
+             label}`` when one waits to be computed (the browser then sends ``{"type": "load"}``);
+             else ``{"source", "taken_at", "cells_by": "tag"|"time"|"none", "compute_s",
+             "devices": [{"device", "active", "categories", "cells"}]}`` where ``active``,
+             ``categories`` and ``cells`` are `snapshot.aggregate`'s `active_memory_view`,
+             `categories` and `cell_slices` (their tables are packed, every column float64).
+``drilldown_alive``  `snapshot.aggregate.alive_at` for one device and instant (the peak at
+             first; the browser sends ``{"type": "alive_at", "t", "device"}`` on a click), with
+             ``segments`` (the segment map) where that view exists; ``{"error": str}`` when a
+             request failed.
 
 Packed table: ``{"n": rows, "columns": [name, ...], "dtypes": ["f8"|"f4", ...],
 "buffers": [bytes, ...]}`` with one little-endian buffer per column (ipywidgets sends each as a

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import IPython
 
 from . import notes, protocol
+from .drilldown import CellWindow, Drilldown
 from .ledger import Ledger, LedgerRecords
 from .publisher import Publisher
 from .readers import Readers
@@ -99,6 +100,7 @@ class Session:
             idle_interval=idle_interval,
         )
         self.tracker = CellTracker(self.readers, self.sampler, peak_mode)
+        self.drilldown = Drilldown(self.widget, self.ledger_windows)
         # Set by `%gpumem estimate`; compared with the next cell that allocates on its device.
         self.armed_estimate: Estimate | None = None
         self.oom = _install_oom_recorder() if self.readers.torch.available else None
@@ -211,6 +213,10 @@ class Session:
 
     def records(self) -> LedgerRecords:
         return self.ledger.records()
+
+    def ledger_windows(self) -> list[CellWindow]:
+        """Each recorded cell's (execution_count, start, end) in unix seconds."""
+        return [(r.execution_count, r.started, r.started + r.duration) for r in self.records()]
 
     def reset(self) -> None:
         """Forget the ledger, the timeline and the session peaks."""

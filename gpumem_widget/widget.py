@@ -38,6 +38,8 @@ class GpuMemWidget(anywidget.AnyWidget):
     cells = traitlets.List(traitlets.Dict()).tag(sync=True)
     timeline_base = traitlets.Dict().tag(sync=True)
     timeline_tail = traitlets.Dict().tag(sync=True)
+    drilldown = traitlets.Dict().tag(sync=True)
+    drilldown_alive = traitlets.Dict().tag(sync=True)
 
     def __init__(self, num_devices: int = 0, **kwargs: Any) -> None:
         empty = protocol.empty_table(protocol.timeline_columns(num_devices))

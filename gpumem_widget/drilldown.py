@@ -1,0 +1,187 @@
+"""The session's current snapshot, and the drill-down views it publishes to the widget.
+
+A snapshot arrives from `%gpumem snapshot`, `%gpumem record off`, `%%gpumem`, an OOM
+post-mortem, or `gpumem_widget.show_snapshot`. Setting one computes every overview at once
+(active memory by site, categories, per-cell slices, for each device) plus what is alive at the
+peak, and publishes them: the browser's messages only arrive while no cell runs, so the data is
+pushed ahead instead of waiting to be asked. A click on a time asks for what is alive then
+(`{"type": "alive_at", "t", "device"}`), which only republishes ``drilldown_alive``.
+
+Nothing here runs in the per-cell hooks: an OOM's snapshot is only kept (`offer`), and computed
+when the browser asks for it (`{"type": "load"}`) or the user shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshot
+    from .snapshot.load import Source
+    from .widget import GpuMemWidget
+
+log = logging.getLogger(__name__)
+
+# Screen columns and stacked sites: 15 float64 columns of 1,000 rows is 120 KB a device.
+WIDTH = 1000
+TOP_SITES = 10
+MAX_TREE_NODES = 400
+LARGEST = 30
+
+CellWindow = tuple[int, float, float]  # execution_count, start, end (unix seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Current:
+    snap: Snapshot
+    source: str
+
+
+def describe_source(src: object) -> str:
+    """A short label for where a snapshot came from (a path's name, or the kind of object)."""
+    if isinstance(src, (str, os.PathLike)):
+        return os.path.basename(os.fspath(src))
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return "snapshot bytes"
+    return "snapshot dict" if isinstance(src, Mapping) else type(src).__name__
+
+
+def _segments(snap: Snapshot, device: int, t: float | None) -> Any:
+    """The segment map beside what is alive, where that view exists."""
+    try:
+        from .snapshot.segments import (  # type: ignore[import-not-found,unused-ignore]
+            segment_map_view,
+        )
+    except ImportError:
+        return None
+    return segment_map_view(snap, device, t)
+
+
+def alive_view(snap: Snapshot, device: int, t: float | None) -> dict[str, Any]:
+    """What is alive on `device` right after `t` (None: at the peak), with its segment map."""
+    from .snapshot import alive_at
+
+    view = alive_at(snap, device, t, max_nodes=MAX_TREE_NODES, largest=LARGEST)
+    segments = _segments(snap, device, view["t"])
+    if segments is not None:
+        view["segments"] = segments
+    return view
+
+
+def overview(
+    snap: Snapshot, source: str, ledger_cells: Sequence[CellWindow] = ()
+) -> dict[str, Any]:
+    """Every device's views: active memory by site, categories, and per-cell slices (by the
+    snapshot's ``cell:N`` tags where it has them, else by the ledger's time windows)."""
+    from .snapshot import active_memory_view, categories, cell_slices
+
+    tagged = any(s.startswith("cell:") for s in snap.data.strings)
+    devices = []
+    for d in snap.devices:
+        cells = None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
+        devices.append(
+            {
+                "device": d,
+                "active": active_memory_view(snap, d, WIDTH, TOP_SITES),
+                "categories": categories(snap, d, width=WIDTH),
+                "cells": cell_slices(snap, d, cells),
+            }
+        )
+    return {
+        "source": source,
+        "taken_at": snap.end_time,
+        "cells_by": "tag" if tagged else "time" if snap.data.has_time else "none",
+        "devices": devices,
+    }
+
+
+def _overlapping(snap: Snapshot, device: int, windows: Sequence[CellWindow]) -> list[CellWindow]:
+    """The ledger's cells whose time window overlaps the snapshot's trace on `device`."""
+    rep = snap.replay(device)
+    if not rep.n_events:
+        return []
+    first, last = float(rep.time_us[0]) / 1e6, float(rep.time_us[-1]) / 1e6
+    return [(n, s, e) for n, s, e in windows if s <= last and e >= first]
+
+
+class Drilldown:
+    """Holds the current snapshot and writes the ``drilldown``/``drilldown_alive`` traits."""
+
+    def __init__(
+        self, widget: GpuMemWidget, ledger_cells: Callable[[], Sequence[CellWindow]] | None = None
+    ) -> None:
+        self.widget = widget
+        self._ledger_cells = ledger_cells
+        self._lock = threading.Lock()
+        self._current: _Current | None = None
+        self._pending: tuple[Mapping[str, Any], str] | None = None
+        widget.on_msg(self._on_msg)
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self._current.snap if self._current is not None else None
+
+    def show(
+        self,
+        src: Source | Snapshot,
+        source: str | None = None,
+        extra_cells: Sequence[CellWindow] = (),
+    ) -> Snapshot:
+        """Load `src` (raising `SnapshotLoadError` and changing nothing when it is bad), compute
+        its views and publish them. `extra_cells` adds windows the ledger does not hold yet
+        (the running ``%%gpumem`` cell)."""
+        from .snapshot import open_snapshot
+
+        snap = open_snapshot(src)
+        label = source or describe_source(src)
+        cells = [*(self._ledger_cells() if self._ledger_cells else ()), *extra_cells]
+        started = time.perf_counter()
+        view = overview(snap, label, cells)
+        alive = alive_view(snap, snap.devices[0], None) if snap.devices else {}
+        view["compute_s"] = time.perf_counter() - started
+        with self._lock:
+            self._current = _Current(snap, label)
+            self._pending = None
+            with self.widget.hold_sync():
+                self.widget.drilldown = view
+                self.widget.drilldown_alive = alive
+        return snap
+
+    def offer(self, raw: Mapping[str, Any], source: str) -> None:
+        """Keep a snapshot to show when asked (cheap: safe inside a cell hook)."""
+        with self._lock:
+            self._pending = (raw, source)
+        self.widget.drilldown = {"pending": source}
+
+    def _on_msg(self, widget: Any, content: Any, buffers: Sequence[Any]) -> None:
+        """Browser requests; a failure is shown in the panel, never raised into the kernel."""
+        if not isinstance(content, Mapping):
+            return
+        kind = content.get("type")
+        try:
+            if kind == "alive_at":
+                self._alive_at(content.get("device"), content.get("t"))
+            elif kind == "load":
+                pending = self._pending
+                if pending is not None:
+                    self.show(dict(pending[0]), pending[1])
+        except Exception as e:
+            log.warning("gpumem_widget drill-down: %s", e, exc_info=True)
+            self.widget.drilldown_alive = {"error": f"{type(e).__name__}: {e}"}
+
+    def _alive_at(self, device: object, t: object) -> None:
+        current = self._current
+        if current is None:
+            return
+        if not isinstance(device, int) or device not in current.snap.devices:
+            raise ValueError(f"no device {device!r} in this snapshot")
+        if not (isinstance(t, (int, float)) and math.isfinite(t)):
+            raise ValueError(f"not a time: {t!r}")
+        self.widget.drilldown_alive = alive_view(current.snap, device, float(t))
