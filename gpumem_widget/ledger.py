@@ -49,6 +49,14 @@ class DeviceCellUsage:
     def delta_reserved(self) -> int:
         return self.reserved_after - self.reserved_before
 
+    def to_wire(self) -> dict[str, Any]:
+        """Fields and derived figures (asdict would deep-copy, and costs more per cell)."""
+        out = {f.name: getattr(self, f.name) for f in _DEVICE_FIELDS}
+        out["delta_allocated"] = self.delta_allocated
+        out["delta_reserved"] = self.delta_reserved
+        out["outside_pytorch"] = self.outside_pytorch
+        return out
+
     @property
     def outside_pytorch(self) -> int | None:
         """Driver-level use outside PyTorch's allocator (CUDA context, cuBLAS, NCCL)."""
@@ -82,58 +90,30 @@ class CellRecord:
     def peak_allocated(self) -> int:
         return max((d.peak_allocated for d in self.devices), default=0)
 
+    def _scalars(self) -> dict[str, Any]:
+        """The cell's own fields (no devices, no notes)."""
+        return {f.name: getattr(self, f.name) for f in _CELL_SCALARS}
+
     def to_wire(self) -> dict[str, Any]:
         """The JSON the browser gets (`cells` trait), derived figures included."""
-        src = self.source
-        return {
-            "execution_count": self.execution_count,
-            "cell_id": self.cell_id,
-            "source": src if len(src) <= WIRE_SOURCE_CHARS else src[:WIRE_SOURCE_CHARS] + "\n…",
-            "started": self.started,
-            "duration": self.duration,
-            "error": self.error,
-            "oom": self.oom,
-            "host_rss_before": self.host_rss_before,
-            "host_rss_after": self.host_rss_after,
-            "host_rss_peak": self.host_rss_peak,
-            "notes": dict(self.notes),
-            "devices": [
-                {
-                    **{f.name: getattr(d, f.name) for f in _DEVICE_FIELDS},  # asdict deep-copies
-                    "delta_allocated": d.delta_allocated,
-                    "delta_reserved": d.delta_reserved,
-                    "outside_pytorch": d.outside_pytorch,
-                }
-                for d in self.devices
-            ],
-        }
+        out = self._scalars()
+        if len(self.source) > WIRE_SOURCE_CHARS:
+            out["source"] = self.source[:WIRE_SOURCE_CHARS] + "\n…"
+        out["notes"] = dict(self.notes)
+        out["devices"] = [d.to_wire() for d in self.devices]
+        return out
 
     def flat(self) -> dict[str, Any]:
         """One flat row (for pandas/CSV): device fields prefixed ``cuda{i}_``."""
-        row: dict[str, Any] = {
-            "execution_count": self.execution_count,
-            "cell_id": self.cell_id,
-            "source": self.source,
-            "started": self.started,
-            "duration": self.duration,
-            "error": self.error,
-            "oom": self.oom,
-            "host_rss_before": self.host_rss_before,
-            "host_rss_after": self.host_rss_after,
-            "host_rss_peak": self.host_rss_peak,
-        }
+        row = self._scalars()
         for d in self.devices:
             p = f"cuda{d.device}_"
-            for f in dataclasses.fields(d):
-                if f.name != "device":
-                    row[p + f.name] = getattr(d, f.name)
-            row[p + "delta_allocated"] = d.delta_allocated
-            row[p + "delta_reserved"] = d.delta_reserved
-            row[p + "outside_pytorch"] = d.outside_pytorch
+            row.update((p + k, v) for k, v in d.to_wire().items() if k != "device")
         return row
 
 
 _DEVICE_FIELDS = dataclasses.fields(DeviceCellUsage)
+_CELL_SCALARS = [f for f in dataclasses.fields(CellRecord) if f.name not in ("devices", "notes")]
 
 
 class LedgerRecords(Sequence[CellRecord]):

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from recorded_cuda import RecordedAllocator, recorded_readers
+
+from gpumem_widget.session import Session
 
 
 def _cuda_devices() -> int:
@@ -20,3 +27,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA devices, found {n}"))
         elif "gpu" in item.keywords and n < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture
+def recorded() -> Iterator[tuple[Any, Session, RecordedAllocator]]:
+    """A real IPython shell with the hooks of a session whose CUDA allocator replays real H200
+    data; the cells reach that allocator as `gpu` (`gpu.alloc(n)`, `gpu.free(n)`, `gpu.oom()`)."""
+    ip = InteractiveShell.instance()
+    session = Session(shell=ip, readers=recorded_readers(), idle_interval=0.05)
+    ip.events.register("pre_run_cell", session.pre_run_cell)
+    ip.events.register("post_run_cell", session.post_run_cell)
+    session.start()
+    gpu = session.readers.torch
+    assert isinstance(gpu, RecordedAllocator)
+    ip.user_ns["gpu"] = gpu
+    yield ip, session, gpu
+    ip.events.unregister("pre_run_cell", session.pre_run_cell)
+    ip.events.unregister("post_run_cell", session.post_run_cell)
+    session.stop()

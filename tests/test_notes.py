@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,26 +12,13 @@ from recorded_cuda import RecordedAllocator, recorded_readers
 import gpumem_widget
 from gpumem_widget.session import Session
 
-
-@pytest.fixture
-def setup() -> Iterator[tuple[Any, Session, RecordedAllocator]]:
-    ip = InteractiveShell.instance()
-    session = Session(shell=ip, readers=recorded_readers())
-    ip.events.register("pre_run_cell", session.pre_run_cell)
-    ip.events.register("post_run_cell", session.post_run_cell)
-    gpu = session.readers.torch
-    assert isinstance(gpu, RecordedAllocator)
-    ip.user_ns["gpu"] = gpu
-    yield ip, session, gpu
-    ip.events.unregister("pre_run_cell", session.pre_run_cell)
-    ip.events.unregister("post_run_cell", session.post_run_cell)
-    session.stop()
+Recorded = tuple[Any, Session, RecordedAllocator]
 
 
 def test_armed_estimate_lands_on_the_next_allocating_cell(
-    setup: tuple[Any, Session, RecordedAllocator],
+    recorded: Recorded,
 ) -> None:
-    ip, session, _ = setup
+    ip, session, _ = recorded
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     est = gpumem_widget.estimate(model, "adamw", batch=32, device="cpu")
     session.armed_estimate = est
@@ -57,9 +43,9 @@ def test_armed_estimate_lands_on_the_next_allocating_cell(
 
 
 def test_a_failing_annotator_keeps_the_record(
-    setup: tuple[Any, Session, RecordedAllocator],
+    recorded: Recorded,
 ) -> None:
-    ip, session, _ = setup
+    ip, session, _ = recorded
     session.armed_estimate = object()  # type: ignore[assignment]  # breaks the estimate note
     ip.run_cell("gpu.alloc(1024)", store_history=True)
     assert session.records()[-1].source == "gpu.alloc(1024)"
@@ -68,9 +54,9 @@ def test_a_failing_annotator_keeps_the_record(
 
 
 def test_rerunning_a_leaking_cell_gets_a_hint(
-    setup: tuple[Any, Session, RecordedAllocator],
+    recorded: Recorded,
 ) -> None:
-    ip, session, _ = setup
+    ip, session, _ = recorded
     source = "gpu.alloc(100 * 2**20)  # appends to a list that is never cleared"
     for _ in range(4):
         ip.run_cell(source, store_history=True)
@@ -81,8 +67,8 @@ def test_rerunning_a_leaking_cell_gets_a_hint(
     assert "leaks" not in session.records()[-1].notes  # hints stay with the cell they are about
 
 
-def test_an_oom_cell_gets_a_postmortem(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, _ = setup
+def test_an_oom_cell_gets_a_postmortem(recorded: Recorded) -> None:
+    ip, session, _ = recorded
     ip.run_cell("held = [1, 2, 3]\ngpu.oom()", store_history=True)
     record = session.records()[-1]
     assert record.oom

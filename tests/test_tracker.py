@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from IPython.core.interactiveshell import InteractiveShell
-from recorded_cuda import RecordedAllocator, recorded_readers
+from recorded_cuda import RecordedAllocator
 
 from gpumem_widget.session import Session
 
 MiB = 2**20
 
-
-@pytest.fixture
-def setup() -> Iterator[tuple[Any, Session, RecordedAllocator]]:
-    ip = InteractiveShell.instance()
-    session = Session(shell=ip, readers=recorded_readers(), idle_interval=0.05)
-    ip.events.register("pre_run_cell", session.pre_run_cell)
-    ip.events.register("post_run_cell", session.post_run_cell)
-    session.start()
-    gpu = session.readers.torch
-    assert isinstance(gpu, RecordedAllocator)
-    ip.user_ns["gpu"] = gpu
-    yield ip, session, gpu
-    ip.events.unregister("pre_run_cell", session.pre_run_cell)
-    ip.events.unregister("post_run_cell", session.post_run_cell)
-    session.stop()
+Recorded = tuple[Any, Session, RecordedAllocator]
 
 
 def cell(ip: Any, source: str) -> Any:
     return ip.run_cell(source, store_history=True)
 
 
-def test_exact_delta_and_peak(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, gpu = setup
+def test_exact_delta_and_peak(recorded: Recorded) -> None:
+    ip, session, gpu = recorded
     before = gpu.stats(0).allocated
     cell(ip, "gpu.alloc(500 * 2**20); gpu.free(300 * 2**20)")
     r = session.records()[-1]
@@ -51,8 +34,10 @@ def test_exact_delta_and_peak(setup: tuple[Any, Session, RecordedAllocator]) -> 
     assert gpu.tags[-2:] == [f"cell:{r.execution_count}", ""]
 
 
-def test_exact_mode_resets_peaks_each_cell(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, _gpu = setup
+def test_exact_mode_resets_peaks_each_cell(
+    recorded: Recorded,
+) -> None:
+    ip, session, _gpu = recorded
     cell(ip, "gpu.alloc(1024 * 2**20); gpu.free(1024 * 2**20)")
     cell(ip, "gpu.alloc(10 * 2**20); gpu.free(10 * 2**20)")
     small = session.records()[-1].devices[0]
@@ -61,8 +46,8 @@ def test_exact_mode_resets_peaks_each_cell(setup: tuple[Any, Session, RecordedAl
     assert session.tracker.session_peaks[0].allocated >= small.allocated_before + 1024 * MiB
 
 
-def test_passive_mode_marks_lower_bounds(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, _gpu = setup
+def test_passive_mode_marks_lower_bounds(recorded: Recorded) -> None:
+    ip, session, _gpu = recorded
     session.tracker.peak_mode = "passive"
     cell(ip, "gpu.alloc(4096 * 2**20); gpu.free(4096 * 2**20)")
     high = session.records()[-1].devices[0]
@@ -74,8 +59,8 @@ def test_passive_mode_marks_lower_bounds(setup: tuple[Any, Session, RecordedAllo
     assert low.allocated_before <= low.peak_allocated <= low.allocated_before + 64 * MiB
 
 
-def test_errors_and_ooms_are_recorded(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, _ = setup
+def test_errors_and_ooms_are_recorded(recorded: Recorded) -> None:
+    ip, session, _ = recorded
     result = cell(ip, "raise KeyError('x')")
     assert isinstance(result.error_in_exec, KeyError)  # the user's own error, untouched
     assert session.records()[-1].error == "KeyError"
@@ -88,9 +73,9 @@ def test_errors_and_ooms_are_recorded(setup: tuple[Any, Session, RecordedAllocat
 
 
 def test_a_failing_reader_never_breaks_the_cell(
-    setup: tuple[Any, Session, RecordedAllocator],
+    recorded: Recorded,
 ) -> None:
-    ip, session, gpu = setup
+    ip, session, gpu = recorded
     gpu.fail_with = RuntimeError("driver went away")
     result = cell(ip, "y = 41 + 1")
     assert result.success
@@ -106,8 +91,8 @@ def test_a_failing_reader_never_breaks_the_cell(
     assert session.records()[-1].source == "z = 1"  # and it recovers
 
 
-def test_host_rss_is_measured(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, _ = setup
+def test_host_rss_is_measured(recorded: Recorded) -> None:
+    ip, session, _ = recorded
     cell(ip, "blob = bytearray(200 * 2**20); blob[::4096] = b'x' * len(blob[::4096])")
     r = session.records()[-1]
     assert r.host_rss_before is not None
@@ -118,8 +103,8 @@ def test_host_rss_is_measured(setup: tuple[Any, Session, RecordedAllocator]) -> 
     cell(ip, "del blob")
 
 
-def test_ledger_to_pandas(setup: tuple[Any, Session, RecordedAllocator]) -> None:
-    ip, session, _ = setup
+def test_ledger_to_pandas(recorded: Recorded) -> None:
+    ip, session, _ = recorded
     cell(ip, "gpu.alloc(2**20)")
     cell(ip, "gpu.free(2**20)")
     df = session.records().to_pandas()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,3 +19,16 @@ def shell() -> Iterator[Any]:
     # Tests share one shell: drop their variables so none frees memory inside a later test.
     ip.run_line_magic("reset", "-f")
     ip.run_cell("import gc, torch; gc.collect(); torch.cuda.empty_cache()")
+
+
+def run(ip: Any, source: str) -> Any:
+    """Run one cell as a notebook would (counted, hooks fired); fail the test if it raised."""
+    result = ip.run_cell(source, store_history=True)
+    result.raise_error()
+    return result
+
+
+@pytest.fixture
+def cell(shell: Any) -> Callable[[str], Any]:
+    """`cell(source)` runs a cell in the test's shell (see `run`)."""
+    return lambda source: run(shell, source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,13 +12,7 @@ import gpumem_widget
 pytestmark = pytest.mark.gpu
 MiB = 2**20
 GiB = 2**30
-
-
-def run(ip: Any, source: str) -> Any:
-    """Run one cell as a notebook would (counted, hooks fired); fail the test if it raised."""
-    result = ip.run_cell(source, store_history=True)
-    result.raise_error()
-    return result
+Cell = Callable[[str], Any]
 
 
 def last(ip: Any) -> gpumem_widget.CellRecord:
@@ -26,10 +21,9 @@ def last(ip: Any) -> gpumem_widget.CellRecord:
     return record
 
 
-def test_delta_and_peak_equal_ground_truth(shell: Any) -> None:
-    run(shell, "import torch; keep = torch.empty(64 * 2**20, dtype=torch.uint8, device='cuda')")
-    run(
-        shell,
+def test_delta_and_peak_equal_ground_truth(shell: Any, cell: Cell) -> None:
+    cell("import torch; keep = torch.empty(64 * 2**20, dtype=torch.uint8, device='cuda')")
+    cell(
         """
 before = torch.cuda.memory_allocated()
 x = torch.empty(512 * 2**20, dtype=torch.uint8, device='cuda')
@@ -51,9 +45,9 @@ reserved_after = torch.cuda.memory_reserved()
     assert d.peak_reserved >= d.peak_allocated
 
 
-def test_planted_8gib_spike_freed_at_once_is_exact(shell: Any) -> None:
-    run(shell, "import torch; torch.cuda.init(); base = torch.cuda.memory_allocated()")
-    run(shell, "y = torch.empty(8 * 2**30, dtype=torch.uint8, device='cuda'); del y")
+def test_planted_8gib_spike_freed_at_once_is_exact(shell: Any, cell: Cell) -> None:
+    cell("import torch; torch.cuda.init(); base = torch.cuda.memory_allocated()")
+    cell("y = torch.empty(8 * 2**30, dtype=torch.uint8, device='cuda'); del y")
     d = last(shell).devices[0]
     assert d.peak_allocated == shell.user_ns["base"] + 8 * GiB
     assert d.delta_allocated == 0
@@ -63,12 +57,12 @@ def test_planted_8gib_spike_freed_at_once_is_exact(shell: Any) -> None:
     assert session.tracker.session_peaks[0].allocated >= 8 * GiB
 
 
-def test_passive_mode_exact_on_new_high_else_lower_bound(shell: Any) -> None:
-    run(shell, "%gpumem peak passive")
-    run(shell, "import torch; z = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda'); del z")
+def test_passive_mode_exact_on_new_high_else_lower_bound(shell: Any, cell: Cell) -> None:
+    cell("%gpumem peak passive")
+    cell("import torch; z = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda'); del z")
     high = last(shell).devices[0]
     assert high.peak_exact
-    run(shell, "w = torch.empty(2**30, dtype=torch.uint8, device='cuda'); del w")
+    cell("w = torch.empty(2**30, dtype=torch.uint8, device='cuda'); del w")
     low = last(shell).devices[0]
     assert not low.peak_exact  # the 1 GiB spike set no new high: a lower bound only
     assert low.peak_allocated <= low.allocated_before + 2**30
@@ -81,8 +75,8 @@ def torch_max_allocated() -> int:
     return int(torch.cuda.max_memory_allocated())
 
 
-def test_outside_pytorch_is_reported_and_plausible(shell: Any) -> None:
-    run(shell, "import torch; a = torch.randn(1024, 1024, device='cuda'); b = a @ a")
+def test_outside_pytorch_is_reported_and_plausible(shell: Any, cell: Cell) -> None:
+    cell("import torch; a = torch.randn(1024, 1024, device='cuda'); b = a @ a")
     d = last(shell).devices[0]
     assert d.process_used_after is not None, gpumem_widget.current_session().status()  # type: ignore[union-attr]
     assert d.outside_pytorch is not None
@@ -92,10 +86,9 @@ def test_outside_pytorch_is_reported_and_plausible(shell: Any) -> None:
     assert d.device_used_after >= d.process_used_after
 
 
-def test_timeline_moves_while_a_cell_runs(shell: Any) -> None:
-    run(shell, "import torch, time; torch.cuda.init()")
-    run(
-        shell,
+def test_timeline_moves_while_a_cell_runs(shell: Any, cell: Cell) -> None:
+    cell("import torch, time; torch.cuda.init()")
+    cell(
         """
 chunks = []
 for _ in range(8):
@@ -110,5 +103,5 @@ del chunks
     t = session.timeline.column("t")
     alloc = session.timeline.column("cuda:0/allocated")
     during = alloc[(t >= rec.started) & (t <= rec.started + rec.duration)]
-    assert len(during) >= 10  # about 20 Hz over 0.8 s
+    assert len(during) >= 10, session.status()  # about 20 Hz over 0.8 s
     assert during.max() - during.min() >= 1024 * MiB

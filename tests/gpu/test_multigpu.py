@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,18 +16,12 @@ from gpumem_widget import protocol
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 MiB = 2**20
 GiB = 2**30
+Cell = Callable[[str], Any]
 
 
-def run(ip: Any, source: str) -> Any:
-    result = ip.run_cell(source, store_history=True)
-    result.raise_error()
-    return result
-
-
-def test_two_devices_allocated_differently_give_two_exact_deltas(shell: Any) -> None:
-    run(shell, "import torch; warm = [torch.empty(1, device=f'cuda:{i}') for i in range(2)]")
-    run(
-        shell,
+def test_two_devices_allocated_differently_give_two_exact_deltas(shell: Any, cell: Cell) -> None:
+    cell("import torch; warm = [torch.empty(1, device=f'cuda:{i}') for i in range(2)]")
+    cell(
         """
 a = torch.empty(300 * 2**20, dtype=torch.uint8, device='cuda:0')
 b = torch.empty(700 * 2**20, dtype=torch.uint8, device='cuda:1')
@@ -57,15 +52,15 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_a_child_process_shows_under_other_processes(shell: Any) -> None:
-    run(shell, "import torch; here = torch.empty(1, device='cuda:1')")
+def test_a_child_process_shows_under_other_processes(shell: Any, cell: Cell) -> None:
+    cell("import torch; here = torch.empty(1, device='cuda:1')")
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        run(shell, "x = 1")
+        cell("x = 1")
         r = gpumem_widget.ledger()[-1]
         assert r.devices[1].others_used_after is not None
         assert r.devices[1].others_used_after >= 2 * GiB
