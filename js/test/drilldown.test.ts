@@ -1,0 +1,170 @@
+// @vitest-environment happy-dom
+// The Snapshot tab against a real drill-down state (fixtures/drilldown.json: a training run
+// recorded on an H200, published by gpumem_widget.drilldown), as the browser receives it.
+import { readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+import type { AnyModel } from "@anywidget/types";
+import { renderDrilldown } from "../src/drilldown";
+import { decodeColumns, parseAlive, parseDrilldown } from "../src/drilldown_data";
+
+interface Fixture {
+  state: Record<string, unknown>;
+  buffer_paths: (string | number)[][];
+  buffers: string[];
+  expected: {
+    device: number;
+    peak_bytes: number;
+    peak_t: number;
+    groups: string[];
+    alive_total: number;
+    largest: number[];
+    largest_site: string;
+    cells: number[];
+    at_peak: Record<string, number>;
+  };
+}
+
+const PATH = join(dirname(fileURLToPath(import.meta.url)), "fixtures", "drilldown.json");
+const fixture = JSON.parse(readFileSync(PATH, "utf8")) as Fixture;
+const HOSTILE = '<img src=x onerror="window.pwned=1">';
+
+/** The state with each buffer put back as a DataView at an odd offset, as ipywidgets may. */
+function received(): Record<string, unknown> {
+  const state = structuredClone(fixture.state);
+  fixture.buffer_paths.forEach((path, i) => {
+    const bytes = Buffer.from(fixture.buffers[i] as string, "base64");
+    const padded = new Uint8Array(bytes.length + 1);
+    padded.set(bytes, 1);
+    let obj = state as Record<string | number, unknown>;
+    for (const key of path.slice(0, -1)) obj = obj[key] as Record<string | number, unknown>;
+    obj[path[path.length - 1] as string | number] = new DataView(padded.buffer, 1, bytes.length);
+  });
+  return state;
+}
+
+class FakeModel {
+  sent: Record<string, unknown>[] = [];
+  private handlers = new Map<string, Set<() => void>>();
+  constructor(public state: Record<string, unknown>) {}
+  get(name: string): unknown {
+    return this.state[name];
+  }
+  set(name: string, value: unknown): void {
+    this.state[name] = value;
+    for (const h of this.handlers.get(`change:${name}`) ?? []) h();
+  }
+  on(event: string, h: () => void): void {
+    if (!this.handlers.has(event)) this.handlers.set(event, new Set());
+    this.handlers.get(event)?.add(h);
+  }
+  off(event: string, h: () => void): void {
+    this.handlers.get(event)?.delete(h);
+  }
+  send(msg: Record<string, unknown>): void {
+    this.sent.push(msg);
+  }
+}
+
+function mount(state: Record<string, unknown>): { el: HTMLElement; model: FakeModel; stop: () => void } {
+  const el = document.createElement("div");
+  el.className = "gpumem-drilldown";
+  document.body.append(el);
+  const model = new FakeModel(state);
+  const stop = renderDrilldown(el, model as unknown as AnyModel);
+  return { el, model, stop };
+}
+
+describe("drill-down data", () => {
+  it("decodes the real overview and alive traits", () => {
+    const state = received();
+    const d = parseDrilldown(state["drilldown"]);
+    expect(d.kind).toBe("ready");
+    if (d.kind !== "ready") return;
+    const dev = d.overview.devices[0];
+    expect(dev?.sites.peak.bytes).toBe(fixture.expected.peak_bytes);
+    expect(dev?.sites.series.map((s) => s.label)).toEqual([...fixture.expected.groups, "other"]);
+    // The stacked series add up to the active total in every column.
+    const sites = dev?.sites;
+    if (!sites) return;
+    for (let k = 0; k < sites.t.length; k++) {
+      const sum = sites.series.reduce((a, s) => a + (s.values[k] ?? 0), 0);
+      expect(sum).toBeCloseTo(sites.total[k] ?? NaN, 0);
+    }
+    expect(Math.max(...sites.total)).toBe(fixture.expected.peak_bytes);
+    expect(dev?.cells.map((c) => c.execution_count)).toEqual(fixture.expected.cells);
+    const alive = parseAlive(state["drilldown_alive"]);
+    expect(alive.kind).toBe("ready");
+    if (alive.kind !== "ready") return;
+    expect(alive.alive.root.bytes).toBe(fixture.expected.alive_total);
+    // Rolled up: each node holds its children's bytes plus its own.
+    const check = (n: typeof alive.alive.root): void => {
+      expect(n.children.reduce((a, c) => a + c.bytes, 0) + n.selfBytes).toBeCloseTo(n.bytes, 0);
+      n.children.forEach(check);
+    };
+    check(alive.alive.root);
+    expect(alive.alive.largest.map((a) => a.size)).toEqual(fixture.expected.largest);
+  });
+
+  it("rejects a malformed table with one clear error", () => {
+    expect(() => decodeColumns({ n: 2, columns: ["t"], dtypes: ["f8"], buffers: [new Uint8Array(8)] }, "x")).toThrow(/8 bytes for 2 rows/);
+    expect(() => parseDrilldown({ devices: "no" })).toThrow(/drilldown\.devices/);
+  });
+});
+
+describe("drill-down panel", () => {
+  it("draws the chart, legend, tree, cells and categories from the real state", () => {
+    const { el, stop } = mount(received());
+    expect(el.querySelector(".gpumem-drilldown-chart canvas")).not.toBeNull();
+    const legend = [...el.querySelectorAll<HTMLElement>(".gpumem-drilldown-legend-item")].map((e) => e.dataset["site"]);
+    expect(legend).toContain(fixture.expected.groups[0]);
+    const tree = el.querySelector(".gpumem-alive-tree");
+    expect(tree?.querySelector("[data-site='all']")?.textContent).toContain("GiB");
+    const largest = el.querySelectorAll<HTMLElement>(".gpumem-drilldown-largest tbody tr");
+    expect(largest.length).toBe(fixture.expected.largest.length);
+    expect(largest[0]?.dataset["site"]).toBe(fixture.expected.largest_site);
+    const cells = [...el.querySelectorAll<HTMLElement>("tr[data-cell]")].map((r) => Number(r.dataset["cell"]));
+    expect(cells).toEqual(fixture.expected.cells);
+    const cats = [...el.querySelectorAll<HTMLElement>("tr[data-category]")].map((r) => r.dataset["category"]);
+    expect(cats).toEqual(Object.entries(fixture.expected.at_peak).filter(([, b]) => b > 0).map(([c]) => c));
+    stop();
+    expect(el.querySelector(".gpumem-drilldown-body")).toBeNull();
+  });
+
+  it("asks the kernel what was alive when a cell is clicked, and shows the answer", () => {
+    const { el, model, stop } = mount(received());
+    const row = el.querySelector<HTMLElement>(`tr[data-cell='${fixture.expected.cells[0]}']`);
+    row?.click();
+    expect(model.sent).toHaveLength(1);
+    expect(model.sent[0]).toMatchObject({ type: "alive_at", device: fixture.expected.device });
+    expect(typeof model.sent[0]?.["t"]).toBe("number");
+    model.set("drilldown_alive", { error: `ValueError: ${HOSTILE}` });
+    expect(el.textContent).toContain(HOSTILE); // as text, never as markup
+    expect(el.querySelector("img")).toBeNull();
+    stop();
+  });
+
+  it("collapses and expands tree nodes", () => {
+    const { el, stop } = mount(received());
+    const open = el.querySelector<HTMLElement>(".gpumem-alive-node[aria-expanded='true']");
+    const kids = open?.querySelector<HTMLElement>(".gpumem-alive-children");
+    expect(kids?.children.length).toBeGreaterThan(0);
+    open?.querySelector<HTMLElement>(".gpumem-alive-row")?.click();
+    expect(open?.getAttribute("aria-expanded")).toBe("false");
+    expect(kids?.hidden).toBe(true);
+    stop();
+  });
+
+  it("asks once for a pending snapshot, and says when there is none", () => {
+    const { el, model, stop } = mount({ drilldown: {}, drilldown_alive: {} });
+    expect(el.textContent).toContain("No snapshot loaded");
+    model.set("drilldown", { pending: "OOM in cell 4" });
+    model.set("drilldown", { pending: "OOM in cell 4" });
+    expect(model.sent).toEqual([{ type: "load" }]);
+    expect(el.textContent).toContain("OOM in cell 4");
+    model.set("drilldown", { devices: [{ device: 0, active: 3 }] });
+    expect(el.textContent).toContain("Snapshot view unavailable");
+    stop();
+  });
+});
