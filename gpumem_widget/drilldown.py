@@ -61,7 +61,11 @@ def _segments(snap: Snapshot, device: int, t: float | None) -> Any:
         )
     except ImportError:
         return None
-    return segment_map_view(snap, device, t)
+    try:
+        return segment_map_view(snap, device, t)
+    except Exception as e:  # an optional view: what is alive still shows without it
+        log.warning("gpumem_widget: no segment map: %s", e, exc_info=True)
+        return None
 
 
 def alive_view(snap: Snapshot, device: int, t: float | None) -> dict[str, Any]:

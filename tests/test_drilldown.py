@@ -1,0 +1,160 @@
+"""The drill-down glue in a real IPython shell (host mode here): the recording magics, snapshots
+shown from the H200 fixtures, browser requests as ipywidgets delivers them, and bad files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from ipywidgets.widgets.widget import _remove_buffers
+
+import gpumem_widget
+from gpumem_widget.drilldown import overview
+from gpumem_widget.extension import current_session
+from gpumem_widget.session import Session
+
+FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
+ALL = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
+MAX_WIRE_BYTES = 500_000
+
+
+@pytest.fixture
+def ip() -> Iterator[Any]:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpumem_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "gpumem_widget")
+
+
+def session() -> Session:
+    s = current_session()
+    assert s is not None
+    return s
+
+
+def wire_bytes(*traits: dict[str, Any]) -> int:
+    """What ipywidgets sends: the JSON part plus the binary buffers."""
+    state, _, buffers = _remove_buffers({str(i): t for i, t in enumerate(traits)})
+    return len(json.dumps(state)) + sum(len(b) for b in buffers)
+
+
+def test_help_says_what_each_option_costs(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("record", "snapshot", "cell", "show-snapshot"):
+        ip.run_line_magic("gpumem", f"{command} --help")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "usage: %gpumem record [-h] [--stacks {python,all}] [--max-entries N]" in out
+    assert "about 2 us per allocator event" in out  # --stacks python
+    assert "1,000,000 pickle to about 85 MB" in out  # --max-entries
+    assert "usage: %gpumem snapshot [-h] [-o PATH]" in out
+    assert "usage: %gpumem cell" in out and "taken even when the cell raises" in out
+    assert "usage: %gpumem show-snapshot [-h] path" in out
+
+
+def test_recording_without_cuda_is_one_clear_error(ip: Any) -> None:
+    for line in ("record on", "record off --max-entries 10", "snapshot"):
+        with pytest.raises(UsageError, match="needs a CUDA device"):
+            ip.run_line_magic("gpumem", line)
+    with pytest.raises(UsageError, match=r"%gpumem cell: .*needs a CUDA device"):
+        ip.run_cell_magic("gpumem", "cell --stacks all", "ran = True")
+    assert "ran" not in ip.user_ns  # the body does not run unrecorded
+    with pytest.raises(UsageError, match="use it as a cell magic"):
+        ip.run_line_magic("gpumem", "cell")
+    assert session().widget.drilldown == {}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_show_snapshot_publishes_bounded_views_with_the_fixture_totals(ip: Any, name: str) -> None:
+    stats = json.loads((FIXTURES / f"{name}.stats.json").read_text())["memory_stats"]
+    snap = gpumem_widget.show_snapshot(FIXTURES / f"{name}.pickle.gz")
+    w = session().widget
+    assert w.drilldown["source"] == f"{name}.pickle.gz"
+    assert wire_bytes(w.drilldown, w.drilldown_alive) < MAX_WIRE_BYTES
+    d0 = w.drilldown["devices"][0]
+    assert d0["device"] == 0 == w.drilldown_alive["device"]
+    active = d0["active"]
+    assert active["end_bytes"] == stats["requested_bytes.all.current"]
+    assert active["end_reserved"] == stats["reserved_bytes.all.current"]
+    assert active["peak"]["bytes"] <= stats["active_bytes.all.peak"]
+    alive = w.drilldown_alive  # at the peak to begin with
+    assert alive["total_bytes"] == active["peak"]["bytes"]
+    assert alive["event"] == active["peak"]["event"]
+    assert session().drilldown.snapshot is snap
+
+
+def test_toy_linear_shows_the_articles_peak(ip: Any) -> None:
+    gpumem_widget.show_snapshot(str(FIXTURES / "toy_linear.pickle.gz"))
+    peak = session().widget.drilldown["devices"][0]["active"]["peak"]["bytes"]
+    articles = 2_000_000_000 + 200_000 + 2 * (200_000_000 + 1_000_000_000)  # 4,400,200,000
+    assert 0 <= peak - articles < 64 << 20  # plus cuBLAS's workspace
+    largest = [a["size"] for a in session().widget.drilldown_alive["largest"][:5]]
+    assert sorted(largest) == [200_000_000] * 2 + [1_000_000_000] * 2 + [2_000_000_000]
+
+
+def test_a_click_in_the_browser_recomputes_what_is_alive(ip: Any) -> None:
+    gpumem_widget.show_snapshot(FIXTURES / "toy_linear.pickle.gz")
+    w = session().widget
+    at_peak = w.drilldown_alive
+    t0 = w.drilldown["devices"][0]["active"]["t0"]
+    # As ipywidgets delivers a custom message from model.send(...).
+    w._handle_custom_msg({"type": "alive_at", "t": t0, "device": 0}, [])
+    early = w.drilldown_alive
+    assert early["t"] is not None and early["t"] <= t0
+    assert early["total_bytes"] < at_peak["total_bytes"]
+    assert early["event"] < at_peak["event"]
+    w._handle_custom_msg({"type": "alive_at", "t": t0, "device": 3}, [])
+    assert w.drilldown_alive == {"error": "ValueError: no device 3 in this snapshot"}
+    w._handle_custom_msg({"type": "alive_at", "t": "soon", "device": 0}, [])
+    assert "not a time" in w.drilldown_alive["error"]
+
+
+def test_a_hostile_file_raises_and_changes_nothing(ip: Any, tmp_path: Path) -> None:
+    gpumem_widget.show_snapshot(FIXTURES / "oom.pickle.gz")
+    w = session().widget
+    before = (w.drilldown, w.drilldown_alive, session().drilldown.snapshot)
+
+    class Boom:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (exec, ("import os; os._exit(3)",))
+
+    hostile = tmp_path / "hostile.pickle"
+    hostile.write_bytes(pickle.dumps({"segments": [], "device_traces": [Boom()]}))
+    with pytest.raises(gpumem_widget.SnapshotLoadError):
+        gpumem_widget.show_snapshot(hostile)
+    with pytest.raises(UsageError, match="show-snapshot"):
+        ip.run_line_magic("gpumem", f"show-snapshot {tmp_path / 'missing.pickle'}")
+    assert (w.drilldown, w.drilldown_alive, session().drilldown.snapshot) == before
+
+
+def test_an_ooms_snapshot_waits_for_the_browser(ip: Any) -> None:
+    with gzip.open(FIXTURES / "oom.pickle.gz") as f:
+        raw = pickle.load(f)  # our own fixture: plain dicts and lists
+    glue = session().drilldown
+    glue.offer(raw, "OOM in cell 4")  # what the post-mortem hook does: nothing computed
+    w = session().widget
+    assert w.drilldown == {"pending": "OOM in cell 4"}
+    w._handle_custom_msg({"type": "load"}, [])
+    assert w.drilldown["source"] == "OOM in cell 4"
+    assert w.drilldown["devices"][0]["active"]["ooms"]
+    assert glue.snapshot is not None
+
+
+def test_cells_join_the_ledger_by_time_or_by_tag() -> None:
+    snap = gpumem_widget.open_snapshot(FIXTURES / "toy_linear.pickle.gz")
+    rep = snap.replay(0)
+    first, last = rep.time_us[0] / 1e6, rep.time_us[-1] / 1e6
+    windows = [(1, first - 10, first - 5), (2, first, last), (3, last + 1, last + 2)]
+    view = overview(snap, "toy", windows)
+    assert view["cells_by"] == "time"
+    (cell,) = view["devices"][0]["cells"]["cells"]  # only the one overlapping the trace
+    assert cell["execution_count"] == 2
+    assert cell["peak_bytes"] == view["devices"][0]["active"]["peak"]["bytes"]
+    tagged = overview(gpumem_widget.open_snapshot(FIXTURES / "train_tagged.pickle.gz"), "t")
+    counts = [c["execution_count"] for c in tagged["devices"][0]["cells"]["cells"]]
+    assert tagged["cells_by"] == "tag" and counts == [1, 3, 4, 6]
