@@ -22,6 +22,10 @@ Scenarios (all with Python stacks unless said):
   overflow        a ring buffer of 64 entries overrun by 400 events (the recorder's metadata says
                   max_entries, as gpumem_widget.snapshot.record.take_snapshot adds it).
   stacks_all      a few allocations recorded with C++ frames too.
+  fragmentation_oom  an OOM caused by fragmentation: under a 16 GiB per-process limit, seven
+                  2 GiB segments are cached, then each is split by a 1 GiB tensor; a 3 GiB
+                  request fails although 7 GiB is reserved but unallocated (the OOM observer's
+                  arguments and the limit go in NAME.observer.json).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ SCENARIOS = (
     "oom",
     "overflow",
     "stacks_all",
+    "fragmentation_oom",
 )
 RECORDER_KEY = "gpumem_widget"  # as gpumem_widget.snapshot.load.RECORDER_KEY
 
@@ -244,6 +249,35 @@ def stacks_all(out: Path) -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def fragmentation_oom(out: Path) -> None:
+    torch = _torch()
+    gib = 1 << 30
+    limit = 16 * gib
+    torch.cuda.set_per_process_memory_fraction(
+        limit / torch.cuda.get_device_properties(0).total_memory
+    )
+    calls: list[list[int]] = []
+
+    def observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        calls.append([device, alloc, device_allocated, device_free])
+
+    torch._C._cuda_attach_out_of_memory_observer(observer)
+    torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+    segments = [torch.empty(2 * gib, dtype=torch.uint8, device="cuda") for _ in range(7)]
+    del segments  # seven 2 GiB segments stay cached, wholly free
+    halves = [torch.empty(gib, dtype=torch.uint8, device="cuda") for _ in range(7)]  # split each
+    requested = 3 * gib
+    with contextlib.suppress(torch.OutOfMemoryError):
+        torch.empty(requested, dtype=torch.uint8, device="cuda")
+    _dump(
+        out,
+        "fragmentation_oom",
+        {"observer": {"calls": calls, "requested": requested, "limit": limit}},
+    )
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del halves
+
+
 RUN: dict[str, Callable[[Path], None]] = {
     "toy_linear": toy_linear,
     "train_tagged": train_tagged,
@@ -252,6 +286,7 @@ RUN: dict[str, Callable[[Path], None]] = {
     "oom": oom,
     "overflow": overflow,
     "stacks_all": stacks_all,
+    "fragmentation_oom": fragmentation_oom,
 }
 
 

@@ -61,7 +61,9 @@ def _notable(bytes_: int | None, reserved: int) -> bool:
     return bytes_ is not None and bytes_ >= NOTABLE_BYTES and bytes_ >= NOTABLE_SHARE * reserved
 
 
-def advise(frag: Fragmentation, allocator_settings: Mapping[str, Any] | None = None) -> list[Advice]:
+def advise(
+    frag: Fragmentation, allocator_settings: Mapping[str, Any] | None = None
+) -> list[Advice]:
     """The settings the figures support, most effective first; empty when none applies."""
     settings = allocator_settings or {}
     expandable_on = bool(settings.get("expandable_segments")) or bool(frag.expandable)

@@ -188,7 +188,9 @@ class Fragmentation:
 
     def format(self) -> str:
         """A plain-text table: label, value, meaning."""
-        head = "allocator fragmentation" + (f" on cuda:{self.device}" if self.device is not None else "")
+        head = "allocator fragmentation" + (
+            f" on cuda:{self.device}" if self.device is not None else ""
+        )
         lines = [head]
         for f in self.figures():
             lines.append(f"  {f.label:<28} {_show(f.value, f.unit):>12}  {f.meaning}")
@@ -223,7 +225,9 @@ def from_layout(layout: Layout, *, oom: Oom | None = None, t: float | None = Non
                     split += b.size
                 if seg.expandable:  # empty_cache() unmaps the whole pages inside a free block
                     first = -(-b.address // SMALL_BUFFER) * SMALL_BUFFER
-                    releasable += max(0, (b.address + b.size) // SMALL_BUFFER * SMALL_BUFFER - first)
+                    releasable += max(
+                        0, (b.address + b.size) // SMALL_BUFFER * SMALL_BUFFER - first
+                    )
                 elif not live:
                     releasable += b.size
             else:

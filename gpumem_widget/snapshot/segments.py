@@ -266,7 +266,9 @@ class SegmentTimeline:
             if s.device == device
         }
         state = _State(segments, {})
-        seg_events = np.flatnonzero((t.action >= Action.SEGMENT_ALLOC) & (t.action <= Action.SEGMENT_UNMAP))
+        seg_events = np.flatnonzero(
+            (t.action >= Action.SEGMENT_ALLOC) & (t.action <= Action.SEGMENT_UNMAP)
+        )
         for i in seg_events[::-1].tolist():
             a, size, act = int(t.addr[i]), int(t.size[i]), int(t.action[i])
             if act == Action.SEGMENT_ALLOC:
@@ -303,7 +305,15 @@ class SegmentTimeline:
             if seg is None or addr >= starts[k] + seg[0]:
                 self._note("allocation_outside_segments")
                 continue
-            rec = (size, state_code, requested, int(iv.stack[i]), int(iv.stream[i]), int(iv.tag[i]), -1)
+            rec = (
+                size,
+                state_code,
+                requested,
+                int(iv.stack[i]),
+                int(iv.stream[i]),
+                int(iv.tag[i]),
+                -1,
+            )
             live[starts[k]].append((addr, rec, exact))
         for seg_start in starts:
             self._lay_out(state, seg_start, sorted(live[seg_start]))
