@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from ipywidgets.widgets.widget import _remove_buffers
+from ipywidgets.widgets.widget import _remove_buffers  # type: ignore[import-untyped]
 
 import gpumem_widget
 from gpumem_widget.drilldown import overview
@@ -53,7 +53,8 @@ def test_help_says_what_each_option_costs(ip: Any, capsys: pytest.CaptureFixture
     assert "about 2 us per allocator event" in out  # --stacks python
     assert "1,000,000 pickle to about 85 MB" in out  # --max-entries
     assert "usage: %gpumem snapshot [-h] [-o PATH]" in out
-    assert "usage: %gpumem cell" in out and "taken even when the cell raises" in out
+    assert "usage: %gpumem cell" in out
+    assert "taken even when the cell raises" in out
     assert "usage: %gpumem show-snapshot [-h] path" in out
 
 
@@ -105,7 +106,8 @@ def test_a_click_in_the_browser_recomputes_what_is_alive(ip: Any) -> None:
     # As ipywidgets delivers a custom message from model.send(...).
     w._handle_custom_msg({"type": "alive_at", "t": t0, "device": 0}, [])
     early = w.drilldown_alive
-    assert early["t"] is not None and early["t"] <= t0
+    assert early["t"] is not None
+    assert early["t"] <= t0
     assert early["total_bytes"] < at_peak["total_bytes"]
     assert early["event"] < at_peak["event"]
     w._handle_custom_msg({"type": "alive_at", "t": t0, "device": 3}, [])
@@ -157,4 +159,5 @@ def test_cells_join_the_ledger_by_time_or_by_tag() -> None:
     assert cell["peak_bytes"] == view["devices"][0]["active"]["peak"]["bytes"]
     tagged = overview(gpumem_widget.open_snapshot(FIXTURES / "train_tagged.pickle.gz"), "t")
     counts = [c["execution_count"] for c in tagged["devices"][0]["cells"]["cells"]]
-    assert tagged["cells_by"] == "tag" and counts == [1, 3, 4, 6]
+    assert tagged["cells_by"] == "tag"
+    assert counts == [1, 3, 4, 6]
