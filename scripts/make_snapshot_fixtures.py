@@ -23,8 +23,9 @@ Scenarios (all with Python stacks unless said):
                   max_entries, as gpumem_widget.snapshot.record.take_snapshot adds it).
   stacks_all      a few allocations recorded with C++ frames too.
   fragmentation_oom  an OOM caused by fragmentation: under a 16 GiB per-process limit, seven
-                  2 GiB segments are cached, then each is split by a 1 GiB tensor; a 3 GiB
-                  request fails although 7 GiB is reserved but unallocated (the OOM observer's
+                  2 GiB segments are cached, fourteen 1 GiB tensors fill them two by two, every
+                  other one is freed; a 3 GiB request then fails although 7 GiB is reserved but
+                  unallocated, in 1 GiB holes no segment release can join (the OOM observer's
                   arguments and the limit go in NAME.observer.json).
 """
 
@@ -265,7 +266,8 @@ def fragmentation_oom(out: Path) -> None:
     torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
     segments = [torch.empty(2 * gib, dtype=torch.uint8, device="cuda") for _ in range(7)]
     del segments  # seven 2 GiB segments stay cached, wholly free
-    halves = [torch.empty(gib, dtype=torch.uint8, device="cuda") for _ in range(7)]  # split each
+    halves = [torch.empty(gib, dtype=torch.uint8, device="cuda") for _ in range(14)]  # two each
+    del halves[::2]  # a 1 GiB hole in every segment: none is wholly free, so none is released
     requested = 3 * gib
     with contextlib.suppress(torch.OutOfMemoryError):
         torch.empty(requested, dtype=torch.uint8, device="cuda")

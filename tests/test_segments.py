@@ -148,7 +148,8 @@ def test_view_is_json_with_stacks_and_sizes() -> None:
     blocks = [b for s in view["segments"] for b in s["blocks"]]
     assert sum(b["size"] for b in blocks) == sum(s["size"] for s in view["segments"])
     labelled = [view["stacks"][b["stack"]] for b in blocks if b["stack"]]
-    assert labelled and all(s["frames"] for s in labelled)
+    assert labelled
+    assert all(s["frames"] for s in labelled)
     assert any(b["tag"].startswith("cell:") for b in blocks)
     assert view["advice"] == [] or all("figure" in a for a in view["advice"])
 
@@ -184,7 +185,8 @@ def test_seeking_equals_replaying_from_the_start(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(seg, "CHECKPOINT_MIN", 16)
     monkeypatch.setattr(seg, "CHECKPOINT_PER_BLOCK", 0)
     seeking = SegmentTimeline(open_snapshot(last), 0)
-    assert from_zero.checkpoints == 1 and seeking.checkpoints > 20
+    assert from_zero.checkpoints == 1
+    assert seeking.checkpoints > 20
     assert seeking.anomalies == from_zero.anomalies == {}
     for event in random.Random(2).sample(range(-1, len(seeking.trace)), 60):
         assert seeking.layout(event) == from_zero.layout(event)
@@ -209,7 +211,8 @@ def test_rounding_follows_the_allocator() -> None:
     four = Rules(expandable=False, max_split_size=1 << 62, divisions=(4,) * 16)
     assert four.round(5 * MiB + 1) == 6 * MiB  # [4 MiB, 8 MiB) in four: 5, 6, 7, 8 MiB
     assert four.round(4 * MiB) == 4 * MiB
-    assert plain.splits(3 * MiB, MiB + 512) and not plain.splits(3 * MiB, MiB)
+    assert plain.splits(3 * MiB, MiB + 512)
+    assert not plain.splits(3 * MiB, MiB)
     capped = Rules(expandable=False, max_split_size=64 * MiB, divisions=())
     assert not capped.splits(64 * MiB, 100 * MiB)
     assert Rules(True, 1 << 62, ()).splits(3 * MiB, 512)
@@ -229,7 +232,8 @@ def test_reserved_over_time_is_screen_sized_and_keeps_peaks() -> None:
 
 def _big(entries: int) -> Snapshot:
     spec = importlib.util.spec_from_file_location("make_big", ROOT / "scripts/make_big_snapshot.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return open_snapshot(module.build(entries=entries))
