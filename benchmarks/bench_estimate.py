@@ -8,7 +8,7 @@ model. Prints both, their ratio, and the phase the estimate puts the peak in.
     python benchmarks/bench_estimate.py [--json results.json]
 
 Without CUDA it prints the estimates only (the meta run needs no GPU); measuring needs CUDA.
-tests/gpu/test_estimate_gpu.py holds these same cases to gpumem_widget.estimate.TOLERANCE.
+tests/gpu/test_estimate_gpu.py holds these same cases to gpumem_widget.estimator.TOLERANCE.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpumem_widget.estimate import Estimate, estimate
-from gpumem_widget.estimate.result import format_bytes
+from gpumem_widget.estimator import Estimate, estimate
+from gpumem_widget.estimator.result import format_bytes
 
 
 class Block(nn.Module):

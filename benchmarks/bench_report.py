@@ -33,7 +33,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def _child(case: str, path: str, out: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from gpumem_widget.report import report
+    from gpumem_widget.reporting import report
     from gpumem_widget.snapshot import active_memory_view, open_snapshot
 
     cpu0 = time.process_time()

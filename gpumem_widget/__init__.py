@@ -6,13 +6,38 @@ of exact deltas and peaks. Programmatic access: `gpumem_widget.ledger()`.
 
 from __future__ import annotations
 
-from .estimate import Estimate, EstimateError, available_bytes, estimate
+from typing import TYPE_CHECKING, Any
+
 from .extension import current_session, load_ipython_extension, unload_ipython_extension
 from .ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from .snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
 from .snapshot.load import Source
 
+if TYPE_CHECKING:
+    from .estimator import Estimate, EstimateError, available_bytes, estimate
+    from .export import export_ledger
+    from .reporting import report
+
 __version__ = "0.1.0"
+# Imported on first use: `estimate` loads torch's dispatch machinery, `report` loads Bokeh.
+_LAZY = {
+    "Estimate": "estimator",
+    "EstimateError": "estimator",
+    "available_bytes": "estimator",
+    "estimate": "estimator",
+    "export_ledger": "export",
+    "report": "reporting",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def ledger() -> LedgerRecords:
@@ -44,10 +69,12 @@ __all__ = [
     "available_bytes",
     "current_session",
     "estimate",
+    "export_ledger",
     "export_memory_viz",
     "ledger",
     "load_ipython_extension",
     "open_snapshot",
+    "report",
     "show_snapshot",
     "unload_ipython_extension",
 ]

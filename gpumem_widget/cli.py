@@ -120,7 +120,7 @@ def _label(path: Path, paths: Sequence[Path]) -> str:
 
 
 def _report(args: argparse.Namespace, progress: _Progress) -> int:
-    from .report import report
+    from .reporting import report
 
     snapshots = _load(args.snapshots, args.max_bytes, progress)
     out = report(args.output, snapshots=snapshots, title=args.title, progress=progress)
@@ -130,7 +130,7 @@ def _report(args: argparse.Namespace, progress: _Progress) -> int:
 
 
 def _summary(args: argparse.Namespace, progress: _Progress) -> int:
-    from .report.summary import summarize
+    from .reporting.summary import summarize
 
     if args.top < 0:
         raise ValueError("--top must be 0 or more")

@@ -19,14 +19,14 @@ from .session import Session
 
 
 def _configure_estimate(p: argparse.ArgumentParser) -> None:
-    from .estimate.magic import configure_parser
+    from .estimator.magic import configure_parser
 
     configure_parser(p)
 
 
 def _estimate(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .estimate import EstimateError
-    from .estimate.magic import estimate_from_args
+    from .estimator import EstimateError
+    from .estimator.magic import estimate_from_args
 
     user_ns = session.shell.user_ns if session.shell is not None else {}
     try:
@@ -254,4 +254,58 @@ FEATURE_COMMANDS: tuple[Command, ...] = (
         _show_snapshot,
         _configure_show_snapshot,
     ),
+)
+
+
+def _configure_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="the HTML file to write")
+    p.add_argument(
+        "--snapshot",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="snapshot files to draw as well (one per rank, for example)",
+    )
+    p.add_argument("--title", help="the report's title")
+
+
+def _report(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from .reporting import report
+    from .snapshot import SnapshotLoadError
+
+    try:
+        out = report(args.path, session=session, snapshots=args.snapshot, title=args.title)
+    except (SnapshotLoadError, OSError) as e:
+        raise UsageError(f"%gpumem report: {e}") from None
+    print(f"gpumem: wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+def _configure_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="FILE.csv or FILE.json")
+    p.add_argument("--format", choices=["csv", "json"], help="default: from the suffix")
+
+
+def _export(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from .export import export_ledger
+
+    records = session.records()
+    try:
+        out = export_ledger(args.path, args.format, records=records)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"%gpumem export: {e}") from None
+    print(f"gpumem: wrote {len(records)} cells to {out}")
+
+
+REPORT_COMMANDS: tuple[Command, ...] = (
+    Command(
+        "report",
+        "write a standalone HTML report (Bokeh, offline): timeline, ledger, snapshots",
+        _report,
+        _configure_report,
+        description="Write one self-contained HTML file (Bokeh, inline resources, opens "
+        "offline anywhere): this session's timeline with cell bands, the ledger table, and the "
+        "snapshot views for the current snapshot and any --snapshot files.",
+    ),
+    Command("export", "write the ledger to FILE.csv or FILE.json", _export, _configure_export),
 )

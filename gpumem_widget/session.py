@@ -25,7 +25,7 @@ from .tracker import CellTracker, PeakMode
 from .widget import GpuMemWidget
 
 if TYPE_CHECKING:
-    from .estimate import Estimate
+    from .estimator import Estimate
     from .postmortem import OomRecorder, PostMortem
 
 log = logging.getLogger(__name__)

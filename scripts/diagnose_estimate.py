@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from gpumem_widget.estimate.meta_run import MetaRun, Storage, run_step
+from gpumem_widget.estimator.meta_run import MetaRun, Storage, run_step
 
 MISSES = ("mlp bf16 SGD momentum b8192", "TransformerEncoder fp32 AdamW b32 s256")
 MiB = 2**20

@@ -19,13 +19,13 @@ from recorded_cuda import recorded_readers
 
 from gpumem_widget.export import export_ledger
 from gpumem_widget.ledger import CellRecord, DeviceCellUsage
-from gpumem_widget.report import report
-from gpumem_widget.report.ledger_table import ledger_table
-from gpumem_widget.report.page import render
-from gpumem_widget.report.snapshot_views import snapshot_panel
-from gpumem_widget.report.style import human_bytes
-from gpumem_widget.report.summary import FreeSpace, summarize
-from gpumem_widget.report.timeline import timeline_figure
+from gpumem_widget.reporting import report
+from gpumem_widget.reporting.ledger_table import ledger_table
+from gpumem_widget.reporting.page import render
+from gpumem_widget.reporting.snapshot_views import snapshot_panel
+from gpumem_widget.reporting.style import human_bytes
+from gpumem_widget.reporting.summary import FreeSpace, summarize
+from gpumem_widget.reporting.timeline import timeline_figure
 from gpumem_widget.session import Session
 from gpumem_widget.snapshot import SnapshotLoadError, open_snapshot
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
@@ -46,6 +46,7 @@ def session() -> Iterator[Session]:
     ip.events.register("post_run_cell", s.post_run_cell)
     s.start()
     ip.user_ns["gpu"] = s.readers.torch
+    ip.execution_count = 1  # the shell is shared with other tests: number these cells 1 to 4
     try:
         ip.run_cell("gpu.alloc(300 * 2**20)", store_history=True)
         long_tail = "\n".join(f"# line {i}" for i in range(600))

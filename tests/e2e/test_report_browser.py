@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from gpumem_widget.report import report
+from gpumem_widget.reporting import report
 from gpumem_widget.session import Session
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 

@@ -2,7 +2,7 @@
 
 The cases (an MLP in several regimes, a small GPT with SDPA in fp32 and bf16, an
 nn.TransformerEncoder stack) live in benchmarks/bench_estimate.py, which prints the same
-comparison as a table; here each must land within gpumem_widget.estimate.TOLERANCE.
+comparison as a table; here each must land within gpumem_widget.estimator.TOLERANCE.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpumem_widget.estimate import TOLERANCE, estimate
+from gpumem_widget.estimator import TOLERANCE, estimate
 
 pytestmark = pytest.mark.gpu
 GiB = 2**30
