@@ -616,7 +616,8 @@ def segment_map_view(
     shown.sort(key=lambda s: s.address)
     n_blocks = sum(len(s.blocks) for s in shown)
     segments = [_segment_wire(s, stacks, merge=n_blocks > max_blocks) for s in shown]
-    hidden = [s for s in layout.segments if s not in shown]
+    kept = {s.address for s in shown}
+    hidden = [s for s in layout.segments if s.address not in kept]
     return {
         "view": "segment_map",
         "device": tl.device,
