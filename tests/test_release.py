@@ -29,11 +29,10 @@ def track(name, t):
 
 @pytest.fixture
 def ip() -> Iterator[Any]:
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.core.interactiveshell import InteractiveShell
 
-    start_ipython()  # the first call makes the process's test shell; later ones return None
-    shell = get_ipython()
+    # The process's one shell, shared with the other test modules (IPython allows one).
+    shell = InteractiveShell.instance()
     shell.reset(new_session=True)
     _forget_last_error()
     run(shell, SETUP)

@@ -10,9 +10,9 @@ import pytest
 
 @pytest.fixture
 def shell() -> Iterator[Any]:
-    from IPython.testing.globalipapp import get_ipython, start_ipython
+    from IPython.core.interactiveshell import InteractiveShell
 
-    ip = start_ipython() or get_ipython()  # the first call makes the shell, later ones return None
+    ip = InteractiveShell.instance()  # the process's one shell, as in the CPU tests
     ip.run_line_magic("load_ext", "gpumem_widget")
     yield ip
     ip.run_line_magic("unload_ext", "gpumem_widget")
