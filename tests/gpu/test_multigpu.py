@@ -77,3 +77,32 @@ def test_a_child_process_shows_under_other_processes(shell: Any, cell: Cell) -> 
         child.stdin.write("\n")
         child.stdin.flush()
         child.wait(30)
+
+
+MAPPING = textwrap.dedent(
+    """
+    import json, pynvml
+    from gpumem_widget.readers import Readers
+    r = Readers.open()
+    uuid = pynvml.nvmlDeviceGetUUID(r.nvml._handles[0])
+    print(json.dumps({"torch": r.torch.devices[0].uuid, "nvml": str(uuid), "n": r.num_devices}))
+    """
+)
+
+
+def test_cuda_visible_devices_maps_torch_0_to_the_second_card() -> None:
+    import json
+    import os
+
+    import pynvml
+
+    pynvml.nvmlInit()
+    second = str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(1)))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", MAPPING], env=env, capture_output=True, text=True, check=True
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["n"] == 1
+    assert seen["nvml"] == second
+    assert "GPU-" + seen["torch"] == second

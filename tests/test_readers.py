@@ -1,0 +1,125 @@
+"""Readers without a GPU: NVML device matching and process attribution, against a stand-in
+NVML module holding what a real two-H200 machine reported (UUIDs, memory, process list)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import types
+from typing import Any
+
+import pytest
+
+from gpumem_widget.readers import DeviceInfo, HostReader, NvmlReader
+from gpumem_widget.readers.torch_cuda import TorchCudaReader, stats_from_nested
+
+FIXTURE = json.loads((pathlib.Path(__file__).parent / "fixtures" / "cuda_h200.json").read_text())
+# As nvidia-smi -L printed them on the lent nvidia-h200-x2 machine.
+UUIDS = ["GPU-873d55dc-0101-e8d9-dbce-d332b0cd8670", "GPU-ffe95ba0-001e-ea8b-c9a6-49aff1cda11e"]
+TOTAL = FIXTURE["nvml"]["total"]
+
+
+def fake_nvml(processes: list[list[tuple[int, int | None]]]) -> Any:
+    """A pynvml stand-in: the calls NvmlReader makes, answering with the recorded values."""
+
+    class Mem:
+        def __init__(self, used: int) -> None:
+            self.used, self.total = used, TOTAL
+
+    def proc(pid: int, used: int | None) -> Any:
+        return types.SimpleNamespace(pid=pid, usedGpuMemory=used)
+
+    m = types.SimpleNamespace()
+    m.nvmlMemory_v2 = 0x02000028
+    m.nvmlInit = lambda: None
+    m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetCount = lambda: len(UUIDS)
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetUUID = lambda h: UUIDS[h]
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(bus=0x1B + h)
+    m.nvmlDeviceGetMemoryInfo = lambda h, version=None: Mem(FIXTURE["nvml"]["used_v2"] * (h + 1))
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [proc(p, u) for p, u in processes[h]]
+    return m
+
+
+def device(index: int, uuid: str | None) -> DeviceInfo:
+    return DeviceInfo(index, "NVIDIA H200", uuid, None, FIXTURE["device"]["total"])
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> Any:
+    me = os.getpid()
+    m = fake_nvml([[(me, 1_205_862_400), (4242, 3 * 2**30)], [(4242, 540 * 2**20)]])
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", m)
+    return m
+
+
+def test_devices_match_by_uuid_whatever_the_order(nvml: Any) -> None:
+    # CUDA_VISIBLE_DEVICES=1,0: torch's device 0 is NVML's second card.
+    devices = [device(0, UUIDS[1].removeprefix("GPU-")), device(1, UUIDS[0].removeprefix("GPU-"))]
+    r = NvmlReader(devices)
+    assert r.available
+    assert r.device_memory(0) == (FIXTURE["nvml"]["used_v2"] * 2, TOTAL)
+    assert r.process_usage(1) == (1_205_862_400, 3 * 2**30)  # torch 1 is NVML 0
+
+
+def test_ordinals_from_cuda_visible_devices_when_torch_has_no_uuid(
+    nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    r = NvmlReader([device(0, None)])
+    assert r.device_memory(0) == (FIXTURE["nvml"]["used_v2"] * 2, TOTAL)
+
+
+def test_an_unknown_uuid_is_unmatched_with_a_reason(nvml: Any) -> None:
+    r = NvmlReader([device(0, "00000000-0000-0000-0000-000000000000")])
+    assert not r.has(0)
+    assert r.reason is not None
+    assert "matched" in r.reason
+    assert r.process_used(0) is None
+
+
+def test_a_process_missing_from_the_list_gets_a_reason_not_a_zero(nvml: Any) -> None:
+    r = NvmlReader([device(0, UUIDS[0][4:]), device(1, UUIDS[1][4:])])
+    mine, others = r.process_usage(1)
+    assert mine is None
+    assert others == 540 * 2**20
+    reason = r.process_reason[1]
+    assert reason is not None
+    assert "not in NVML's process list" in reason
+    assert r.processes(1) == [(4242, 540 * 2**20, False)]
+
+
+def test_na_usage_is_reported_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = fake_nvml([[(os.getpid(), None)], []])
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", m)
+    r = NvmlReader([device(0, UUIDS[0][4:])])
+    assert r.process_used(0) is None
+    assert "N/A" in (r.process_reason[0] or "")
+
+
+def test_nvml_missing_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails
+    r = NvmlReader([device(0, UUIDS[0][4:])])
+    assert not r.available
+    assert "not installed" in (r.reason or "")
+
+
+def test_allocator_stats_from_the_recorded_nested_dict() -> None:
+    s = stats_from_nested(FIXTURE["memory_stats_nested"])
+    nested = FIXTURE["memory_stats_nested"]
+    assert s.allocated == nested["allocated_bytes"]["all"]["current"]
+    assert s.reserved == nested["reserved_bytes"]["all"]["current"]
+    assert s.peak_allocated == nested["allocated_bytes"]["all"]["peak"]
+    assert s.reserved >= s.allocated > 0
+    assert stats_from_nested({}).allocated == 0  # before CUDA is initialised
+
+
+def test_cpu_only_torch_says_why() -> None:
+    r = TorchCudaReader()
+    assert not r.available
+    assert r.reason is not None
+    assert "host-memory mode" in r.reason or "not installed" in r.reason
+    assert r.stats(0).allocated == 0
+    assert HostReader().rss() is not None
