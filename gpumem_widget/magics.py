@@ -17,6 +17,10 @@ from IPython.core.error import UsageError
 from .session import Session
 
 
+# What `%%gpumem [options]` runs: the subcommand that records the cell's allocations.
+CELL_COMMAND = "cell"
+
+
 class _HelpShown(Exception):
     """argparse printed help: nothing more to do."""
 
@@ -61,8 +65,12 @@ def run_magic(
     session: Session | None, commands: Sequence[Command], line: str, cell: str | None = None
 ) -> Any:
     parser = build_parser(commands)
+    words = shlex.split(line)
+    names = {c.name for c in commands}
+    if cell is not None and not (words and (words[0] in names or words[0] in ("-h", "--help"))):
+        words.insert(0, CELL_COMMAND)  # `%%gpumem [options]`: record this cell
     try:
-        args = parser.parse_args(shlex.split(line))
+        args = parser.parse_args(words)
     except _HelpShown:
         return None
     name = args.command or "show"

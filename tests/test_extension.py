@@ -142,3 +142,11 @@ def test_unload_closes_every_widget_it_opened(ip: Any) -> None:
     ip.run_line_magic("unload_ext", "gpumem_widget")
     assert set(Widget.widgets) <= before  # nothing new left open (the widget and its layout)
     ip.run_line_magic("load_ext", "gpumem_widget")  # for the fixture's teardown
+
+
+def test_cell_magic_without_a_command_records_the_cell(ip: Any) -> None:
+    # Without CUDA recording is unavailable: one clear error, and the cell's body never ran.
+    result = ip.run_cell("%%gpumem --stacks python\nran_body = True\n", store_history=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "CUDA" in str(result.error_in_exec)
+    assert "ran_body" not in ip.user_ns
