@@ -240,7 +240,7 @@ FEATURE_COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "cell",
-        "as `%%gpumem [options]` on a cell: record only this cell's allocations and drill into them",
+        "on a cell, as `%%gpumem [options]`: record only its allocations and drill into them",
         _cell,
         _configure_cell,
         description="Run the cell while recording the allocator's history, then show the "

@@ -16,7 +16,6 @@ from IPython.core.error import UsageError
 
 from .session import Session
 
-
 # What `%%gpumem [options]` runs: the subcommand that records the cell's allocations.
 CELL_COMMAND = "cell"
 
