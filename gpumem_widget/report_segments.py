@@ -1,0 +1,212 @@
+"""Bokeh figures of the allocator's segments, for the standalone report (offline, no CDN):
+the segment map with fragmentation figures and advice, and reserved beside active over time.
+
+Both take the kernel's views as they are (`snapshot.segments.segment_map_view`,
+`reserved_over_time_view`), so the report draws exactly what the widget draws. Text goes into
+Divs escaped and with TeX off, so file paths and tags print as written.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from bokeh.layouts import column
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
+from bokeh.models.annotations import Legend, LegendItem, Span
+from bokeh.models.widgets.markups import Div
+from bokeh.plotting import figure
+
+from .protocol import unpack_table
+
+COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
+LABELS = {
+    "allocated": "allocated",
+    "pending_free": "waiting for another stream",
+    "free": "free (cached)",
+    "waste": "rounding waste",
+}
+ROW_HEIGHT = 18
+MIN_BAR = 0.04  # the smallest segment still gets this share of the width
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def _figure_value(f: dict[str, Any]) -> str:
+    value = f["value"]
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if f["unit"] == "bytes":
+        return _bytes(float(value))
+    if f["unit"] == "ratio":
+        return f"{float(value):.2f}"
+    return str(value)
+
+
+def _text(markup: str) -> Div:
+    return Div(text=markup, disable_math=True, sizing_mode="stretch_width")
+
+
+def bokeh_segment_map(view: dict[str, Any]) -> Any:
+    """The segment map (one row per segment, blocks by state, hover details), then the
+    fragmentation figures and the advice, as one Bokeh column."""
+    segments = view["segments"]
+    stacks = view["stacks"]
+    largest = max((s["size"] for s in segments), default=1)
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "left", "right", "bottom", "top", "color", "kind", "state", "size", "requested",
+            "stream", "address", "site", "tag", "count",
+        )
+    }  # fmt: skip
+
+    def add(
+        row: int, seg: dict[str, Any], b: dict[str, Any], kind: str, *, lo: int, hi: int
+    ) -> None:
+        scale = max(MIN_BAR, seg["size"] / largest) / seg["size"]
+        stack = stacks[b["stack"]] if 0 <= b["stack"] < len(stacks) else {"site": ""}
+        cols["left"].append(lo * scale)
+        cols["right"].append(hi * scale)
+        cols["bottom"].append(row + 0.1)
+        cols["top"].append(row + 0.9)
+        cols["color"].append(COLORS[kind])
+        cols["kind"].append(kind)
+        cols["state"].append(b["state"])
+        cols["size"].append(_bytes(b["size"]))
+        cols["requested"].append(_bytes(b["requested_size"]) if b["state"] != "free" else "")
+        cols["stream"].append(b["stream"])
+        cols["address"].append(hex(seg["address"] + b["offset"]))
+        cols["site"].append(stack["site"])
+        cols["tag"].append(b["tag"])
+        cols["count"].append(b["count"])
+
+    for row, seg in enumerate(segments):
+        for b in seg["blocks"]:
+            state = "free" if b["state"] == "inactive" else b["state"]
+            end = b["offset"] + b["size"]
+            used = b["offset"] + min(b["size"], b["requested_size"])
+            if state == "free" or used >= end:
+                add(row, seg, b, state, lo=b["offset"], hi=end)
+            else:  # the request, then what rounding added
+                add(row, seg, b, state, lo=b["offset"], hi=used)
+                add(row, seg, b, "waste", lo=used, hi=end)
+    source = ColumnDataSource(cols)
+    n = max(1, len(segments))
+    fig = figure(
+        height=min(900, 60 + ROW_HEIGHT * n),
+        sizing_mode="stretch_width",
+        x_range=Range1d(start=0, end=1),
+        y_range=Range1d(start=n, end=0),
+        tools="xpan,xwheel_zoom,reset,save",
+        title=f"cuda:{view['device']} segments ({len(segments)} shown)",
+    )
+    renderer: Any = fig.quad(  # a GlyphRenderer[Quad], which Bokeh's stubs won't take as a Glyph's
+        left="left", right="right", bottom="bottom", top="top", color="color", source=source
+    )
+    fig.add_tools(
+        HoverTool(
+            renderers=[renderer],
+            tooltips=[
+                ("block", "@state @address (@count)"),
+                ("size", "@size"),
+                ("requested", "@requested"),
+                ("stream", "@stream"),
+                ("allocated at", "@site"),
+                ("tag", "@tag"),
+            ],
+        )
+    )
+    fig.yaxis.major_label_overrides = {
+        i + 0.5: f"{hex(s['address'])} {_bytes(s['size'])} {s['pool']}"
+        + (" exp" if s["expandable"] else "")
+        for i, s in enumerate(segments)
+    }
+    fig.yaxis.ticker = [i + 0.5 for i in range(len(segments))]
+    fig.xaxis.visible = False
+    items = [
+        LegendItem(label=LABELS[k], renderers=[renderer], index=cols["kind"].index(k))
+        for k in LABELS
+        if k in cols["kind"]
+    ]
+    fig.add_layout(Legend(items=items, orientation="horizontal"), "above")
+    figures = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(f['label'])}</th>"
+        f"<td style='text-align:right;padding:0 8px'>{html.escape(_figure_value(f))}</td>"
+        f"<td>{html.escape(f['meaning'])}</td></tr>"
+        for f in view["fragmentation"]["figures"]
+    )
+    advice = "".join(
+        f"<li><code>{html.escape(a['setting'])}</code>: {html.escape(a['why'])} "
+        f"<i>({html.escape(a['figure'])} = {html.escape(str(a['value']))})</i><br>"
+        f"{html.escape(a['how'])}</li>"
+        for a in view["advice"]
+    )
+    return column(
+        fig,
+        _text(f"<h4>Fragmentation</h4><table>{figures}</table>"),
+        _text(
+            "<h4>Advice</h4>"
+            + (f"<ul>{advice}</ul>" if advice else "No allocator setting is called for here.")
+        ),
+        sizing_mode="stretch_width",
+    )
+
+
+def bokeh_reserved_over_time(view: dict[str, Any]) -> Any:
+    """Reserved (cached segments) and active (live allocations) over time, with the band each
+    screen column spans, and OOMs marked."""
+    table = unpack_table(view["table"])
+    seconds = view["x_unit"] == "s"
+    x = table["t"] * 1000.0 if seconds else table["t"]
+    source = ColumnDataSource(
+        {
+            "x": x,
+            **{k: table[k] for k in ("reserved", "reserved_min", "active", "active_min")},
+            "reserved_text": [_bytes(v) for v in table["reserved"]],
+            "active_text": [_bytes(v) for v in table["active"]],
+            "gap_text": [
+                _bytes(r - a) for r, a in zip(table["reserved"], table["active"], strict=True)
+            ],
+        }
+    )
+    fig = figure(
+        height=260,
+        sizing_mode="stretch_width",
+        x_axis_type="datetime" if seconds else "linear",
+        tools="xpan,xwheel_zoom,box_zoom,reset,save",
+        title=f"cuda:{view['device']} reserved vs active",
+    )
+    fig.varea(x="x", y1="reserved_min", y2="reserved", source=source, color="#9ecae9", alpha=0.5)
+    reserved = fig.line(
+        x="x", y="reserved", source=source, color="#1f77b4", legend_label="reserved"
+    )
+    fig.varea(x="x", y1="active_min", y2="active", source=source, color="#f2cf5b", alpha=0.5)
+    fig.line(x="x", y="active", source=source, color="#b07aa1", legend_label="active")
+    for t in view["ooms"]:
+        if t is not None:
+            fig.add_layout(
+                Span(
+                    location=t * 1000.0 if seconds else t, dimension="height", line_color="#e45756"
+                )
+            )
+    fig.add_tools(
+        HoverTool(
+            renderers=[reserved],
+            mode="vline",
+            tooltips=[
+                ("reserved", "@reserved_text"),
+                ("active", "@active_text"),
+                ("gap", "@gap_text"),
+            ],
+        )
+    )
+    fig.yaxis.axis_label = "bytes"
+    fig.legend.location = "top_left"
+    return fig

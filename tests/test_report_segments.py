@@ -1,0 +1,44 @@
+"""The report's segment figures (report_segments): built from real snapshots' views and rendered
+offline by Bokeh into standalone HTML."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from bokeh.embed import file_html
+from bokeh.resources import INLINE
+
+from gpumem_widget.report_segments import MIN_BAR, bokeh_reserved_over_time, bokeh_segment_map
+from gpumem_widget.snapshot import open_snapshot
+from gpumem_widget.snapshot.segments import reserved_over_time_view, segment_map_view
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+HOSTILE = "<img src=x onerror=alert(1)>$$x$$"
+
+
+def test_segment_map_and_reserved_render_offline() -> None:
+    path = SNAPSHOTS / "train_tagged.pickle.gz"
+    if not path.exists():
+        pytest.skip("no GPU fixture train_tagged.pickle.gz")
+    snap = open_snapshot(path)
+    view = segment_map_view(snap, 0)
+    view["stacks"][1]["site"] = HOSTILE
+    view["advice"].append({**view["advice"][0], "why": HOSTILE})
+    layout = bokeh_segment_map(view)
+    quads = layout.children[0].renderers[0].data_source.data
+    drawn = sum(r - left for r, left in zip(quads["right"], quads["left"], strict=True))
+    widest = max(s["size"] for s in view["segments"])
+    assert drawn == pytest.approx(sum(max(MIN_BAR, s["size"] / widest) for s in view["segments"]))
+    assert "waste" in quads["kind"]
+    assert HOSTILE in quads["site"]  # hover fields are text for Bokeh's tooltips
+    page = file_html(
+        [layout, bokeh_reserved_over_time(reserved_over_time_view(snap, 0, width=400))],
+        resources=INLINE,
+        title="segments",
+    )
+    assert not re.search(r"<script[^>]* src=", page)  # BokehJS inline: no CDN
+    assert "free inside used segments" in page
+    assert "&lt;img src=x" in page  # escaped in the advice Div
+    assert "torch.cuda.empty_cache()" in page
