@@ -309,3 +309,44 @@ REPORT_COMMANDS: tuple[Command, ...] = (
     ),
     Command("export", "write the ledger to FILE.csv or FILE.json", _export, _configure_export),
 )
+
+
+def _configure_fragmentation(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device", type=int, default=None, help="CUDA device (default: the current one)"
+    )
+
+
+def _fragmentation(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    import os
+
+    import torch
+
+    from .snapshot.advice import advise, settings_from_conf
+    from .snapshot.fragmentation import from_memory_stats
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        print("gpumem: this kernel has not used CUDA yet; nothing is cached")
+        return
+    device = torch.cuda.current_device() if args.device is None else args.device
+    if not 0 <= device < torch.cuda.device_count():
+        raise UsageError(f"%gpumem fragmentation: no CUDA device {device}")
+    frag = from_memory_stats(torch.cuda.memory_stats(device), device=device)
+    print(frag.format())
+    for a in advise(frag, settings_from_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))):
+        print(f"advice: {a.setting}\n  {a.why}\n  how: {a.how}")
+
+
+ALLOCATOR_COMMANDS: tuple[Command, ...] = (
+    Command(
+        "fragmentation",
+        "how fragmented the CUDA cache is, what each figure means, and settings that help",
+        _fragmentation,
+        _configure_fragmentation,
+        description="Read the caching allocator's counters now (torch.cuda.memory_stats): "
+        "reserved-but-unallocated memory, the small/large pool split, oversize segments, alloc "
+        "retries, each with what it means; then the allocator settings that would help "
+        "(expandable_segments, max_split_size_mb, garbage_collection_threshold), shown only "
+        "when the figures call for them. For a snapshot's instants, use the Snapshot tab.",
+    ),
+)

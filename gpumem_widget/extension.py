@@ -16,9 +16,9 @@ _session: Session | None = None
 
 
 def commands() -> tuple[Command, ...]:
-    from .commands import FEATURE_COMMANDS, REPORT_COMMANDS
+    from .commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
 
-    return CORE_COMMANDS + FEATURE_COMMANDS + REPORT_COMMANDS
+    return CORE_COMMANDS + FEATURE_COMMANDS + REPORT_COMMANDS + ALLOCATOR_COMMANDS
 
 
 def current_session() -> Session | None:
