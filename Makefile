@@ -21,7 +21,7 @@ setup: $(BIN)/python
 	cd js && npm ci --no-audit --no-fund && npm run build
 
 demo: setup
-	$(BIN)/jupyter lab notebooks/quickstart.ipynb
+	$(BIN)/jupyter lab notebooks/quickstart.ipynb $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # Debian's chromium for the end-to-end test (a test tool's own browser download is not used).
 browser:
