@@ -2,9 +2,10 @@
 
 A snapshot arrives from `%gpumem snapshot`, `%gpumem record off`, `%%gpumem`, an OOM
 post-mortem, or `gpumem_widget.show_snapshot`. Setting one computes every overview at once
-(active memory by site, categories, per-cell slices, for each device) plus what is alive at the
-peak, and publishes them: the browser's messages only arrive while no cell runs, so the data is
-pushed ahead instead of waiting to be asked. A click on a time asks for what is alive then
+(active memory by site, categories, reserved beside active, per-cell slices, for each device)
+plus what is alive at the peak with the allocator's segment map there, and publishes them: the
+browser's messages only arrive while no cell runs, so the data is pushed ahead instead of
+waiting to be asked. A click on a time asks for what is alive then
 (`{"type": "alive_at", "t", "device"}`), which only republishes ``drilldown_alive``.
 
 Nothing here runs in the per-cell hooks: an OOM's snapshot is only kept (`offer`), and computed
@@ -34,6 +35,10 @@ WIDTH = 1000
 TOP_SITES = 10
 MAX_TREE_NODES = 400
 LARGEST = 30
+# The segment map beside each alive-at answer: about 180 bytes of JSON a block, so these keep it
+# near 250 KB at most (the largest segments are kept; sub-pixel runs of blocks merge).
+MAX_SEGMENTS = 200
+MAX_BLOCKS = 1200
 
 CellWindow = tuple[int, float, float]  # execution_count, start, end (unix seconds)
 
@@ -53,27 +58,26 @@ def describe_source(src: object) -> str:
     return "snapshot dict" if isinstance(src, Mapping) else type(src).__name__
 
 
-def _segments(snap: Snapshot, device: int, t: float | None) -> Any:
-    """The segment map beside what is alive, where that view exists."""
+def _segments(snap: Snapshot, device: int, event: int) -> dict[str, Any] | None:
+    """The allocator's segment map right after trace entry `event`, or None where it fails."""
+    from .snapshot.segments import segment_map_view
+
     try:
-        from .snapshot.segments import (  # type: ignore[import-not-found,unused-ignore]
-            segment_map_view,
+        return segment_map_view(
+            snap, device, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS
         )
-    except ImportError:
-        return None
-    try:
-        return segment_map_view(snap, device, t)
     except Exception as e:  # an optional view: what is alive still shows without it
         log.warning("gpumem_widget: no segment map: %s", e, exc_info=True)
         return None
 
 
 def alive_view(snap: Snapshot, device: int, t: float | None) -> dict[str, Any]:
-    """What is alive on `device` right after `t` (None: at the peak), with its segment map."""
+    """What is alive on `device` right after `t` (None: at the peak), with the segment map at
+    the same trace entry (entries can share a timestamp, so the map follows the entry)."""
     from .snapshot import alive_at
 
     view = alive_at(snap, device, t, max_nodes=MAX_TREE_NODES, largest=LARGEST)
-    segments = _segments(snap, device, view["t"])
+    segments = _segments(snap, device, view["event"])
     if segments is not None:
         view["segments"] = segments
     return view
@@ -82,9 +86,11 @@ def alive_view(snap: Snapshot, device: int, t: float | None) -> dict[str, Any]:
 def overview(
     snap: Snapshot, source: str, ledger_cells: Sequence[CellWindow] = ()
 ) -> dict[str, Any]:
-    """Every device's views: active memory by site, categories, and per-cell slices (by the
-    snapshot's ``cell:N`` tags where it has them, else by the ledger's time windows)."""
+    """Every device's views: active memory by site, categories, reserved beside active (the
+    cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
+    ``cell:N`` tags where it has them, else by the ledger's time windows)."""
     from .snapshot import active_memory_view, categories, cell_slices
+    from .snapshot.segments import reserved_over_time_view
 
     tagged = any(s.startswith("cell:") for s in snap.data.strings)
     devices = []
@@ -95,6 +101,7 @@ def overview(
                 "device": d,
                 "active": active_memory_view(snap, d, WIDTH, TOP_SITES),
                 "categories": categories(snap, d, width=WIDTH),
+                "reserved": reserved_over_time_view(snap, d, WIDTH),
                 "cells": cell_slices(snap, d, cells),
             }
         )

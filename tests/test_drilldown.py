@@ -16,9 +16,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from ipywidgets.widgets.widget import _remove_buffers  # type: ignore[import-untyped]
 
 import gpumem_widget
+from gpumem_widget import drilldown
 from gpumem_widget.drilldown import overview
 from gpumem_widget.extension import current_session
 from gpumem_widget.session import Session
+from gpumem_widget.snapshot.fragmentation import from_memory_stats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 ALL = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
@@ -87,6 +89,75 @@ def test_show_snapshot_publishes_bounded_views_with_the_fixture_totals(ip: Any, 
     assert alive["total_bytes"] == active["peak"]["bytes"]
     assert alive["event"] == active["peak"]["event"]
     assert session().drilldown.snapshot is snap
+    # Reserved beside active, over the same trace as the stacked chart.
+    reserved = d0["reserved"]
+    assert reserved["end_reserved"] == stats["reserved_bytes.all.current"]
+    assert reserved["peak_reserved"] == stats["reserved_bytes.all.peak"]
+    assert reserved["end_active"] == active["end_bytes"]
+    assert reserved["peak_active"] == active["peak"]["bytes"]
+    assert reserved["table"]["n"] == drilldown.WIDTH
+    # The segment map at the same entry, its allocated blocks covering what is alive.
+    segments = alive["segments"]
+    assert segments["event"] == alive["event"]
+    blocks = [b for s in segments["segments"] for b in s["blocks"] if b["state"] != "free"]
+    assert sum(b["requested_size"] for b in blocks) == alive["total_bytes"]
+
+
+def figures(view: dict[str, Any]) -> dict[str, Any]:
+    return {f["key"]: f["value"] for f in view["segments"]["fragmentation"]["figures"]}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_segment_map_at_the_end_agrees_with_torchs_counters(ip: Any, name: str) -> None:
+    """Clicked at the snapshot's last entry, the replayed segment map gives the figures torch's
+    own memory_stats() reported when the snapshot was taken."""
+    stats = json.loads((FIXTURES / f"{name}.stats.json").read_text())["memory_stats"]
+    gpumem_widget.show_snapshot(FIXTURES / f"{name}.pickle.gz")
+    w = session().widget
+    w._handle_custom_msg(
+        {"type": "alive_at", "t": w.drilldown["devices"][0]["active"]["t1"], "device": 0}, []
+    )
+    got = figures(w.drilldown_alive)
+    expected = {f.key: f.value for f in from_memory_stats(stats).figures()}
+    expected.pop("alloc_retries"), expected.pop("oversize_segments")  # not in snapshots
+    if name == "expandable":  # torch counts no split free space in expandable segments
+        assert got.pop("inactive_split") > expected.pop("inactive_split") == 0
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_the_oom_fixtures_segment_map_shows_the_failed_request(ip: Any) -> None:
+    stats = json.loads((FIXTURES / "oom.stats.json").read_text())["memory_stats"]
+    observer = json.loads((FIXTURES / "oom.observer.json").read_text())
+    gpumem_widget.show_snapshot(FIXTURES / "oom.pickle.gz")
+    w = session().widget
+    at_peak = figures(w.drilldown_alive)  # one 256 MiB segment, wholly allocated
+    assert at_peak["reserved"] == at_peak["allocated"] == stats["reserved_bytes.all.current"]
+    assert at_peak["largest_free"] == at_peak["free_blocks"] == at_peak["inactive_split"] == 0
+    assert "oom_requested" not in at_peak
+    (oom,) = w.drilldown["devices"][0]["active"]["ooms"]
+    w._handle_custom_msg({"type": "alive_at", "t": oom["t"], "device": 0}, [])
+    at_oom = figures(w.drilldown_alive)
+    assert at_oom["oom_requested"] == observer["requested"]
+    assert at_oom["oom_fragmented"] is False  # nothing cached: the request was simply too big
+    (segment,) = w.drilldown_alive["segments"]["segments"]
+    assert segment["size"] == stats["reserved_bytes.all.current"]
+    assert [b["state"] for b in segment["blocks"]] == ["allocated"]
+
+
+def test_a_failing_segment_map_never_hides_what_is_alive(
+    ip: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpumem_widget.snapshot import segments
+
+    def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("layout lost")
+
+    monkeypatch.setattr(segments, "segment_map_view", broken)
+    gpumem_widget.show_snapshot(FIXTURES / "toy_linear.pickle.gz")
+    alive = session().widget.drilldown_alive
+    assert "segments" not in alive
+    assert alive["largest"]
+    assert "no segment map: layout lost" in caplog.text
 
 
 def test_toy_linear_shows_the_articles_peak(ip: Any) -> None:
