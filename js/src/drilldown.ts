@@ -1,15 +1,22 @@
 // The "Snapshot" tab: a drill-down into the session's current PyTorch memory snapshot, drawn from
 // the `drilldown` (overview) and `drilldown_alive` (one instant) traits. The kernel computed every
 // figure at screen size; a click on the chart or on a cell asks it what was alive at that time
-// ({type: "alive_at", t, device}). All text goes in through textContent.
+// ({type: "alive_at", t, device}). Each answer comes with the allocator's segment map at that
+// instant, drawn in a "Segments" sub-tab by segments.ts. All text goes in through textContent.
 
 import type { AnyModel } from "@anywidget/types";
 import { StackedChart, seriesColor } from "./drilldown_chart";
 import { parseAlive, parseDrilldown, type Alive, type CellSlice, type DeviceOverview, type DrilldownState, type Overview, type Series, type TreeNode } from "./drilldown_data";
 import { formatBytes, formatDuration } from "./format";
 import { ProtocolError } from "./json";
+import { renderSegmentMap } from "./segments";
 
 type Stacking = "sites" | "categories";
+type AliveTab = "allocations" | "segments";
+const ALIVE_TABS: [AliveTab, string][] = [
+  ["allocations", "Call tree and largest"],
+  ["segments", "Segments"],
+];
 const OPEN_DEPTH = 2; // tree levels open at first
 const TREE_ROWS = 200; // rows drawn before "show more"
 
@@ -47,6 +54,8 @@ export class DrilldownPanel {
   private device = 0;
   private stacking: Stacking = "sites";
   private requested: string | null = null; // the pending snapshot already asked for
+  private aliveTab: AliveTab = "allocations"; // kept across answers: a new click stays on it
+  private disposeSegments: (() => void) | null = null;
 
   constructor(private readonly send: (msg: Record<string, unknown>) => void) {
     this.el = el("div", "gpumem-drilldown-body");
@@ -101,6 +110,7 @@ export class DrilldownPanel {
       o.source,
       `cuda:${d.device}`,
       `peak ${formatBytes(s.peak.bytes)} active`,
+      ...(d.reserved ? [`${formatBytes(d.reserved.peakReserved)} reserved (up to ${formatBytes(d.reserved.largestGap)} beyond active)`] : []),
       `${s.allocations.toLocaleString("en-US")} allocations, ${s.entries.toLocaleString("en-US")} events`,
     ];
     this.summary.textContent = parts.join(" \u00b7 ");
@@ -154,7 +164,7 @@ export class DrilldownPanel {
     const d = this.current();
     if (!d) return;
     const view = this.stacking === "sites" ? d.sites : d.categories;
-    this.chart.set(view);
+    this.chart.set(view, d.reserved);
     this.drawLegend(view.series.filter((s) => s.peak > 0 || s.column === "other"));
   }
 
@@ -168,6 +178,13 @@ export class DrilldownPanel {
       const swatch = el("span", "gpumem-drilldown-swatch");
       swatch.style.background = seriesColor(s.column, all.indexOf(s));
       item.append(swatch, el("span", "gpumem-drilldown-label", s.label), el("span", "gpumem-drilldown-bytes", `peak ${formatBytes(s.peak)}`));
+      this.legend.append(item);
+    }
+    const reserved = this.current()?.reserved;
+    if (reserved) {
+      const item = el("div", "gpumem-drilldown-legend-item gpumem-drilldown-legend-reserved");
+      item.title = "What the caching allocator holds from CUDA (segments), in use or cached; the band is each column's range";
+      item.append(el("span", "gpumem-drilldown-swatch gpumem-drilldown-swatch-reserved"), el("span", "gpumem-drilldown-label", "reserved (cached segments)"), el("span", "gpumem-drilldown-bytes", `peak ${formatBytes(reserved.peakReserved)}`));
       this.legend.append(item);
     }
   }
@@ -194,8 +211,53 @@ export class DrilldownPanel {
       r.dataset["site"] = a.site;
       r.title = a.stack.join("\n");
     }
-    this.alive.append(tree, el("h4", "gpumem-drilldown-heading", "Largest allocations"), largest.table);
-    // Hook for the "Segments" view: js/src/segments.ts (renderSegmentMap) draws alive.segments.
+    this.aliveTabs(alive, [tree, el("h4", "gpumem-drilldown-heading", "Largest allocations"), largest.table]);
+  }
+
+  /** What is alive (tree and largest) and the segment map at the same instant, as sub-tabs; the
+   * map is drawn when its tab shows. */
+  private aliveTabs(alive: Alive, allocations: HTMLElement[]): void {
+    this.disposeSegments?.();
+    this.disposeSegments = null;
+    const panes: Record<AliveTab, HTMLElement> = {
+      allocations: el("div", "gpumem-drilldown-pane"),
+      segments: el("div", "gpumem-drilldown-pane gpumem-drilldown-segments"),
+    };
+    panes.allocations.append(...allocations);
+    const nav = el("nav", "gpumem-tabs gpumem-drilldown-subtabs");
+    nav.setAttribute("role", "tablist");
+    const buttons = ALIVE_TABS.map(([tab, label]) => {
+      const b = el("button", "", label);
+      b.type = "button";
+      b.setAttribute("role", "tab");
+      b.dataset["tab"] = tab;
+      b.addEventListener("click", () => {
+        this.aliveTab = tab;
+        show(tab);
+      });
+      return b;
+    });
+    const segments = buttons[1] as HTMLButtonElement;
+    if (alive.segments === null) {
+      segments.disabled = true;
+      segments.title = "No segment map for this instant";
+    }
+    const show = (tab: AliveTab): void => {
+      const shown: AliveTab = tab === "segments" && alive.segments === null ? "allocations" : tab;
+      for (const b of buttons) b.setAttribute("aria-selected", String(b.dataset["tab"] === shown));
+      panes.allocations.hidden = shown !== "allocations";
+      panes.segments.hidden = shown !== "segments";
+      if (shown === "segments" && !this.disposeSegments) this.disposeSegments = renderSegmentMap(panes.segments, alive.segments);
+    };
+    nav.append(...buttons);
+    this.alive.append(nav, panes.allocations, panes.segments);
+    show(this.aliveTab);
+  }
+
+  dispose(): void {
+    this.disposeSegments?.();
+    this.disposeSegments = null;
+    this.el.remove();
   }
 
   /** One tree row, then its children while open; `budget.left` caps the rows drawn. */
@@ -308,6 +370,6 @@ export function renderDrilldown(el: HTMLElement, model: AnyModel): () => void {
     model.off("change:drilldown", overview);
     model.off("change:drilldown_alive", alive);
     resize?.disconnect();
-    panel.el.remove();
+    panel.dispose();
   };
 }

@@ -1,10 +1,11 @@
 // A stacked area chart on one canvas: the kernel already reduced the snapshot to one column per
 // screen pixel (each at its highest instant), so drawing is a polygon per series, whatever the
 // file's size. A click reports the time under the pointer; the owner asks the kernel what was
-// alive then and marks it with `setMarker`.
+// alive then and marks it with `setMarker`. Reserved memory (the allocator's cached segments)
+// runs over the stack as a dashed line on its own columns, with the band each column spans.
 
 import { byteTicks, formatBytes, formatTick } from "./format";
-import type { Stacked } from "./drilldown_data";
+import type { ReservedOverTime, Stacked } from "./drilldown_data";
 import { readPalette } from "./theme";
 
 // Categorical colours (Tableau 10); "other" is grey. Readable on light and dark backgrounds.
@@ -22,6 +23,7 @@ export class StackedChart {
   private readonly canvas: HTMLCanvasElement;
   private readonly readout: HTMLElement;
   private view: Stacked | null = null;
+  private reserved: ReservedOverTime | null = null;
   private range: [number, number] | null = null; // zoom window, in the view's unit
   private marker: number | null = null;
 
@@ -41,8 +43,11 @@ export class StackedChart {
     this.canvas.addEventListener("mousemove", (e) => this.describeAt(e.offsetX));
   }
 
-  set(view: Stacked): void {
+  /** `reserved`: reserved beside active over the same trace; without it, the view's own
+   * reserved column (reserved at each column's highest active instant) is drawn. */
+  set(view: Stacked, reserved: ReservedOverTime | null = null): void {
     this.view = view;
+    this.reserved = reserved;
     this.draw();
   }
 
@@ -93,7 +98,20 @@ export class StackedChart {
     while (k < v.t.length - 1 && (v.t[k + 1] as number) <= t) k++;
     const top = v.series.map((s) => ({ s, b: s.values[k] ?? 0 })).sort((a, b) => b.b - a.b)[0];
     const when = v.unit === "s" ? `+${(t - v.t0).toFixed(3)} s` : `entry ${Math.round(t)}`;
-    this.readout.textContent = `${when}: ${formatBytes(v.total[k])} active` + (top && top.b > 0 ? `; largest: ${top.s.label} ${formatBytes(top.b)}` : "");
+    const r = this.reserved;
+    const rk = r ? columnAt(r.t, t) : -1;
+    const reserved = r && rk >= 0 ? `; reserved up to ${formatBytes(r.reserved[rk])}` : "";
+    this.readout.textContent = `${when}: ${formatBytes(v.total[k])} active${reserved}` + (top && top.b > 0 ? `; largest: ${top.s.label} ${formatBytes(top.b)}` : "");
+  }
+
+  /** Reserved's columns overlapping [t0, t1), as [first, end). */
+  private reservedColumns(t0: number, t1: number): [number, number] {
+    const r = this.reserved;
+    if (!r) return [0, 0];
+    const lo = Math.max(0, columnAt(r.t, t0));
+    let hi = lo;
+    while (hi < r.t.length && (r.t[hi] as number) < t1) hi++;
+    return [lo, hi];
   }
 
   draw(): void {
@@ -113,6 +131,8 @@ export class StackedChart {
     const [t0, t1] = this.span();
     let max = 0;
     for (let k = lo; k < hi; k++) max = Math.max(max, v.total[k] ?? 0, v.reserved?.[k] ?? 0);
+    const [rLo, rHi] = this.reservedColumns(t0, t1);
+    for (let k = rLo; k < rHi; k++) max = Math.max(max, this.reserved?.reserved[k] ?? 0);
     const { unit, ticks } = byteTicks(max, 5);
     const yMax = ticks[ticks.length - 1] || 1;
     const plotW = width - PAD.left - PAD.right;
@@ -149,16 +169,32 @@ export class StackedChart {
       ctx.fill();
       for (let k = lo; k < hi; k++) base[k - lo] = (base[k - lo] as number) + (s.values[k] ?? 0);
     });
-    if (v.reserved) {
-      ctx.strokeStyle = palette.reserved;
-      ctx.setLineDash([4, 3]);
+    const r = this.reserved;
+    if (r) {
+      const rRight = (k: number): number => (k + 1 < r.t.length ? (r.t[k + 1] as number) : r.t1);
+      ctx.save();
       ctx.beginPath();
-      for (let k = lo; k < hi; k++) {
-        ctx.lineTo(x(v.t[k] as number), y(v.reserved[k] ?? 0));
-        ctx.lineTo(x(right(k)), y(v.reserved[k] ?? 0));
+      ctx.rect(PAD.left, PAD.top, plotW, plotH); // its columns need not line up with the window
+      ctx.clip();
+      ctx.beginPath();
+      for (let k = rLo; k < rHi; k++) {
+        ctx.lineTo(x(r.t[k] as number), y(r.reserved[k] ?? 0));
+        ctx.lineTo(x(rRight(k)), y(r.reserved[k] ?? 0));
       }
-      ctx.stroke();
-      ctx.setLineDash([]);
+      for (let k = rHi - 1; k >= rLo; k--) {
+        ctx.lineTo(x(rRight(k)), y(r.reservedMin[k] ?? 0));
+        ctx.lineTo(x(r.t[k] as number), y(r.reservedMin[k] ?? 0));
+      }
+      ctx.closePath();
+      ctx.globalAlpha = 0.15;
+      ctx.fillStyle = palette.reserved;
+      ctx.fill();
+      ctx.globalAlpha = 1;
+      this.steps(ctx, palette.reserved, rLo, rHi, (k) => x(r.t[k] as number), (k) => x(rRight(k)), (k) => y(r.reserved[k] ?? 0));
+      ctx.restore();
+    } else if (v.reserved) {
+      const col = v.reserved;
+      this.steps(ctx, palette.reserved, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(col[k] ?? 0));
     }
     ctx.fillStyle = palette.muted;
     ctx.textAlign = "left";
@@ -169,6 +205,19 @@ export class StackedChart {
     if (this.marker !== null && this.marker >= t0 && this.marker <= t1) this.vline(ctx, x(this.marker), palette.fg);
   }
 
+  /** A dashed step line: column k at height `yAt(k)` from `left(k)` to `right(k)`. */
+  private steps(ctx: CanvasRenderingContext2D, color: string, lo: number, hi: number, left: (k: number) => number, right: (k: number) => number, yAt: (k: number) => number): void {
+    ctx.strokeStyle = color;
+    ctx.setLineDash([4, 3]);
+    ctx.beginPath();
+    for (let k = lo; k < hi; k++) {
+      ctx.lineTo(left(k), yAt(k));
+      ctx.lineTo(right(k), yAt(k));
+    }
+    ctx.stroke();
+    ctx.setLineDash([]);
+  }
+
   private vline(ctx: CanvasRenderingContext2D, px: number, color: string): void {
     ctx.strokeStyle = color;
     ctx.beginPath();
@@ -176,4 +225,16 @@ export class StackedChart {
     ctx.lineTo(px, HEIGHT - PAD.bottom);
     ctx.stroke();
   }
+}
+
+/** The column holding time `t` (columns start at `starts`, ascending); -1 before the first. */
+export function columnAt(starts: Float64Array, t: number): number {
+  let lo = 0;
+  let hi = starts.length; // first start > t, by bisection
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if ((starts[mid] as number) <= t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo - 1;
 }

@@ -148,10 +148,39 @@ function parseCellSlice(raw: unknown, what: string): CellSlice {
   };
 }
 
+/** Reserved (cached segments) beside active (live blocks) over time: each column's highest and
+ * lowest, so the cache's growth and its gap to the live set show at any zoom. */
+export interface ReservedOverTime {
+  t: Float64Array; // column start times
+  t1: number;
+  reserved: Float64Array;
+  reservedMin: Float64Array;
+  active: Float64Array;
+  peakReserved: number;
+  largestGap: number; // the most reserved beyond active at any instant
+}
+
+function parseReserved(raw: unknown, what: string): ReservedOverTime | null {
+  if (raw === undefined || raw === null) return null; // a kernel that does not send it
+  if (!isObject(raw)) throw new ProtocolError(`${what}: expected a view, got ${describe(raw)}`);
+  const { columns } = decodeColumns(raw["table"], `${what}.table`);
+  const gap = raw["largest_gap"];
+  return {
+    t: column(columns, "t", what),
+    t1: field(raw, "t1", what, isNumber, "a time"),
+    reserved: column(columns, "reserved", what),
+    reservedMin: column(columns, "reserved_min", what),
+    active: column(columns, "active", what),
+    peakReserved: field(raw, "peak_reserved", what, isNumber, "bytes"),
+    largestGap: isObject(gap) ? optional(gap, "bytes", isNumber, 0) : 0,
+  };
+}
+
 export interface DeviceOverview {
   device: number;
   sites: Stacked;
   categories: Stacked;
+  reserved: ReservedOverTime | null;
   atPeak: SiteBytes[]; // bytes per category at the peak
   cells: CellSlice[];
 }
@@ -179,6 +208,7 @@ export function parseDrilldown(raw: unknown): DrilldownState {
       device: field(d, "device", what, isNumber, "a device index"),
       sites: parseStacked(d["active"], `${what}.active`, true),
       categories: parseStacked(cats, `${what}.categories`, false),
+      reserved: parseReserved(d["reserved"], `${what}.reserved`),
       atPeak: Object.entries(atPeak)
         .filter((e): e is [string, number] => isNumber(e[1]))
         .map(([label, bytes]) => ({ label, bytes })),

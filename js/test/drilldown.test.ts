@@ -1,12 +1,14 @@
 // @vitest-environment happy-dom
 // The Snapshot tab against a real drill-down state (fixtures/drilldown.json: a training run
-// recorded on an H200, published by gpumem_widget.drilldown), as the browser receives it.
+// recorded on an H200, published by gpumem_widget.drilldown, with its segment map and reserved
+// memory over time), as the browser receives it.
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import type { AnyModel } from "@anywidget/types";
 import { renderDrilldown } from "../src/drilldown";
+import { columnAt } from "../src/drilldown_chart";
 import { decodeColumns, parseAlive, parseDrilldown } from "../src/drilldown_data";
 
 interface Fixture {
@@ -23,6 +25,10 @@ interface Fixture {
     largest_site: string;
     cells: number[];
     at_peak: Record<string, number>;
+    peak_reserved: number;
+    segments: number;
+    allocated_blocks: number;
+    figures: Record<string, number | boolean>;
   };
 }
 
@@ -107,6 +113,23 @@ describe("drill-down data", () => {
     expect(alive.alive.largest.map((a) => a.size)).toEqual(fixture.expected.largest);
   });
 
+  it("decodes reserved beside active: never below it, peaking where the allocator did", () => {
+    const parsed = parseDrilldown(received()["drilldown"]);
+    if (parsed.kind !== "ready") throw new Error("not ready");
+    const r = parsed.overview.devices[0]?.reserved;
+    if (!r) throw new Error("no reserved view");
+    expect(Math.max(...r.reserved)).toBe(fixture.expected.peak_reserved);
+    expect(r.peakReserved).toBe(fixture.expected.peak_reserved);
+    for (let k = 0; k < r.t.length; k++) {
+      expect(r.reserved[k]).toBeGreaterThanOrEqual(r.reservedMin[k] as number);
+      expect(r.reserved[k]).toBeGreaterThanOrEqual(r.active[k] as number); // column highs
+    }
+    expect(r.largestGap).toBeGreaterThan(0);
+    expect(columnAt(r.t, r.t[3] as number)).toBe(3);
+    expect(columnAt(r.t, (r.t[0] as number) - 1)).toBe(-1);
+    expect(columnAt(r.t, r.t1)).toBe(r.t.length - 1);
+  });
+
   it("rejects a malformed table with one clear error", () => {
     expect(() => decodeColumns({ n: 2, columns: ["t"], dtypes: ["f8"], buffers: [new Uint8Array(8)] }, "x")).toThrow(/8 bytes for 2 rows/);
     expect(() => parseDrilldown({ devices: "no" })).toThrow(/drilldown\.devices/);
@@ -154,6 +177,42 @@ describe("drill-down panel", () => {
     expect(open?.getAttribute("aria-expanded")).toBe("false");
     expect(kids?.hidden).toBe(true);
     stop();
+  });
+
+  it("shows reserved memory in the summary and the legend", () => {
+    const { el, stop } = mount(received());
+    const reserved = el.querySelector(".gpumem-drilldown-legend-reserved");
+    expect(reserved?.textContent).toContain("reserved (cached segments)");
+    expect(el.querySelector(".gpumem-drilldown-summary")?.textContent).toMatch(/GiB reserved \(up to .+ beyond active\)/);
+    stop();
+  });
+
+  it("draws the segment map of the alive-at answer in its sub-tab", () => {
+    const { el, model, stop } = mount(received());
+    const tab = el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']");
+    expect(tab?.disabled).toBe(false);
+    expect(el.querySelector(".gpumem-segment")).toBeNull(); // drawn when its tab shows
+    tab?.click();
+    expect(tab?.getAttribute("aria-selected")).toBe("true");
+    expect(el.querySelector<HTMLElement>(".gpumem-alive-tree")?.closest<HTMLElement>(".gpumem-drilldown-pane")?.hidden).toBe(true);
+    expect(el.querySelectorAll(".gpumem-segment")).toHaveLength(fixture.expected.segments);
+    expect(el.querySelectorAll(".gpumem-block")).toHaveLength(fixture.expected.allocated_blocks);
+    const free = el.querySelector('tr[data-key="free_blocks"]');
+    expect(free?.textContent).toContain(String(fixture.expected.figures["free_blocks"]));
+    expect(el.querySelector('tr[data-key="reserved"]')?.textContent).toContain("GiB");
+    // A new answer keeps the Segments tab, with one map: the previous one is gone.
+    model.set("drilldown_alive", structuredClone(model.state["drilldown_alive"]));
+    expect(el.querySelectorAll(".gpumem-segments")).toHaveLength(1);
+    expect(el.querySelectorAll(".gpumem-segment")).toHaveLength(fixture.expected.segments);
+    // An answer without a map falls back to what is alive, its Segments tab disabled.
+    const bare = { ...(model.state["drilldown_alive"] as Record<string, unknown>) };
+    delete bare["segments"];
+    model.set("drilldown_alive", bare);
+    expect(el.querySelector(".gpumem-segments")).toBeNull();
+    expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']")?.disabled).toBe(true);
+    expect(el.querySelector<HTMLElement>(".gpumem-alive-tree")?.closest<HTMLElement>(".gpumem-drilldown-pane")?.hidden).toBe(false);
+    stop();
+    expect(el.children).toHaveLength(0);
   });
 
   it("asks once for a pending snapshot, and says when there is none", () => {
