@@ -14,7 +14,8 @@ Traits (all written by the kernel; the browser never writes them):
              "running_cell": int|None, "running_started": unix seconds|None,
              "session_peak": [{"device", "allocated", "reserved"}],
              "processes": {"<device>": [{"pid", "used", "self", "name"}]}}`` (``processes``: every
-             process NVML lists per device, largest first; ``self`` marks this kernel)
+             process NVML lists per device, largest first; ``self`` marks this kernel;
+             ``"hints"``: sentences worth the user's attention, e.g. a stray CUDA context)
 ``cells``    list of ledger records, oldest first (see ``ledger.CellRecord.to_wire``); each has
              ``notes``: what features add (``notes.py``), e.g. ``"estimate"``.
 ``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds

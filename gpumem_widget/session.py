@@ -118,6 +118,7 @@ class Session:
             self.error = message
 
     def status(self) -> dict[str, Any]:
+        processes = self._processes()
         readers = self.readers.states()
         for d, why in self.readers.nvml.process_reason.items():
             if why:
@@ -132,7 +133,8 @@ class Session:
             "error": self.error or self.sampler.error,
             "running_cell": self.tracker.running_cell,
             "running_started": self.tracker.running_started,
-            "processes": self._processes(),
+            "processes": processes,
+            "hints": self._stray_contexts(processes),
             "session_peak": [
                 {"device": d, "allocated": p.allocated, "reserved": p.reserved}
                 for d, p in enumerate(self.tracker.session_peaks)
@@ -152,6 +154,23 @@ class Session:
                 for p in sorted(procs, key=lambda p: -(p.used or 0))
             ]
         return out
+
+    def _stray_contexts(self, processes: dict[str, list[dict[str, Any]]]) -> list[str]:
+        """Devices where this kernel holds a CUDA context but PyTorch has nothing: a context
+        (hundreds of MB) made by touching the device, e.g. a bare torch.cuda.synchronize()."""
+        hints = []
+        for key, procs in processes.items():
+            mine = next((p for p in procs if p["self"]), None)
+            if mine is None or not mine["used"]:
+                continue
+            if self.readers.torch.stats(int(key)).reserved == 0:
+                hints.append(
+                    f"cuda:{key}: this kernel holds a CUDA context ({mine['used'] / 2**20:.0f} MiB)"
+                    " but PyTorch has allocated nothing there; something touched the device "
+                    "(a bare torch.cuda.synchronize(), a library's default device). "
+                    "torch.cuda.set_device or CUDA_VISIBLE_DEVICES keeps work on one device."
+                )
+        return hints
 
     # IPython hooks ------------------------------------------------------------------------
     @guarded

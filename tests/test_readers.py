@@ -123,3 +123,24 @@ def test_cpu_only_torch_says_why() -> None:
     assert "host-memory mode" in r.reason or "not installed" in r.reason
     assert r.stats(0).allocated == 0
     assert HostReader().rss() is not None
+
+
+def test_a_stray_context_is_pointed_out(nvml: Any) -> None:
+    from recorded_cuda import RecordedAllocator
+
+    from gpumem_widget.readers import Readers
+    from gpumem_widget.session import Session
+
+    gpu = RecordedAllocator()
+    gpu.devices = (device(0, UUIDS[0][4:]),)
+    for key in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        gpu.stats_dict[key]["all"]["current"] = 0  # PyTorch has nothing on this device...
+    session = Session(readers=Readers(gpu, NvmlReader(gpu.devices), HostReader()))  # type: ignore[arg-type]
+    try:
+        hints = session.status()["hints"]  # ... while NVML lists this process with 1.1 GiB
+        assert len(hints) == 1
+        assert hints[0].startswith("cuda:0: this kernel holds a CUDA context (1150 MiB)")
+        gpu.alloc(2**20)
+        assert session.status()["hints"] == []
+    finally:
+        session.stop()

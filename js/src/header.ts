@@ -51,6 +51,7 @@ export class Header {
     for (const [name, reader] of Object.entries(status.readers)) {
       if (!reader.ok) notes.append(item(`${name} unavailable${reader.reason ? `: ${reader.reason}` : ""}`, "reader"));
     }
+    for (const hint of status.hints) notes.append(item(hint, "hint"));
     if (status.error) notes.append(item(status.error, "error"));
     for (const p of problems) notes.append(item(`display: ${p}`, "display"));
 

@@ -83,6 +83,7 @@ export interface Status {
   running_started: number | null; // unix seconds (kernel clock), null when idle
   session_peak: SessionPeak[];
   processes: Map<number, ProcessUse[]>; // by device index; absent where NVML has no list
+  hints: string[]; // sentences for the user, e.g. a stray CUDA context on a device
 }
 
 export interface DeviceCellUsage {
@@ -171,6 +172,7 @@ export function parseStatus(raw: unknown, devices: readonly DeviceInfo[]): Statu
     running_started: optional(s, "running_started", isNumberOrNull, null),
     session_peak: peaks,
     processes: parseProcesses(s["processes"]),
+    hints: Array.isArray(s["hints"]) ? s["hints"].filter((h): h is string => typeof h === "string") : [],
   };
 }
 

@@ -149,6 +149,15 @@ describe("header", () => {
     expect(header.el.querySelector("img, b")).toBeNull();
   });
 
+  it("shows the kernel's hints as text, and drops malformed ones", () => {
+    const header = new Header();
+    const hint = `cuda:1: this kernel holds a CUDA context (540 MiB) ${HOSTILE}`;
+    header.update([H200], parseStatus({ mode: "cuda", readers: {}, hints: [hint, 7] }, [H200]), []);
+    const items = [...header.el.querySelectorAll('li[data-kind="hint"]')].map((li) => li.textContent);
+    expect(items).toEqual([hint]);
+    expect(header.el.querySelector("img, b")).toBeNull();
+  });
+
   it("names host mode", () => {
     const header = new Header();
     header.update([], parseStatus({ mode: "host", sampler: "stopped" }, []), []);
