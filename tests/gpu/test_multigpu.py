@@ -106,3 +106,26 @@ def test_cuda_visible_devices_maps_torch_0_to_the_second_card() -> None:
     assert seen["n"] == 1
     assert seen["nvml"] == second
     assert "GPU-" + seen["torch"] == second
+
+
+STRAY = textwrap.dedent(
+    """
+    import json, torch
+    from gpumem_widget.session import Session
+    x = torch.ones(1, device='cuda:0')
+    with torch.cuda.device(1):
+        torch.cuda.synchronize()  # makes a context on cuda:1 and allocates nothing there
+    s = Session()
+    print(json.dumps(s.status()["hints"]))
+    s.stop()
+    """
+)
+
+
+def test_a_stray_context_on_the_second_card_is_pointed_out() -> None:
+    import json
+
+    out = subprocess.run([sys.executable, "-c", STRAY], capture_output=True, text=True, check=True)
+    hints = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(hints) == 1, hints
+    assert hints[0].startswith("cuda:1: this kernel holds a CUDA context")
