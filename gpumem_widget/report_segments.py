@@ -18,6 +18,7 @@ from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
 from .protocol import unpack_table
+from .reporting.style import human_bytes
 
 COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
 LABELS = {
@@ -30,23 +31,22 @@ ROW_HEIGHT = 18
 MIN_BAR = 0.04  # the smallest segment still gets this share of the width
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
-
-
 def _figure_value(f: dict[str, Any]) -> str:
     value = f["value"]
     if isinstance(value, bool):
         return "yes" if value else "no"
     if f["unit"] == "bytes":
-        return _bytes(float(value))
+        return human_bytes(float(value))
     if f["unit"] == "ratio":
         return f"{float(value):.2f}"
     return str(value)
+
+
+def _hidden(hidden: dict[str, int]) -> str:
+    """What the view left out: smaller segments beyond its limit."""
+    if not hidden["segments"]:
+        return ""
+    return f"; {hidden['segments']} smaller, {human_bytes(hidden['bytes'])}, not shown"
 
 
 def _text(markup: str) -> Div:
@@ -79,8 +79,8 @@ def bokeh_segment_map(view: dict[str, Any]) -> Any:
         cols["color"].append(COLORS[kind])
         cols["kind"].append(kind)
         cols["state"].append(b["state"])
-        cols["size"].append(_bytes(b["size"]))
-        cols["requested"].append(_bytes(b["requested_size"]) if b["state"] != "free" else "")
+        cols["size"].append(human_bytes(b["size"]))
+        cols["requested"].append(human_bytes(b["requested_size"]) if b["state"] != "free" else "")
         cols["stream"].append(b["stream"])
         cols["address"].append(hex(seg["address"] + b["offset"]))
         cols["site"].append(stack["site"])
@@ -105,7 +105,7 @@ def bokeh_segment_map(view: dict[str, Any]) -> Any:
         x_range=Range1d(start=0, end=1),
         y_range=Range1d(start=n, end=0),
         tools="xpan,xwheel_zoom,reset,save",
-        title=f"cuda:{view['device']} segments ({len(segments)} shown)",
+        title=f"cuda:{view['device']} segments ({len(segments)} shown{_hidden(view['hidden'])})",
     )
     renderer: Any = fig.quad(  # a GlyphRenderer[Quad], which Bokeh's stubs won't take as a Glyph's
         left="left", right="right", bottom="bottom", top="top", color="color", source=source
@@ -124,7 +124,7 @@ def bokeh_segment_map(view: dict[str, Any]) -> Any:
         )
     )
     fig.yaxis.major_label_overrides = {
-        i + 0.5: f"{hex(s['address'])} {_bytes(s['size'])} {s['pool']}"
+        i + 0.5: f"{hex(s['address'])} {human_bytes(s['size'])} {s['pool']}"
         + (" exp" if s["expandable"] else "")
         for i, s in enumerate(segments)
     }
@@ -169,10 +169,10 @@ def bokeh_reserved_over_time(view: dict[str, Any]) -> Any:
         {
             "x": x,
             **{k: table[k] for k in ("reserved", "reserved_min", "active", "active_min")},
-            "reserved_text": [_bytes(v) for v in table["reserved"]],
-            "active_text": [_bytes(v) for v in table["active"]],
+            "reserved_text": [human_bytes(v) for v in table["reserved"]],
+            "active_text": [human_bytes(v) for v in table["active"]],
             "gap_text": [
-                _bytes(r - a) for r, a in zip(table["reserved"], table["active"], strict=True)
+                human_bytes(r - a) for r, a in zip(table["reserved"], table["active"], strict=True)
             ],
         }
     )

@@ -4,7 +4,9 @@ tests/e2e/test_report_browser.py."""
 
 from __future__ import annotations
 
+import base64
 import csv
+import gzip
 import html
 import json
 import re
@@ -265,3 +267,47 @@ def test_export_from_hand_made_records_with_two_devices(tmp_path: Path) -> None:
     assert row["cuda1_delta_allocated"] == str(MiB)
     assert json.loads(row["notes"]) == {"k": 1}
     assert np.isclose(float(row["duration"]), 0.5)
+
+
+def source_columns(model: dict[str, Any]) -> dict[str, Any]:
+    """A ColumnDataSource's columns as Bokeh serialized them (lists, or ndarrays as bytes,
+    gzipped when that made them smaller)."""
+    data = model["attributes"]["data"]
+    out: dict[str, Any] = {}
+    for key, value in data["entries"]:
+        if isinstance(value, dict) and value.get("type") == "ndarray":
+            raw = base64.b64decode(value["array"]["data"])
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            out[key] = np.frombuffer(raw, dtype=value["dtype"])
+        else:
+            out[key] = value
+    return out
+
+
+def test_oom_report_has_the_segment_maps_fragmentation_and_reserved(tmp_path: Path) -> None:
+    """The OOM fixture (one 256 MiB segment wholly allocated, then a request of 1 PiB): the
+    segment map at the peak and at the OOM, with the figures and torch's counters agreeing."""
+    stats = json.loads((SNAPSHOTS / "oom.stats.json").read_text())["memory_stats"]
+    observer = json.loads((SNAPSHOTS / "oom.observer.json").read_text())
+    page = report(tmp_path / "oom.html", snapshots=[SNAPSHOTS / "oom.pickle.gz"]).read_text()
+    titles = [t["attributes"].get("text") for t in models(page, "Title")]
+    assert titles.count("cuda:0 segments (1 shown)") == 2  # at the peak and at the OOM
+    assert "cuda:0 reserved vs active" in titles
+    sources = [source_columns(m) for m in models(page, "ColumnDataSource")]
+    maps = [s for s in sources if "kind" in s]
+    assert len(maps) == 2
+    for quads in maps:  # the one block, allocated over the whole segment
+        assert quads["state"] == ["allocated"]
+        assert quads["size"] == [human_bytes(stats["reserved_bytes.all.current"])]
+    (reserved,) = [s for s in sources if "reserved_min" in s]
+    assert reserved["reserved"].max() == stats["reserved_bytes.all.peak"]
+    assert reserved["active"].max() == stats["active_bytes.all.peak"]
+    text = html.unescape(page)
+    assert "Allocator segments at the peak" in text
+    assert "Allocator segments at the OOM" in text
+    assert text.count("free inside used segments") == 2
+    assert "failed request" in text  # only at the OOM
+    assert human_bytes(observer["requested"]) in text
+    assert "OOM caused by fragmentation" in text
+    assert (tmp_path / "oom.html").stat().st_size < 4_000_000

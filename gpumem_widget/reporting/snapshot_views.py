@@ -1,9 +1,12 @@
-"""One device of one snapshot, drawn: memory by allocation site and by category over time, the
-cells, what is alive at the peak and at each OOM. Every view was reduced in the kernel to screen
-size (`gpumem_widget.snapshot`), so a million-entry trace draws from a few thousand numbers."""
+"""One device of one snapshot, drawn: memory by allocation site and by category over time,
+reserved beside active, the cells, what is alive and the allocator's segment map (with its
+fragmentation figures and advice) at the peak and at each OOM. Every view was reduced in the
+kernel to screen size (`gpumem_widget.snapshot`), so a million-entry trace draws from a few
+thousand numbers."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,6 +17,7 @@ from bokeh.models.widgets.tables import DataTable, NumberFormatter, TableColumn
 
 from ..protocol import unpack_table
 from ..snapshot import Snapshot, alive_at, categories, cell_slices
+from ..snapshot.segments import reserved_over_time_view, segment_map_view
 from .style import (
     BAND_COLOR,
     OOM_COLOR,
@@ -30,8 +34,14 @@ from .style import (
 )
 from .summary import DeviceSummary
 
+log = logging.getLogger(__name__)
+
 TREE_ROWS = 60
 MAX_OOMS_SHOWN = 3
+# A segment map keeps its largest segments, one readable row each; its blocks' hover data is
+# most of its weight in the page, so sub-pixel runs merge beyond this many.
+MAP_SEGMENTS = 48
+MAP_BLOCKS = 1500
 CellWindows = Sequence[tuple[int, float, float]]
 
 
@@ -40,6 +50,9 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
 
     A list rather than a nested column: BokehJS squeezes stretch-width tables inside nested
     columns to a sliver, so the page keeps one flat column."""
+    # report_segments formats with this package's style: imported here, not at the top.
+    from ..report_segments import bokeh_reserved_over_time
+
     d = summary.device
     view = summary.active
     datetime = view["x_unit"] == "s"
@@ -58,16 +71,36 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     cat = categories(snap, d, width=view["width"])
     shown = [(g["column"], g["label"]) for g in cat["groups"] if g["peak_bytes"] > 0]
     by_category = _stacked("Active memory by category", cat, shown, datetime, slices["cells"])
-    by_category.x_range = parts[-1].x_range  # zoom both together
-    parts.append(by_category)
+    by_category.x_range = parts[-1].x_range  # zoom all three together
+    reserved = bokeh_reserved_over_time(reserved_over_time_view(snap, d, view["width"]))
+    reserved.x_range = parts[-1].x_range
+    parts += [by_category, reserved]
     if slices["cells"]:
         parts += [div("<h3>Cells</h3>"), _cells_table(slices["cells"])]
     peak = alive_at(snap, d, max_nodes=TREE_ROWS * 2)
     parts += _alive("at the peak", peak, summary)
+    parts += _segments("at the peak", snap, d, peak["event"])
     for oom in view["ooms"][-MAX_OOMS_SHOWN:]:
         at_oom = alive_at(snap, d, event=oom["event"], max_nodes=TREE_ROWS * 2)
-        parts += _alive(f"at the OOM ({summary.when(oom['t'])})", at_oom, summary)
+        when = f"at the OOM ({summary.when(oom['t'])})"
+        parts += _alive(when, at_oom, summary) + _segments(when, snap, d, oom["event"])
     return parts
+
+
+def _segments(when: str, snap: Snapshot, device: int, event: int) -> list[Any]:
+    """The allocator's segments right after trace entry `event`, with fragmentation and advice;
+    where the layout cannot be rebuilt, a line saying why (the rest of the report stands)."""
+    from ..report_segments import bokeh_segment_map
+
+    head = div(f"<h3>Allocator segments {esc(when)}</h3>")
+    try:
+        view = segment_map_view(
+            snap, device, event=event, max_segments=MAP_SEGMENTS, max_blocks=MAP_BLOCKS
+        )
+    except Exception as e:  # an optional view, as in the widget
+        log.warning("gpumem_widget report: no segment map: %s", e, exc_info=True)
+        return [head, div(f"<p>No segment map: {esc(type(e).__name__)}: {esc(str(e))}</p>")]
+    return [head, bokeh_segment_map(view)]
 
 
 def _facts(summary: DeviceSummary) -> Any:

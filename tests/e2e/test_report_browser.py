@@ -130,7 +130,8 @@ def test_snapshot_report_from_the_cli_renders(tmp_path: Path) -> None:
     out = tmp_path / "cli.html"
     assert main(["report", str(SNAPSHOTS / "train_tagged.pickle.gz"), "-o", str(out)]) == 0
     result = open_in_browser(out, "snapshot")
-    assert result["plotViews"] == 2  # by site and by category
+    # By site, by category, reserved vs active, and the segment map at the peak.
+    assert result["plotViews"] == 4
     assert result["paintedCanvases"] >= 2
     assert result["tableRows"] >= 4  # the four tagged cells, at least
 
@@ -149,6 +150,8 @@ def test_rank_selector_switches_panels(tmp_path: Path) -> None:
         ["Snapshots", "rank 1 · cuda:0"],
         ["Snapshots", "rank 0 · cuda:0"],
     ]
+    # The overview, and the shown panel's four (by site, by category, reserved vs active, the
+    # segment map at the peak), plus the segment map at the OOM for the OOM's snapshot.
+    assert [r["plotViews"] for r in result["ranks"]] == [5, 6, 5]
     for r in result["ranks"]:
-        assert r["plotViews"] == 3  # the overview and the shown panel's two
-        assert r["paintedCanvases"] >= 3
+        assert r["paintedCanvases"] >= 5
