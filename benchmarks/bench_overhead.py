@@ -110,13 +110,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cells", type=int, default=300)
     ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated subset of: " + ", ".join(CONFIGS) + " (none is always run)",
+    )
     ap.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.cells, args.steps, args.out)
         return
-    configs = [c for c in CONFIGS if available(c)]
+    wanted = {"none", *args.configs.split(",")}
+    configs = [c for c in CONFIGS if c in wanted and available(c)]
     # Children import the package from this checkout, installed or not.
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {
