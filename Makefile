@@ -46,9 +46,10 @@ pytest:
 
 test: setup browser lint typecheck js-test pytest
 
+# The GPU ones (bench_overhead, bench_estimate) measure what matters only on a CUDA machine.
 bench: setup
-	$(BIN)/python benchmarks/bench_overhead.py
-	$(BIN)/python benchmarks/bench_snapshot.py
+	for b in overhead estimate snapshot drilldown report segments vars; do \
+	  $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	node benchmarks/browser_chart.mjs
 
 clean:
