@@ -135,12 +135,14 @@ def test_magic_before_loading_says_how_to_load() -> None:
 
 
 def test_unload_closes_every_widget_it_opened(ip: Any) -> None:
-    from ipywidgets import Widget
-
-    before = set(Widget.widgets)
-    ip.run_line_magic("reload_ext", "gpumem_widget")
+    session = gpumem_widget.current_session()
+    assert session is not None
+    widget, layout = session.widget, session.widget.layout
+    assert widget.comm is not None
+    assert layout.comm is not None
     ip.run_line_magic("unload_ext", "gpumem_widget")
-    assert set(Widget.widgets) <= before  # nothing new left open (the widget and its layout)
+    assert widget.comm is None  # closed: its comm is gone, in the kernel and the browser
+    assert layout.comm is None  # and the layout child it made, which close() leaves open
     ip.run_line_magic("load_ext", "gpumem_widget")  # for the fixture's teardown
 
 
