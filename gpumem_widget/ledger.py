@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # The browser shows the first lines of a cell; the full source stays in the Python records.
 WIRE_SOURCE_CHARS = 4000
 RECENT_RUNS = 8  # per source: enough for the leak check's streak of re-runs
+WIRE_BLOCK = 32  # records per block of the `cells` trait (see `Ledger.wire_split`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,7 @@ class Ledger:
         # The latest runs of each source, so per-cell checks never scan the whole ledger.
         self._by_source: dict[str, collections.deque[CellRecord]] = {}
         self.version = 0  # bumps on every change, so the publisher can tell when to resend
+        self.epoch = 0  # bumps when records are removed (the browser's copy must be replaced)
 
     def append(self, record: CellRecord) -> None:
         wire = record.to_wire()
@@ -178,6 +180,7 @@ class Ledger:
             self._wire.clear()
             self._by_source.clear()
             self.version += 1
+            self.epoch += 1
 
     def recent_runs(self, source: str) -> list[CellRecord]:
         """The latest `RECENT_RUNS` records of cells with exactly this source, oldest first."""
@@ -187,6 +190,13 @@ class Ledger:
     def wire(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._wire)
+
+    def wire_split(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The browser forms as (base, tail): the base holds whole blocks of `WIRE_BLOCK` records
+        and changes once a block, the tail the newest few, so each cell's update stays small."""
+        with self._lock:
+            cut = len(self._wire) // WIRE_BLOCK * WIRE_BLOCK
+            return self._wire[:cut], self._wire[cut:]
 
     def records(self) -> LedgerRecords:
         with self._lock:

@@ -16,7 +16,9 @@ Traits (all written by the kernel; the browser never writes them):
              "processes": {"<device>": [{"pid", "used", "self", "name"}]}}`` (``processes``: every
              process NVML lists per device, largest first; ``self`` marks this kernel;
              ``"hints"``: sentences worth the user's attention, e.g. a stray CUDA context)
-``cells``    list of ledger records, oldest first (see ``ledger.CellRecord.to_wire``); each has
+``cells`` + ``cells_tail``  the ledger records, oldest first: ``cells`` holds whole blocks of
+             ``ledger.WIRE_BLOCK`` records and changes once a block, ``cells_tail`` the newest
+             few (see ``ledger.CellRecord.to_wire``); the browser shows both, in order. Each has
              ``notes``: what features add (``notes.py``), e.g. ``"estimate"``.
 ``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds
              older, possibly decimated samples and changes rarely; the tail holds the samples since

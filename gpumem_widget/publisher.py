@@ -43,7 +43,10 @@ class Publisher:
             if self._changed("tail", self.timeline.version):
                 w.timeline_tail = self.timeline.tail_table()
             if self._changed("cells", self.ledger.version):
-                w.cells = self.ledger.wire()
+                base, tail = self.ledger.wire_split()
+                if self._changed("cells_base", (len(base), self.ledger.epoch)):
+                    w.cells = base
+                w.cells_tail = tail
             status = self.status()
             if self._changed("status", repr(status)):
                 w.status = status

@@ -36,6 +36,7 @@ class GpuMemWidget(anywidget.AnyWidget):
     devices = traitlets.List(traitlets.Dict()).tag(sync=True)
     status = traitlets.Dict().tag(sync=True)
     cells = traitlets.List(traitlets.Dict()).tag(sync=True)
+    cells_tail = traitlets.List(traitlets.Dict()).tag(sync=True)
     timeline_base = traitlets.Dict().tag(sync=True)
     timeline_tail = traitlets.Dict().tag(sync=True)
     drilldown = traitlets.Dict().tag(sync=True)

@@ -13,6 +13,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import gpumem_widget
 from gpumem_widget import protocol
+from gpumem_widget.ledger import WIRE_BLOCK
+from gpumem_widget.session import Session
 
 
 @pytest.fixture
@@ -33,6 +35,11 @@ def ours(shell: Any, event: str) -> list[Any]:
 
 def sampler_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "gpumem-sampler"]
+
+
+def shown_cells(s: Session) -> list[dict[str, Any]]:
+    """What the browser shows: whole blocks of records, then the newest few."""
+    return [*s.widget.cells, *s.widget.cells_tail]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -116,8 +123,8 @@ def test_widget_traits_follow_the_kernel_state(ip: Any) -> None:
     assert s is not None
     ip.run_cell("c = 3", store_history=True)
     count = gpumem_widget.ledger()[-1].execution_count
-    wait_for(lambda: any(c["execution_count"] == count for c in s.widget.cells))
-    wire = next(c for c in s.widget.cells if c["execution_count"] == count)
+    wait_for(lambda: any(c["execution_count"] == count for c in shown_cells(s)))
+    wire = next(c for c in shown_cells(s) if c["execution_count"] == count)
     assert wire["source"] == "c = 3"
     wait_for(lambda: s.widget.timeline_base["n"] + s.widget.timeline_tail["n"] >= 2)
     tail = protocol.unpack_table(s.widget.timeline_tail)
@@ -152,3 +159,18 @@ def test_cell_magic_without_a_command_records_the_cell(ip: Any) -> None:
     assert isinstance(result.error_in_exec, UsageError)
     assert "CUDA" in str(result.error_in_exec)
     assert "ran_body" not in ip.user_ns
+
+
+def test_each_update_carries_only_the_newest_records(ip: Any) -> None:
+    s = gpumem_widget.current_session()
+    assert s is not None
+    ip.run_line_magic("gpumem", "reset")
+    for i in range(WIRE_BLOCK + 5):
+        ip.run_cell(f"v = {i}", store_history=True)
+    records = gpumem_widget.ledger()
+    wait_for(lambda: len(shown_cells(s)) == len(records))
+    assert len(s.widget.cells) == WIRE_BLOCK  # one whole block, sent once
+    assert [c["source"] for c in shown_cells(s)] == [r.source for r in records]
+    assert len(s.widget.cells_tail) == len(records) - WIRE_BLOCK  # the rest: small updates
+    ip.run_line_magic("gpumem", "reset")
+    wait_for(lambda: s.widget.cells == [] and len(s.widget.cells_tail) <= 1)

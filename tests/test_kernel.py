@@ -192,14 +192,19 @@ class Kernel:
     def records_for(self, comm_id: str, count: int, start: int) -> list[dict[str, Any]]:
         """Cell `count`'s ledger records in the first `cells` update that has any."""
 
+        def cells(state: dict[str, Any]) -> list[dict[str, Any]]:
+            # The ledger travels as whole blocks (`cells`) and the newest few (`cells_tail`).
+            return [*state.get("cells", []), *state.get("cells_tail", [])]
+
         def has_record(r: Received) -> bool:
             if r.type != "comm_msg" or r.content["comm_id"] != comm_id:
                 return False
-            cells = r.content["data"].get("state", {}).get("cells", [])
-            return any(c["execution_count"] == count for c in cells)
+            return any(
+                c["execution_count"] == count for c in cells(r.content["data"].get("state", {}))
+            )
 
         i = self.wait_for(f"a `cells` update with cell {count}", has_record, start)
-        return [c for c in widget_state(self.log[i])["cells"] if c["execution_count"] == count]
+        return [c for c in cells(widget_state(self.log[i])) if c["execution_count"] == count]
 
     def wait_for_record(self, comm_id: str, count: int, start: int) -> dict[str, Any]:
         """The one ledger record for cell `count`, as soon as the widget gets it."""

@@ -36,6 +36,7 @@ export type Traits = {
   devices: unknown;
   status: unknown;
   cells: unknown;
+  cells_tail: unknown;
   timeline_base: unknown;
   timeline_tail: unknown;
 };
@@ -406,4 +407,11 @@ export class TimelineStore {
     }
     return count;
   }
+}
+
+/** `cells` (whole blocks of records) followed by `cells_tail` (the newest); a tail from an older
+ * kernel that had none is simply absent. */
+export function joinCells(base: unknown, tail: unknown): unknown {
+  if (!Array.isArray(base) || tail == null) return base;
+  return Array.isArray(tail) ? [...base, ...tail] : tail;
 }

@@ -23,12 +23,13 @@ import {
   type CellRecord,
   type DeviceInfo,
   type Status,
+  joinCells,
   type Traits,
 } from "./protocol";
 import { watchTheme } from "./theme";
 
 type TraitName = keyof Traits;
-const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "timeline_base", "timeline_tail"];
+const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "timeline_base", "timeline_tail"];
 
 class WidgetView {
   private readonly model: AnyModel<Traits>;
@@ -81,7 +82,8 @@ class WidgetView {
 
     for (const name of TRAITS) {
       const onChange = (): void => {
-        this.stale.add(name);
+        // The ledger arrives in two traits (whole blocks, then the newest few): one list here.
+        this.stale.add(name === "cells_tail" ? "cells" : name);
         this.requestFrame();
       };
       model.on(`change:${name}`, onChange);
@@ -121,7 +123,7 @@ class WidgetView {
       this.chart.setRunning(this.status.running_cell, this.status.running_started);
     }
     if (stale.has("cells")) {
-      const { cells, problems } = parseCells(this.model.get("cells"));
+      const { cells, problems } = parseCells(joinCells(this.model.get("cells"), this.model.get("cells_tail")));
       this.cells = cells;
       this.setProblem("cells", problems.length > 0 ? `${problems.length} cell record(s) left out: ${problems[0]}` : null);
       this.chart.setCells(cells);
@@ -224,3 +226,4 @@ export default {
     return () => view.destroy();
   },
 };
+

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { estimateError, NO_NOTES, parseNotes } from "../src/notes";
 import {
+  joinCells,
   decodeTable,
   parseCells,
   parseDevices,
@@ -307,3 +308,22 @@ describe("notes", () => {
     expect(cells[0]?.notes).toBe(NO_NOTES);
   });
 });
+
+describe("joinCells", () => {
+  it("shows the blocks then the newest records, in order", () => {
+    const a = { execution_count: 1 };
+    const b = { execution_count: 2 };
+    const c = { execution_count: 3 };
+    expect(joinCells([a, b], [c])).toEqual([a, b, c]);
+    expect(joinCells([a], [])).toEqual([a]);
+    expect(joinCells([], [a])).toEqual([a]);
+  });
+
+  it("takes a state with no tail (an older kernel) and passes bad input on to be reported", () => {
+    const a = { execution_count: 1 };
+    expect(joinCells([a], undefined)).toEqual([a]);
+    expect(joinCells("nonsense", [a])).toBe("nonsense");
+    expect(joinCells([a], 7)).toBe(7);
+  });
+});
+
