@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -29,3 +30,8 @@ def test_notebook_runs_top_to_bottom(path: pathlib.Path, monkeypatch: pytest.Mon
     client.execute()  # raises CellExecutionError on the first failing cell
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert any(o.get("output_type") == "display_data" for o in outputs)  # the widget was shown
+    # The saved notebook carries the widget's state, and it stays small. (nbclient keeps only the
+    # updates whose parent is a cell it ran; JupyterLab saves its own, complete copy.)
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert any(m["state"].get("_model_module") == "anywidget" for m in state.values())
+    assert len(json.dumps(state)) < 1_000_000
