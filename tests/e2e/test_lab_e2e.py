@@ -270,7 +270,9 @@ def test_widget_in_jupyterlab(bundle: None, driver_deps: None, lab: Lab, tmp_pat
     assert drawn[half] > drawn[0], "no new samples drawn in the first half of the long cell"
     assert drawn[-1] > drawn[half], "no new samples drawn in the second half of the long cell"
     lags = sorted(s["now"] - s["drawnUntil"] for s in running)
-    assert lags[len(lags) // 2] < 1.5, f"the chart lags real time by {lags}"
+    # The budget: a sample taken while a cell runs is on screen within 0.5 s (the median lag
+    # also holds the sampling interval and the publisher's 4-per-second limit).
+    assert lags[len(lags) // 2] < 0.5, f"the chart lags real time by {lags}"
     samples = [s["samples"] for s in running]
     assert samples[-1] > samples[0], samples
     # ...and the rows and bands of the cells before it were there before it ended.
