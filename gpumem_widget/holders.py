@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 import torch
 
+from .units import format_bytes
+
 if TYPE_CHECKING:  # annotations only: no runtime dependency
     from typing_extensions import TypeIs
 
@@ -49,16 +51,6 @@ IPYTHON_NAMES: Final = frozenset(
 )
 _IPYTHON_NAME = re.compile(r"_i?\d+")  # _i3 (input history), _3 (output history)
 OUTPUT_UNDERSCORES: Final = ("_", "__", "___")
-
-
-def format_bytes(n: float) -> str:
-    """Binary units, two decimals: ``1.50 GiB``; plain bytes below 1 KiB."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def is_ipython_name(name: str) -> bool:

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .holders import HoldersReport, format_bytes
+from .holders import HoldersReport
 from .ledger import CellRecord
+from .units import format_bytes
 
 MiB: Final = 2**20
 DEFAULT_MIN_RUNS: Final = 3

@@ -34,7 +34,8 @@ from typing import Any, ClassVar, Final, Literal
 
 import torch
 
-from .holders import Holder, HoldersReport, format_bytes
+from .holders import Holder, HoldersReport
+from .units import format_bytes
 
 Source = Literal["observer", "message", "none"]
 

@@ -26,10 +26,10 @@ from .holders import (
     OUTPUT_UNDERSCORES,
     DeviceFilter,
     bytes_held,
-    format_bytes,
     has_type,
     holders_for_shell,
 )
+from .units import format_bytes
 
 _CO_OPTIMIZED = 0x0001  # a function frame: its fast locals are what a traceback keeps alive
 _EXCEPTION_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # Python >= 3.11

@@ -22,6 +22,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
+from ..units import format_bytes
 from . import result as r
 from .counting import elements_formula, total_bytes, uniform_size, unique
 from .errors import EstimateError
@@ -79,8 +80,8 @@ def _dtype_label(params: list[torch.Tensor], dtype: torch.dtype | None) -> str:
 def _per_sample(batch_scaling: r.Scaling, b: int) -> str:
     """``s per sample x B + c`` for the activations, from the batch runs."""
     constant, slope = batch_scaling.saved_coefficients
-    text = f"{r.format_bytes(slope)} per sample × B = {b}"
-    return text + (f" + {r.format_bytes(constant)}" if abs(constant) >= 1 else "")
+    text = f"{format_bytes(slope)} per sample × B = {b}"
+    return text + (f" + {format_bytes(constant)}" if abs(constant) >= 1 else "")
 
 
 def estimate(

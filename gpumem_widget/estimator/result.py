@@ -11,6 +11,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from ..units import format_bytes
 from .errors import EstimateError
 from .meta_run import MetaRun
 
@@ -30,18 +31,6 @@ TEMPORARIES: Final = "temporaries"
 
 FORWARD_BACKWARD: Final = "forward/backward"
 OPTIMIZER_STEP: Final = "optimizer step"
-
-_UNITS: Final = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def format_bytes(n: float) -> str:
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in _UNITS:
-        if n < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..units import format_bytes
 from .replay import Oom, Snapshot
 from .segments import SMALL_BUFFER, Layout, event_at, timeline
 
@@ -199,11 +200,7 @@ class Fragmentation:
 
 def _show(value: float | bool, unit: str) -> str:
     if unit == "bytes":
-        v = float(value)
-        for suffix in ("B", "KiB", "MiB", "GiB"):
-            if abs(v) < 1024 or suffix == "GiB":
-                return f"{v:.0f} {suffix}" if suffix == "B" else f"{v:.2f} {suffix}"
-            v /= 1024
+        return format_bytes(float(value))
     if unit == "ratio":
         return f"{float(value):.2f}"
     return str(value)
