@@ -196,16 +196,24 @@ def _models_and_inputs() -> list[tuple[nn.Module, Any]]:
     ]
 
 
+def _mse_to_zero(outputs: Any) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(outputs, torch.zeros_like(outputs))
+
+
 # (Not SDPA without dropout: the real CPU picks its own flash kernel there, meta the math path.)
+@pytest.mark.parametrize("loss_fn", [default_loss, _mse_to_zero], ids=["mean", "mse_loss"])
 @pytest.mark.parametrize(("model", "make"), _models_and_inputs(), ids=["mlp", "conv", "encoder"])
-def test_meta_run_holds_what_the_real_cpu_run_holds(model: nn.Module, make: Any) -> None:
-    """Byte for byte, after every operator: the meta kernels keep what the CPU kernels keep."""
+def test_meta_run_holds_what_the_real_cpu_run_holds(
+    model: nn.Module, make: Any, loss_fn: Any
+) -> None:
+    """Byte for byte, after every operator: the meta kernels keep what the CPU kernels keep
+    (mse_loss's result keeps its whole element-wise buffer on a real device, not on meta)."""
     runs = [
         run_step(
             model,
             ((make(device),), {}),
             dtype=None,
-            loss_fn=default_loss,
+            loss_fn=loss_fn,
             cuda_kernels=False,
             grads_persist=False,
             device=device,
