@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _write_notebook(path: Path) -> None:
+def _write_notebook(path: Path, cells: list[str]) -> None:
     # nbformat has no type hints.
     nb = nbformat.v4.new_notebook(  # type: ignore[no-untyped-call]
         metadata={
@@ -98,7 +99,7 @@ def _write_notebook(path: Path) -> None:
             }
         }
     )
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]  # type: ignore[no-untyped-call]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]  # type: ignore[no-untyped-call]
     nbformat.write(nb, path)  # type: ignore[no-untyped-call]
 
 
@@ -118,17 +119,29 @@ def _get(url: str, token: str, method: str = "GET") -> int:
         return int(r.status)
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
+@contextmanager
+def running_lab(
+    tmp_path: Path, cells: list[str], settings: dict[str, dict[str, Any]] | None = None
+) -> Iterator[Lab]:
+    """A JupyterLab server on `tmp_path`, holding one notebook of `cells`.
+
+    `settings` maps "<extension>/<plugin>" to the user settings that plugin starts with.
+    """
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir()
-    _write_notebook(root / NOTEBOOK)
+    _write_notebook(root / NOTEBOOK, cells)
     # No news, update checks or PyPI lookups; everything Jupyter keeps is under tmp_path.
-    notification = home / "settings" / "@jupyterlab" / "apputils-extension"
-    notification.mkdir(parents=True)
-    (notification / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
+    user_settings = {
+        "@jupyterlab/apputils-extension/notification": {
+            "fetchNews": "false",
+            "checkForUpdates": False,
+        },
+        **(settings or {}),
+    }
+    for plugin, values in user_settings.items():
+        path = home / "settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -180,6 +193,12 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         _stop_server(server, lab)
 
 
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    with running_lab(tmp_path, CELLS) as lab:
+        yield lab
+
+
 def _stop_server(server: subprocess.Popen[bytes], lab: Lab) -> None:
     """Ask the server to shut down (it stops its kernels), then make sure its group is gone."""
     if server.poll() is None:
@@ -198,8 +217,6 @@ def _stop_server(server: subprocess.Popen[bytes], lab: Lab) -> None:
 
 
 def drive(lab: Lab, tmp_path: Path) -> dict[str, Any]:
-    ARTIFACTS.mkdir(exist_ok=True)
-    result_path = tmp_path / "result.json"
     for old in ARTIFACTS.glob("lab-*.png"):
         old.unlink()
     plan = {
@@ -212,6 +229,27 @@ def drive(lab: Lab, tmp_path: Path) -> dict[str, Any]:
         "probeUrl": PROBE_URL,
         "probeDialog": PROBE_DIALOG,
         "longSeconds": LONG_S,
+    }
+    result = run_driver("drive_lab.mjs", plan, tmp_path)
+    if result["error"] is not None:
+        pytest.fail(
+            f"the driver failed: {result['error']}\nsteps: {result['steps']}\n"
+            f"page errors: {result['pageErrors']}\nconsole errors: {result['consoleErrors']}\n"
+            f"widget text: {result['widgetTextAtFailure']}\n"
+            f"screenshots: {result['screenshots']}\nserver log:\n{lab.log_tail()}"
+        )
+    return result
+
+
+def run_driver(script: str, plan: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """Run a driver script on `plan` (plus the browser and result paths) and return its result.
+
+    The caller checks `result["error"]`; a driver that wrote no result or ran over time fails here.
+    """
+    ARTIFACTS.mkdir(exist_ok=True)
+    result_path = tmp_path / "result.json"
+    plan = {
+        **plan,
         "chromium": str(CHROMIUM),
         "profile": str(tmp_path / "chromium-profile"),
         "artifacts": str(ARTIFACTS),
@@ -222,7 +260,7 @@ def drive(lab: Lab, tmp_path: Path) -> dict[str, Any]:
     plan_path.write_text(json.dumps(plan))
     assert NODE is not None
     driver = subprocess.Popen(
-        [NODE, str(HERE / "drive_lab.mjs"), str(plan_path)],
+        [NODE, str(HERE / script), str(plan_path)],
         cwd=HERE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -235,15 +273,8 @@ def drive(lab: Lab, tmp_path: Path) -> dict[str, Any]:
         pytest.fail(f"the driver ran over {DRIVER_TIMEOUT_S} s:\n{output.decode()[-4000:]}")
     assert result_path.is_file(), f"the driver wrote no result:\n{output.decode()[-4000:]}"
     result: dict[str, Any] = json.loads(result_path.read_text())
-    (ARTIFACTS / "result.json").write_text(json.dumps(result, indent=2))
-    if result["error"] is not None:
-        pytest.fail(
-            f"the driver failed: {result['error']}\nsteps: {result['steps']}\n"
-            f"page errors: {result['pageErrors']}\nconsole errors: {result['consoleErrors']}\n"
-            f"widget text: {result['widgetTextAtFailure']}\n"
-            f"screenshots: {result['screenshots']}\nserver log:\n{lab.log_tail()}"
-        )
-    assert driver.returncode == 0, output.decode()[-4000:]
+    (ARTIFACTS / f"{Path(script).stem}-result.json").write_text(json.dumps(result, indent=2))
+    assert result["error"] is not None or driver.returncode == 0, output.decode()[-4000:]
     return result
 
 

@@ -1,0 +1,194 @@
+// Drives a running JupyterLab (widget state saving on) in Debian's Chromium: runs the notebook's
+// cells, saves it with Ctrl+S, closes it, ends its kernel session through the REST API, reopens
+// it with a fresh kernel and records what the widget shows then.
+// It asserts nothing itself: test_saved_state.py reads the JSON it writes and decides.
+//
+// Usage: node drive_saved_state.mjs PLAN.json   (PLAN: see test_saved_state.py, `plan`)
+
+import { readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+// The page's DOM, as in drive_lab.mjs.
+const SEL = {
+  cell: ".jp-Notebook .jp-Cell",
+  prompt: ".jp-InputPrompt",
+  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
+  kernelIdlePattern: "\\|\\s*Idle$",
+  dirtyTab: ".lm-TabBar-tab.jp-mod-dirty",
+  widget: ".gpumem-widget",
+  chartCanvas: ".gpumem-widget .gpumem-chart canvas",
+  ledgerRow: ".gpumem-widget tr[data-execution-count]",
+  band: ".gpumem-widget .gpumem-band[data-execution-count]",
+};
+const BROWSER_ARGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--no-first-run",
+  "--disable-quic",
+];
+const ROW_TIMEOUT_MS = 15000;
+
+const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
+const started = Date.now();
+const result = {
+  steps: {},
+  blocked: [],
+  dialogs: [],
+  pageErrors: [],
+  prompts: [],
+  live: null, // the widget while the kernel ran
+  endedKernels: [], // kernel ids whose sessions the driver ended
+  reopened: null, // the widget after reopening, with a fresh kernel
+  screenshots: [],
+  error: null,
+};
+const step = (name) => {
+  result.steps[name] = (Date.now() - started) / 1000;
+};
+
+function isLocal(url) {
+  const u = new URL(url);
+  if (["data:", "blob:", "about:"].includes(u.protocol)) return true;
+  return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
+}
+
+async function api(method, path) {
+  const r = await fetch(`${plan.url}${path}`, {
+    method,
+    headers: { Authorization: `token ${plan.token}` },
+  });
+  if (!r.ok) throw new Error(`${method} ${path}: ${r.status}`);
+  return r.status === 204 ? null : r.json();
+}
+
+const context = await chromium.launchPersistentContext(plan.profile, {
+  executablePath: plan.chromium,
+  headless: true,
+  args: BROWSER_ARGS,
+  viewport: { width: 1280, height: 1500 },
+});
+context.setDefaultTimeout(plan.stepTimeoutMs);
+
+async function shoot(page, name) {
+  const path = join(plan.artifacts, name);
+  await page.screenshot({ path, fullPage: true });
+  result.screenshots.push(path);
+}
+
+const widgetView = (page) =>
+  page.evaluate((SEL) => {
+    const counts = (sel) =>
+      [...document.querySelectorAll(sel)].map((e) => Number(e.getAttribute("data-execution-count")));
+    return {
+      widgets: document.querySelectorAll(SEL.widget).length,
+      widgetVisible: !!document.querySelector(SEL.widget)?.getClientRects().length,
+      canvases: document.querySelectorAll(SEL.chartCanvas).length,
+      rows: counts(SEL.ledgerRow),
+      bands: counts(SEL.band),
+    };
+  }, SEL);
+
+try {
+  await context.route("**/*", (route) => {
+    const url = route.request().url();
+    if (!isLocal(url)) {
+      result.blocked.push(url);
+      return route.abort("blockedbyclient");
+    }
+    return route.continue();
+  });
+  await context.routeWebSocket(
+    (url) => !isLocal(url.href),
+    (ws) => {
+      result.blocked.push(ws.url());
+      ws.close();
+    },
+  );
+  const page = context.pages()[0] ?? (await context.newPage());
+  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
+  page.on("dialog", (d) => {
+    result.dialogs.push(`${d.type()}: ${d.message()}`);
+    void d.dismiss();
+  });
+
+  const waitCells = () =>
+    page.waitForFunction(
+      ({ sel, n }) => document.querySelectorAll(sel).length === n,
+      { sel: SEL.cell, n: plan.cells.length },
+    );
+  const waitIdle = () =>
+    page.waitForFunction(
+      ({ sel, pattern }) =>
+        [...document.querySelectorAll(sel)].some((e) => new RegExp(pattern).test(e.textContent.trim())),
+      { sel: SEL.kernelStatus, pattern: SEL.kernelIdlePattern },
+    );
+  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
+  await waitCells();
+  await waitIdle();
+  step("notebook open");
+
+  const cells = page.locator(SEL.cell);
+  await cells.nth(0).locator(SEL.prompt).click();
+  await page.keyboard.press("Escape");
+  for (let i = 0; i < plan.cells.length; i++) {
+    // Shift+Enter on the last cell would add a new one; Ctrl+Enter runs it in place.
+    await page.keyboard.press(i < plan.cells.length - 1 ? "Shift+Enter" : "Control+Enter");
+    await page.waitForFunction(
+      ({ sel, prompt, i }) =>
+        /^\[\d+\]:$/.test(document.querySelectorAll(sel)[i]?.querySelector(prompt)?.textContent.trim() ?? ""),
+      { sel: SEL.cell, prompt: SEL.prompt, i },
+    );
+    result.prompts.push(await cells.nth(i).locator(SEL.prompt).innerText());
+  }
+  const recorded = result.prompts.slice(1).map((p) => Number(p.match(/\d+/)[0]));
+  for (const n of recorded) {
+    await page.waitForSelector(`${SEL.ledgerRow}[data-execution-count="${n}"]`, { timeout: ROW_TIMEOUT_MS });
+  }
+  result.live = await widgetView(page);
+  step("cells ran");
+
+  await page.keyboard.press("Control+s");
+  await page.waitForFunction((sel) => document.querySelector(sel) === null, SEL.dirtyTab);
+  step("saved");
+
+  // Close the page and end the notebook's session (the server shuts its kernel down), then
+  // reopen it: Lab starts a fresh kernel that never ran the widget, so what the widget shows can
+  // only come from the file. (Lab cannot show it with no kernel at all: the widget manager of
+  // @jupyter-widgets/jupyterlab-manager 5.0 loads the saved state only after loading a kernel's.)
+  await page.goto("about:blank");
+  const sessions = await api("GET", "/api/sessions");
+  for (const s of sessions.filter((s) => s.path === plan.notebook)) {
+    result.endedKernels.push(s.kernel.id);
+    await api("DELETE", `/api/sessions/${s.id}`);
+  }
+  step("kernel ended");
+  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
+  await waitCells();
+  await waitIdle();
+  await page.waitForSelector(SEL.widget, { state: "visible" });
+  await page.waitForSelector(SEL.chartCanvas, { state: "attached" });
+  for (const n of recorded) {
+    await page.waitForSelector(`${SEL.ledgerRow}[data-execution-count="${n}"]`, { timeout: ROW_TIMEOUT_MS });
+  }
+  result.reopened = {
+    ...(await widgetView(page)),
+    recorded,
+    prompts: await page.locator(`${SEL.cell} ${SEL.prompt}`).allInnerTexts(),
+    kernels: await api("GET", "/api/kernels"),
+  };
+  await shoot(page, "saved-state-reopened.png");
+  step("done");
+} catch (e) {
+  result.error = String(e?.stack ?? e);
+  const page = context.pages()[0];
+  if (page) await shoot(page, "saved-state-failure.png").catch(() => {});
+} finally {
+  await context.close();
+  await writeFile(plan.result, JSON.stringify(result, null, 2));
+}
+process.exitCode = result.error === null ? 0 : 1;

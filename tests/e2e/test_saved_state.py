@@ -1,0 +1,89 @@
+"""The saved notebook carries the widget's last state, and shows it when reopened.
+
+Same JupyterLab and Chromium setup as `test_lab_e2e.py`, with the widget manager's `saveState`
+setting on (it is off by default). `drive_saved_state.mjs` runs the cells, saves with Ctrl+S,
+closes it, ends the kernel's session, reopens it (Lab starts a fresh kernel, which never ran
+the widget) and records what the widget shows. With no kernel at all Lab shows nothing: see the
+driver.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_lab_e2e import (
+    NOTEBOOK,
+    Lab,
+    bundle,
+    driver_deps,
+    run_driver,
+    running_lab,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+__all__ = ["bundle", "driver_deps"]  # fixtures, shared with test_lab_e2e.py
+
+CELLS = [
+    "%load_ext gpumem_widget",
+    "import torch; x = torch.ones(1_000_000)",
+    "y = x * 2",
+    "del x, y",
+]
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+SAVE_STATE = {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True}}
+MAX_STATE_BYTES = 1_000_000
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    with running_lab(tmp_path, CELLS, SAVE_STATE) as lab:
+        yield lab
+
+
+def _widget_models(notebook: dict[str, Any]) -> list[dict[str, Any]]:
+    state = notebook["metadata"]["widgets"][WIDGET_STATE]["state"]
+    return [m["state"] for m in state.values() if m["state"].get("_model_module") == "anywidget"]
+
+
+def test_saved_notebook_reopens_without_kernel(
+    bundle: None, driver_deps: None, lab: Lab, tmp_path: Path
+) -> None:
+    for old in Path(__file__).parent.glob("artifacts/saved-state-*.png"):
+        old.unlink()
+    plan = {"url": lab.url, "token": lab.token, "notebook": NOTEBOOK, "cells": CELLS}
+    r = run_driver("drive_saved_state.mjs", plan, tmp_path)
+    assert r["error"] is None, (
+        f"the driver failed: {r['error']}\nsteps: {r['steps']}\npage errors: {r['pageErrors']}\n"
+        f"screenshots: {r['screenshots']}\nserver log:\n{lab.log_tail()}"
+    )
+    assert r["blocked"] == [], r["blocked"]
+    assert r["pageErrors"] == [], r["pageErrors"]
+    assert r["prompts"] == [f"[{n}]:" for n in range(1, len(CELLS) + 1)], r["prompts"]
+    recorded = list(range(2, len(CELLS) + 1))  # %load_ext's own cell is not recorded
+    assert sorted(r["live"]["rows"]) == recorded, r["live"]
+
+    # The file on disk holds our model with a ledger record per cell, and stays small.
+    path = tmp_path / "root" / NOTEBOOK
+    assert path.stat().st_size < MAX_STATE_BYTES, path.stat().st_size
+    models = _widget_models(json.loads(path.read_text()))
+    assert len(models) == 1, models
+    ledger = models[0]["cells"] + models[0]["cells_tail"]
+    assert [c["execution_count"] for c in ledger] == recorded, ledger
+    assert [c["source"] for c in ledger] == CELLS[1:], ledger
+
+    # Reopened, with only a fresh kernel that never ran a cell, the widget shows that state.
+    assert r["endedKernels"], "the driver found no kernel session to end"
+    reopened = r["reopened"]
+    kernels = [k["id"] for k in reopened["kernels"]]
+    assert len(kernels) == 1, kernels
+    assert kernels[0] not in r["endedKernels"], (kernels, r["endedKernels"])
+    assert reopened["prompts"] == r["prompts"], reopened  # the saved outputs, nothing rerun
+    assert reopened["widgets"] == 1, reopened
+    assert reopened["widgetVisible"], reopened
+    assert sorted(reopened["rows"]) == recorded, reopened
+    assert sorted(reopened["bands"]) == recorded, reopened
+    assert reopened["canvases"] == 1, reopened
