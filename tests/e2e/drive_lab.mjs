@@ -6,7 +6,7 @@
 
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { blockNonLocal, launchLab } from "./browser.mjs";
 
 // Everything this script knows about the page's DOM, in one place.
 const SEL = {
@@ -29,16 +29,6 @@ const SEL = {
   tooltip: ".gpumem-widget .gpumem-tooltip",
   details: ".gpumem-widget .gpumem-details",
 };
-const BROWSER_ARGS = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-  "--no-first-run",
-  "--disable-quic",
-];
 const POLL_MS = 200;
 // The kernel pushes a ledger update within a quarter second of a cell's end.
 const ROW_TIMEOUT_MS = 15000;
@@ -64,19 +54,7 @@ const step = (name) => {
   result.steps[name] = (Date.now() - started) / 1000;
 };
 
-function isLocal(url) {
-  const u = new URL(url);
-  if (["data:", "blob:", "about:"].includes(u.protocol)) return true;
-  return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
-}
-
-const context = await chromium.launchPersistentContext(plan.profile, {
-  executablePath: plan.chromium,
-  headless: true,
-  args: BROWSER_ARGS,
-  viewport: { width: 1280, height: 1500 },
-});
-context.setDefaultTimeout(plan.stepTimeoutMs);
+const context = await launchLab(plan);
 
 async function shoot(page, name) {
   const path = join(plan.artifacts, name);
@@ -85,22 +63,9 @@ async function shoot(page, name) {
 }
 
 try {
-  await context.route("**/*", (route) => {
-    const url = route.request().url();
-    if (!isLocal(url)) {
-      result.blocked.push(url);
-      return route.abort("blockedbyclient");
-    }
+  await blockNonLocal(context, result.blocked, (url) => {
     if (new URL(url).pathname.endsWith(`/${plan.xssSrc}`)) result.localXssFetches.push(url);
-    return route.continue();
   });
-  await context.routeWebSocket(
-    (url) => !isLocal(url.href),
-    (ws) => {
-      result.blocked.push(ws.url());
-      ws.close();
-    },
-  );
   const page = context.pages()[0] ?? (await context.newPage());
   page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
   page.on("console", (m) => {

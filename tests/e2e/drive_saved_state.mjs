@@ -7,7 +7,7 @@
 
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { blockNonLocal, launchLab } from "./browser.mjs";
 
 // The page's DOM, as in drive_lab.mjs.
 const SEL = {
@@ -21,16 +21,6 @@ const SEL = {
   ledgerRow: ".gpumem-widget tr[data-execution-count]",
   band: ".gpumem-widget .gpumem-band[data-execution-count]",
 };
-const BROWSER_ARGS = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-  "--no-first-run",
-  "--disable-quic",
-];
 const ROW_TIMEOUT_MS = 15000;
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
@@ -51,12 +41,6 @@ const step = (name) => {
   result.steps[name] = (Date.now() - started) / 1000;
 };
 
-function isLocal(url) {
-  const u = new URL(url);
-  if (["data:", "blob:", "about:"].includes(u.protocol)) return true;
-  return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
-}
-
 async function api(method, path) {
   const r = await fetch(`${plan.url}${path}`, {
     method,
@@ -66,13 +50,7 @@ async function api(method, path) {
   return r.status === 204 ? null : r.json();
 }
 
-const context = await chromium.launchPersistentContext(plan.profile, {
-  executablePath: plan.chromium,
-  headless: true,
-  args: BROWSER_ARGS,
-  viewport: { width: 1280, height: 1500 },
-});
-context.setDefaultTimeout(plan.stepTimeoutMs);
+const context = await launchLab(plan);
 
 async function shoot(page, name) {
   const path = join(plan.artifacts, name);
@@ -94,21 +72,7 @@ const widgetView = (page) =>
   }, SEL);
 
 try {
-  await context.route("**/*", (route) => {
-    const url = route.request().url();
-    if (!isLocal(url)) {
-      result.blocked.push(url);
-      return route.abort("blockedbyclient");
-    }
-    return route.continue();
-  });
-  await context.routeWebSocket(
-    (url) => !isLocal(url.href),
-    (ws) => {
-      result.blocked.push(ws.url());
-      ws.close();
-    },
-  );
+  await blockNonLocal(context, result.blocked);
   const page = context.pages()[0] ?? (await context.newPage());
   page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
   page.on("dialog", (d) => {

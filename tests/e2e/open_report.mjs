@@ -7,16 +7,8 @@
 import { readFile, writeFile } from "node:fs/promises";
 import { pathToFileURL } from "node:url";
 import { chromium } from "playwright-core";
+import { BROWSER_ARGS, isLocal } from "./browser.mjs";
 
-const BROWSER_ARGS = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-  "--no-first-run",
-];
 // A report draws its plots within a second or two; generous for a loaded 2-core machine.
 const RENDER_TIMEOUT_MS = 30000;
 
@@ -34,12 +26,6 @@ const result = {
   ranks: [],
   error: null,
 };
-
-function isLocal(url) {
-  const u = new URL(url);
-  return ["file:", "data:", "blob:", "about:"].includes(u.protocol) ||
-    ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
-}
 
 // What the page shows now: Bokeh's documents, its plot views with a canvas, painted pixels.
 async function rendered(page) {
