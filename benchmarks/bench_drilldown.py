@@ -33,8 +33,8 @@ def _kernel(path: str, state_out: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from ipywidgets.widgets.widget import _remove_buffers  # type: ignore[import-untyped]
 
-    from gpumem_widget.drilldown import Drilldown
-    from gpumem_widget.widget import GpuMemWidget
+    from gpumem_widget.snapshot.drilldown import Drilldown
+    from gpumem_widget.wire.widget import GpuMemWidget
 
     widget = GpuMemWidget()
     glue = Drilldown(widget)

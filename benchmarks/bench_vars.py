@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpumem_widget.holders import find_holders
+from gpumem_widget.holders.variables import find_holders
 
 
 def decoder_1b() -> tuple[nn.Module, torch.optim.Optimizer]:

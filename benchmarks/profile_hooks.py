@@ -23,7 +23,7 @@ def per_call_us(fn: Callable[[], object], n: int = 2000) -> float:
 
 def main() -> None:
     import gpumem_widget
-    from gpumem_widget.sampler import read_row
+    from gpumem_widget.live.sampler import read_row
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "gpumem_widget")

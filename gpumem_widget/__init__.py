@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .extension import current_session, load_ipython_extension, unload_ipython_extension
-from .ledger import CellRecord, DeviceCellUsage, LedgerRecords
-from .snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
-from .snapshot.load import Source
+from gpumem_widget.extension import (
+    current_session,
+    load_ipython_extension,
+    unload_ipython_extension,
+)
+from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
+from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
+from gpumem_widget.snapshot.load import Source
 
 if TYPE_CHECKING:
-    from .estimator import Estimate, EstimateError, available_bytes, estimate
-    from .export import export_ledger
-    from .reporting import report
+    from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
+    from gpumem_widget.live.export import export_ledger
+    from gpumem_widget.reporting import report
 
 __version__ = "0.1.0"
 # Imported on first use: `estimate` loads torch's dispatch machinery, `report` loads Bokeh.

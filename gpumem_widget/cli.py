@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
+    from gpumem_widget.snapshot import Snapshot
 
 PROG = "gpumem-widget"
 
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    from .snapshot import SnapshotLoadError
+    from gpumem_widget.snapshot import SnapshotLoadError
 
     if isinstance(e, SnapshotLoadError):
         return str(e)
@@ -100,8 +100,8 @@ def _one_line(e: BaseException) -> str:
 def _load(
     paths: Sequence[Path], max_bytes: int | None, progress: _Progress
 ) -> list[tuple[str, Snapshot]]:
-    from .snapshot import open_snapshot
-    from .snapshot.load import DEFAULT_MAX_BYTES
+    from gpumem_widget.snapshot import open_snapshot
+    from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES
 
     out: list[tuple[str, Snapshot]] = []
     for path in paths:
@@ -120,7 +120,7 @@ def _label(path: Path, paths: Sequence[Path]) -> str:
 
 
 def _report(args: argparse.Namespace, progress: _Progress) -> int:
-    from .reporting import report
+    from gpumem_widget.reporting import report
 
     snapshots = _load(args.snapshots, args.max_bytes, progress)
     out = report(args.output, snapshots=snapshots, title=args.title, progress=progress)
@@ -130,7 +130,7 @@ def _report(args: argparse.Namespace, progress: _Progress) -> int:
 
 
 def _summary(args: argparse.Namespace, progress: _Progress) -> int:
-    from .reporting.summary import summarize
+    from gpumem_widget.reporting.summary import summarize
 
     if args.top < 0:
         raise ValueError("--top must be 0 or more")

@@ -9,14 +9,14 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from .magics import CORE_COMMANDS, Command, run_magic
-from .session import Session
+from gpumem_widget.live.session import Session
+from gpumem_widget.magics.core import CORE_COMMANDS, Command, run_magic
 
 _session: Session | None = None
 
 
 def commands() -> tuple[Command, ...]:
-    from .commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
+    from gpumem_widget.magics.commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
 
     return CORE_COMMANDS + FEATURE_COMMANDS + REPORT_COMMANDS + ALLOCATOR_COMMANDS
 

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import RecordedAllocator, recorded_readers
 
-from gpumem_widget.session import Session
+from gpumem_widget.live.session import Session
 
 
 def _cuda_devices() -> int:

@@ -12,8 +12,8 @@ import json
 import pathlib
 from typing import Any
 
-from gpumem_widget.readers import AllocatorStats, DeviceInfo, HostReader, NvmlReader, Readers
-from gpumem_widget.readers.torch_cuda import stats_from_nested
+from gpumem_widget.live.readers import AllocatorStats, DeviceInfo, HostReader, NvmlReader, Readers
+from gpumem_widget.live.readers.torch_cuda import stats_from_nested
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "cuda_h200.json"
 SEGMENT = 2 * 2**20  # the allocator reserves in 2 MiB (and larger) segments

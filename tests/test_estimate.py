@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpumem_widget.estimator import TOLERANCE, EstimateError, available_bytes, estimate
-from gpumem_widget.estimator.magic import configure_parser, estimate_from_args, parse_size
 from gpumem_widget.estimator.meta_run import default_loss, run_step
+from gpumem_widget.magics.estimate import configure_parser, estimate_from_args, parse_size
 
 # A layer whose counts are known: 1000 x 500 weights + 500 biases, and a frozen 500 -> 10 head.
 TRAINABLE = 1000 * 500 + 500

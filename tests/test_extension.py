@@ -12,9 +12,9 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import gpumem_widget
-from gpumem_widget import protocol
-from gpumem_widget.ledger import WIRE_BLOCK
-from gpumem_widget.session import Session
+from gpumem_widget.live.ledger import WIRE_BLOCK
+from gpumem_widget.live.session import Session
+from gpumem_widget.wire import protocol
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def ours(shell: Any, event: str) -> list[Any]:
     return [
         cb
         for cb in shell.events.callbacks[event]
-        if getattr(cb, "__module__", "") == "gpumem_widget.session"
+        if getattr(cb, "__module__", "") == "gpumem_widget.live.session"
     ]
 
 

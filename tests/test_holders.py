@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpumem_widget.holders import (
+from gpumem_widget.holders.variables import (
     DEFAULT_MAX_DEPTH,
     HoldersReport,
     bytes_held,

@@ -95,7 +95,7 @@ def widget_state(r: Received) -> dict[str, Any]:
 
 
 def decode_table(table: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
-    """Decode a packed table independently of gpumem_widget.protocol (one buffer per column)."""
+    """Decode a packed table independently of wire.protocol (one buffer per column)."""
     out: dict[str, npt.NDArray[Any]] = {}
     for name, dtype, buf in zip(table["columns"], table["dtypes"], table["buffers"], strict=True):
         assert isinstance(buf, bytes), f"column {name!r} did not arrive as a binary buffer"

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from gpumem_widget.holders import find_holders
-from gpumem_widget.leaks import growing_reruns, leak_hints, output_cache_only
-from gpumem_widget.ledger import CellRecord, DeviceCellUsage
+from gpumem_widget.holders.leaks import growing_reruns, leak_hints, output_cache_only
+from gpumem_widget.holders.variables import find_holders
+from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage
 
 MiB = 2**20
 APPEND = "outputs.append(model(batch))"

@@ -10,7 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import RecordedAllocator, recorded_readers
 
 import gpumem_widget
-from gpumem_widget.session import Session
+from gpumem_widget.live.session import Session
 
 Recorded = tuple[Any, Session, RecordedAllocator]
 
@@ -103,7 +103,7 @@ def test_vars_and_free_run_without_cuda(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_per_cell_checks_see_only_the_latest_runs_of_a_source() -> None:
-    from gpumem_widget.ledger import RECENT_RUNS, Ledger
+    from gpumem_widget.live.ledger import RECENT_RUNS, Ledger
 
     session_ledger = Ledger()
     shell = InteractiveShell.instance()

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import torch
 
-from gpumem_widget.holders import Holder, HoldersReport
-from gpumem_widget.postmortem import (
+from gpumem_widget.holders.postmortem import (
     OomEvent,
     OomRecorder,
     build_postmortem,
     is_cuda_oom,
     parse_oom_message,
 )
+from gpumem_widget.holders.variables import Holder, HoldersReport
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "oom_h200.json"
 KiB, MiB, GiB = 2**10, 2**20, 2**30

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpumem_widget import protocol
+from gpumem_widget.wire import protocol
 
 
 def test_columns_per_device_and_host() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpumem_widget.readers import DeviceInfo, HostReader, NvmlReader
-from gpumem_widget.readers.torch_cuda import TorchCudaReader, stats_from_nested
+from gpumem_widget.live.readers import DeviceInfo, HostReader, NvmlReader
+from gpumem_widget.live.readers.torch_cuda import TorchCudaReader, stats_from_nested
 
 FIXTURE = json.loads((pathlib.Path(__file__).parent / "fixtures" / "cuda_h200.json").read_text())
 # As nvidia-smi -L printed them on the lent nvidia-h200-x2 machine.
@@ -128,8 +128,8 @@ def test_cpu_only_torch_says_why() -> None:
 def test_a_stray_context_is_pointed_out(nvml: Any) -> None:
     from recorded_cuda import RecordedAllocator
 
-    from gpumem_widget.readers import Readers
-    from gpumem_widget.session import Session
+    from gpumem_widget.live.readers import Readers
+    from gpumem_widget.live.session import Session
 
     gpu = RecordedAllocator()
     gpu.devices = (device(0, UUIDS[0][4:]),)

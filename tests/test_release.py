@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_widget.release import free_notebook_memory
+from gpumem_widget.holders.release import free_notebook_memory
 
 # `track` records a weak reference to each tensor a cell makes, so tests can see it die.
 SETUP = """\

@@ -19,8 +19,9 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import recorded_readers
 
-from gpumem_widget.export import export_ledger
-from gpumem_widget.ledger import CellRecord, DeviceCellUsage
+from gpumem_widget.live.export import export_ledger
+from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage
+from gpumem_widget.live.session import Session
 from gpumem_widget.reporting import report
 from gpumem_widget.reporting.ledger_table import ledger_table
 from gpumem_widget.reporting.page import render
@@ -28,7 +29,6 @@ from gpumem_widget.reporting.snapshot_views import snapshot_panel
 from gpumem_widget.reporting.style import human_bytes
 from gpumem_widget.reporting.summary import FreeSpace, summarize
 from gpumem_widget.reporting.timeline import timeline_figure
-from gpumem_widget.session import Session
 from gpumem_widget.snapshot import SnapshotLoadError, open_snapshot
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 

@@ -10,7 +10,7 @@ import pytest
 from bokeh.embed import file_html
 from bokeh.resources import INLINE
 
-from gpumem_widget.report_segments import MIN_BAR, bokeh_reserved_over_time, bokeh_segment_map
+from gpumem_widget.reporting.segments import MIN_BAR, bokeh_reserved_over_time, bokeh_segment_map
 from gpumem_widget.snapshot import open_snapshot
 from gpumem_widget.snapshot.segments import reserved_over_time_view, segment_map_view
 

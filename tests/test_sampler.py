@@ -8,9 +8,9 @@ import time
 import numpy as np
 from recorded_cuda import recorded_readers
 
-from gpumem_widget import protocol
-from gpumem_widget.sampler import Sampler
-from gpumem_widget.timeline import Timeline
+from gpumem_widget.live.sampler import Sampler
+from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.wire import protocol
 
 
 def make(publish_seconds: float = 0.0) -> tuple[Sampler, Timeline, threading.Event]:
@@ -70,7 +70,7 @@ def test_idle_rate_is_slow_and_back_to_back_cells_do_not_wake_the_thread() -> No
 
 
 def timeline_row(sampler: Sampler) -> np.ndarray:
-    from gpumem_widget.sampler import read_row
+    from gpumem_widget.live.sampler import read_row
 
     return read_row(sampler.readers, nvml=False)
 

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpumem_widget.protocol import unpack_table
 from gpumem_widget.snapshot import Snapshot, open_snapshot
 from gpumem_widget.snapshot import segments as seg
 from gpumem_widget.snapshot.segments import (
@@ -25,6 +24,7 @@ from gpumem_widget.snapshot.segments import (
     timeline,
 )
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
+from gpumem_widget.wire.protocol import unpack_table
 
 HERE = Path(__file__).parent / "fixtures" / "snapshots"
 ROOT = Path(__file__).parents[1]

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpumem_widget.protocol import unpack_table
 from gpumem_widget.snapshot import (
     Snapshot,
     active_memory_view,
@@ -21,6 +20,7 @@ from gpumem_widget.snapshot import (
     export_memory_viz,
     open_snapshot,
 )
+from gpumem_widget.wire.protocol import unpack_table
 
 HERE = Path(__file__).parent / "fixtures" / "snapshots"
 ALL = sorted(p.name.removesuffix(".pickle.gz") for p in HERE.glob("*.pickle.gz"))

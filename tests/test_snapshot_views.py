@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpumem_widget.protocol import unpack_table
 from gpumem_widget.snapshot import (
     CATEGORIES,
     active_memory_view,
@@ -29,6 +28,7 @@ from gpumem_widget.snapshot import (
 from gpumem_widget.snapshot.attribution import Kind, folded_path, kind_of, phase_of, site_of
 from gpumem_widget.snapshot.model import Frame
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
+from gpumem_widget.wire.protocol import unpack_table
 
 
 def big_snapshot(entries: int, seed: int) -> dict[str, Any]:

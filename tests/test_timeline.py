@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpumem_widget import protocol
-from gpumem_widget.timeline import TAIL_ROWS, Timeline
+from gpumem_widget.live.timeline import TAIL_ROWS, Timeline
+from gpumem_widget.wire import protocol
 
 COLS = protocol.timeline_columns(1)
 

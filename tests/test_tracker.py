@@ -6,7 +6,7 @@ from typing import Any
 
 from recorded_cuda import RecordedAllocator
 
-from gpumem_widget.session import Session
+from gpumem_widget.live.session import Session
 
 MiB = 2**20
 

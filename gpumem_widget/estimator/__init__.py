@@ -9,9 +9,9 @@ gives the largest batch (or sequence length) predicted to fit.
 
 from __future__ import annotations
 
-from .api import available_bytes, estimate, parse_dtype
-from .errors import EstimateError
-from .result import TOLERANCE, Comparison, Estimate, Fit, Phase, Term
+from gpumem_widget.estimator.api import available_bytes, estimate, parse_dtype
+from gpumem_widget.estimator.errors import EstimateError
+from gpumem_widget.estimator.result import TOLERANCE, Comparison, Estimate, Fit, Phase, Term
 
 __all__ = [
     "TOLERANCE",

@@ -22,12 +22,11 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from ..units import format_bytes
-from . import result as r
-from .counting import elements_formula, total_bytes, uniform_size, unique
-from .errors import EstimateError
-from .inputs import resolve_inputs
-from .meta_run import (
+from gpumem_widget.estimator import result as r
+from gpumem_widget.estimator.counting import elements_formula, total_bytes, uniform_size, unique
+from gpumem_widget.estimator.errors import EstimateError
+from gpumem_widget.estimator.inputs import resolve_inputs
+from gpumem_widget.estimator.meta_run import (
     ACTIVATIONS,
     GRADIENTS,
     TEMPORARIES,
@@ -37,7 +36,8 @@ from .meta_run import (
     run_step,
     storages,
 )
-from .optimizer_rules import optimizer_memory
+from gpumem_widget.estimator.optimizer_rules import optimizer_memory
+from gpumem_widget.units import format_bytes
 
 DTYPES: Final = {
     "fp32": torch.float32,

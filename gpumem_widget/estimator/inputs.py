@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .errors import EstimateError
-from .meta_run import Inputs
+from gpumem_widget.estimator.errors import EstimateError
+from gpumem_widget.estimator.meta_run import Inputs
 
 
 @dataclass(frozen=True)

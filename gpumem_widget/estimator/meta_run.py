@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .errors import EstimateError
+from gpumem_widget.estimator.errors import EstimateError
 
 # What a live storage is, for the breakdown at the peak.
 ACTIVATIONS: Final = "activations"  # saved by autograd for backward

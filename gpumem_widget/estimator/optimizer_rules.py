@@ -19,8 +19,14 @@ from typing import Any, Final
 import torch
 from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 
-from .counting import elements_formula, nbytes, total_bytes, uniform_size, unique
-from .errors import EstimateError
+from gpumem_widget.estimator.counting import (
+    elements_formula,
+    nbytes,
+    total_bytes,
+    uniform_size,
+    unique,
+)
+from gpumem_widget.estimator.errors import EstimateError
 
 FOREACH: Final = "foreach"
 FUSED: Final = "fused"

@@ -11,9 +11,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ..units import format_bytes
-from .errors import EstimateError
-from .meta_run import MetaRun
+from gpumem_widget.estimator.errors import EstimateError
+from gpumem_widget.estimator.meta_run import MetaRun
+from gpumem_widget.units import format_bytes
 
 # The tolerance the GPU tests hold the estimate to, and the default for calling a comparison good.
 TOLERANCE: Final = 0.10

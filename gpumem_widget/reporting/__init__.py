@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..snapshot import Snapshot, open_snapshot
-from .page import Progress, SessionData, render
+from gpumem_widget.reporting.page import Progress, SessionData, render
+from gpumem_widget.snapshot import Snapshot, open_snapshot
 
 if TYPE_CHECKING:
-    from ..session import Session
+    from gpumem_widget.live.session import Session
 
 SnapshotSource = str | os.PathLike[str] | Snapshot
 DEFAULT_TITLE = "GPU memory report"
@@ -36,7 +36,7 @@ def report(
     rank. A bad snapshot raises `SnapshotLoadError` before anything is written.
     """
     if session is None:
-        from ..extension import current_session
+        from gpumem_widget.extension import current_session
 
         session = current_session()
     loaded = [_labeled(i, s) for i, s in enumerate(snapshots)]

@@ -7,9 +7,9 @@ from typing import Any
 
 from bokeh.models.widgets.tables import DataTable, NumberFormatter, StringFormatter, TableColumn
 
-from ..ledger import CellRecord
-from .style import OOM_COLOR, bytes_column, table
-from .timeline import first_line
+from gpumem_widget.live.ledger import CellRecord
+from gpumem_widget.reporting.style import OOM_COLOR, bytes_column, table
+from gpumem_widget.reporting.timeline import first_line
 
 
 def _outcome(r: CellRecord) -> str:

@@ -15,15 +15,23 @@ from bokeh.models.widgets.inputs import Select
 from bokeh.models.widgets.tables import NumberFormatter, TableColumn
 from bokeh.resources import INLINE
 
-from ..ledger import CellRecord
-from ..protocol import unpack_table
-from ..snapshot import Snapshot
-from ..timeline import Timeline
-from .ledger_table import ledger_table
-from .snapshot_views import CellWindows, snapshot_panel
-from .style import LINE_COLORS, bytes_column, div, esc, legend_outside, table, time_figure
-from .summary import DeviceSummary, summarize
-from .timeline import timeline_figure
+from gpumem_widget.live.ledger import CellRecord
+from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.reporting.ledger_table import ledger_table
+from gpumem_widget.reporting.snapshot_views import CellWindows, snapshot_panel
+from gpumem_widget.reporting.style import (
+    LINE_COLORS,
+    bytes_column,
+    div,
+    esc,
+    legend_outside,
+    table,
+    time_figure,
+)
+from gpumem_widget.reporting.summary import DeviceSummary, summarize
+from gpumem_widget.reporting.timeline import timeline_figure
+from gpumem_widget.snapshot import Snapshot
+from gpumem_widget.wire.protocol import unpack_table
 
 Progress = Callable[[str], None]
 
@@ -85,7 +93,7 @@ def _overlapping(cells: CellWindows | None, summary: DeviceSummary) -> CellWindo
 
 
 def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[str, Any]]) -> Any:
-    from .. import __version__
+    from gpumem_widget import __version__
 
     sources = []
     if session is not None:

@@ -15,10 +15,7 @@ from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.models.annotations import Span
 from bokeh.models.widgets.tables import DataTable, NumberFormatter, TableColumn
 
-from ..protocol import unpack_table
-from ..snapshot import Snapshot, alive_at, categories, cell_slices
-from ..snapshot.segments import reserved_over_time_view, segment_map_view
-from .style import (
+from gpumem_widget.reporting.style import (
     BAND_COLOR,
     OOM_COLOR,
     PEAK_COLOR,
@@ -32,7 +29,10 @@ from .style import (
     table,
     time_figure,
 )
-from .summary import DeviceSummary
+from gpumem_widget.reporting.summary import DeviceSummary
+from gpumem_widget.snapshot import Snapshot, alive_at, categories, cell_slices
+from gpumem_widget.snapshot.segments import reserved_over_time_view, segment_map_view
+from gpumem_widget.wire.protocol import unpack_table
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     A list rather than a nested column: BokehJS squeezes stretch-width tables inside nested
     columns to a sliver, so the page keeps one flat column."""
     # report_segments formats with this package's style: imported here, not at the top.
-    from ..report_segments import bokeh_reserved_over_time
+    from gpumem_widget.reporting.segments import bokeh_reserved_over_time
 
     d = summary.device
     view = summary.active
@@ -90,7 +90,7 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
 def _segments(when: str, snap: Snapshot, device: int, event: int) -> list[Any]:
     """The allocator's segments right after trace entry `event`, with fragmentation and advice;
     where the layout cannot be rebuilt, a line saying why (the rest of the report stands)."""
-    from ..report_segments import bokeh_segment_map
+    from gpumem_widget.reporting.segments import bokeh_segment_map
 
     head = div(f"<h3>Allocator segments {esc(when)}</h3>")
     try:

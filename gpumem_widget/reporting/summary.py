@@ -10,8 +10,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from ..snapshot import Snapshot, active_memory_view
-from .style import human_bytes
+from gpumem_widget.reporting.style import human_bytes
+from gpumem_widget.snapshot import Snapshot, active_memory_view
 
 DEFAULT_WIDTH = 1200
 DEFAULT_TOP = 12

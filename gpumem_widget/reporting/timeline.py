@@ -9,10 +9,16 @@ import numpy as np
 import numpy.typing as npt
 from bokeh.models import ColumnDataSource, HoverTool
 
-from .. import protocol
-from ..ledger import CellRecord
-from ..timeline import Timeline
-from .style import BAND_COLOR, LINE_COLORS, bytes_hover, legend_outside, time_figure
+from gpumem_widget.live.ledger import CellRecord
+from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.reporting.style import (
+    BAND_COLOR,
+    LINE_COLORS,
+    bytes_hover,
+    legend_outside,
+    time_figure,
+)
+from gpumem_widget.wire import protocol
 
 # (field, legend suffix, dash, shown at first); NVML's whole-device and others' use start hidden.
 _SERIES = (

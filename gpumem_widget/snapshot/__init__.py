@@ -7,7 +7,7 @@ for the drill-down panel; `export_memory_viz` writes the pickle PyTorch's memory
 
 from __future__ import annotations
 
-from .aggregate import (
+from gpumem_widget.snapshot.aggregate import (
     CATEGORIES,
     active_memory_view,
     alive_at,
@@ -16,9 +16,9 @@ from .aggregate import (
     cell_slices,
     known_pointers,
 )
-from .export import export_memory_viz
-from .load import DEFAULT_MAX_BYTES, SnapshotLoadError, Source, read_snapshot
-from .record import (
+from gpumem_widget.snapshot.export import export_memory_viz
+from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES, SnapshotLoadError, Source, read_snapshot
+from gpumem_widget.snapshot.record import (
     CellRecording,
     RecordingUnavailable,
     recording,
@@ -26,7 +26,7 @@ from .record import (
     stop_recording,
     take_snapshot,
 )
-from .replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
+from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
 
 
 def open_snapshot(src: Source | Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:

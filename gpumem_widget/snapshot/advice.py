@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .fragmentation import Fragmentation
+from gpumem_widget.snapshot.fragmentation import Fragmentation
 
 MiB = 1 << 20
 # Cached memory counts as a problem from this much, and from this share of what is reserved.

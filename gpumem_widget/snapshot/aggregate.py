@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .attribution import SiteMode, folded_path, phase_of, site_of
-from .model import I64, NO_STACK, Frame
-from .replay import DeviceReplay, Intervals, Origin, Snapshot
+from gpumem_widget.snapshot.attribution import SiteMode, folded_path, phase_of, site_of
+from gpumem_widget.snapshot.model import I64, NO_STACK, Frame
+from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Origin, Snapshot
 
 F64 = npt.NDArray[np.float64]
 CELL_TAG_PREFIX = "cell:"

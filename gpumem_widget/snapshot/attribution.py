@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Literal
 
-from .model import Frame
+from gpumem_widget.snapshot.model import Frame
 
 SiteMode = Literal["user", "code", "leaf"]
 

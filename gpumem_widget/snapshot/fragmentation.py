@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..units import format_bytes
-from .replay import Oom, Snapshot
-from .segments import SMALL_BUFFER, Layout, event_at, timeline
+from gpumem_widget.snapshot.replay import Oom, Snapshot
+from gpumem_widget.snapshot.segments import SMALL_BUFFER, Layout, event_at, timeline
+from gpumem_widget.units import format_bytes
 
 MEANINGS: dict[str, tuple[str, str, str]] = {  # key -> (label, unit, one sentence)
     "reserved": (

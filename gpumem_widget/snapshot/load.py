@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from .model import (
+from gpumem_widget.snapshot.model import (
     ACTION_NAMES,
     BLOCK_STATES,
     NO_STACK,

@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from .model import I8, I32, I64, NO_STACK, Action, DeviceTrace, SnapshotData, StackTable
+from gpumem_widget.snapshot.model import (
+    I8,
+    I32,
+    I64,
+    NO_STACK,
+    Action,
+    DeviceTrace,
+    SnapshotData,
+    StackTable,
+)
 
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 

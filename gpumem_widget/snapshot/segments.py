@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .aggregate import pack_f8
-from .attribution import folded_path, site_of
-from .model import NO_STACK, Action, DeviceTrace, SnapshotData
-from .replay import DeviceReplay, Snapshot
+from gpumem_widget.snapshot.aggregate import pack_f8
+from gpumem_widget.snapshot.attribution import folded_path, site_of
+from gpumem_widget.snapshot.model import NO_STACK, Action, DeviceTrace, SnapshotData
+from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest request served from the small pool
@@ -594,8 +594,8 @@ def segment_map_view(
     blocks in one state too small to see (under a pixel of a `BAR_PIXELS` bar) merge into one
     entry whose ``count`` says how many."""
     # fragmentation and advice read layouts from this module: imported here, not at the top.
-    from .advice import advise
-    from .fragmentation import from_layout
+    from gpumem_widget.snapshot.advice import advise
+    from gpumem_widget.snapshot.fragmentation import from_layout
 
     tl = timeline(snap, device)
     rep = tl.replay

@@ -21,7 +21,7 @@ from typing import Any
 
 from ipywidgets.widgets.widget import _remove_buffers
 
-from gpumem_widget.session import Session
+from gpumem_widget.live.session import Session
 
 
 def cells(cuda: bool) -> list[tuple[str, Callable[[dict[str, Any]], None]]]:

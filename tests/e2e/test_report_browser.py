@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from gpumem_widget.live.session import Session
 from gpumem_widget.reporting import report
-from gpumem_widget.session import Session
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import gpumem_widget
-from gpumem_widget import protocol
+from gpumem_widget.wire import protocol
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 MiB = 2**20
@@ -82,7 +82,7 @@ def test_a_child_process_shows_under_other_processes(shell: Any, cell: Cell) -> 
 MAPPING = textwrap.dedent(
     """
     import json, pynvml
-    from gpumem_widget.readers import Readers
+    from gpumem_widget.live.readers import Readers
     r = Readers.open()
     uuid = pynvml.nvmlDeviceGetUUID(r.nvml._handles[0])
     print(json.dumps({"torch": r.torch.devices[0].uuid, "nvml": str(uuid), "n": r.num_devices}))
@@ -111,7 +111,7 @@ def test_cuda_visible_devices_maps_torch_0_to_the_second_card() -> None:
 STRAY = textwrap.dedent(
     """
     import json, torch
-    from gpumem_widget.session import Session
+    from gpumem_widget.live.session import Session
     x = torch.ones(1, device='cuda:0')
     with torch.cuda.device(1):
         torch.cuda.synchronize()  # makes a context on cuda:1 and allocates nothing there

@@ -27,9 +27,9 @@ KEEP, CACHED, HELD_BY_TRACEBACK = 256 * MiB, 512 * MiB, 8 * GiB
 
 SETUP = f"""
 import json, sys, torch
-from gpumem_widget.holders import holders_for_shell
-from gpumem_widget.postmortem import OomRecorder, build_postmortem, current_alloc_conf
-from gpumem_widget.release import free_notebook_memory
+from gpumem_widget.holders.variables import holders_for_shell
+from gpumem_widget.holders.postmortem import OomRecorder, build_postmortem, current_alloc_conf
+from gpumem_widget.holders.release import free_notebook_memory
 recorder = OomRecorder.install()
 keep = torch.empty({KEEP}, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
@@ -156,7 +156,7 @@ def test_oom_postmortem_matches_memory_stats_and_free_returns_to_baseline(
     )
     assert d["requested"] > d["free"]
     # The message says the same, to its two decimals.
-    from gpumem_widget.postmortem import parse_oom_message
+    from gpumem_widget.holders.postmortem import parse_oom_message
 
     m = parse_oom_message(pm["message"])
     assert m.device == 0

@@ -7,10 +7,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .api import available_bytes, estimate
-from .errors import EstimateError
-from .optimizer_rules import RULES
-from .result import DEFAULT_MARGIN, Estimate, Fit
+from gpumem_widget.estimator.api import available_bytes, estimate
+from gpumem_widget.estimator.errors import EstimateError
+from gpumem_widget.estimator.optimizer_rules import RULES
+from gpumem_widget.estimator.result import DEFAULT_MARGIN, Estimate, Fit
 
 _SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNIT: Final = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}

@@ -34,8 +34,8 @@ from typing import Any, ClassVar, Final, Literal
 
 import torch
 
-from .holders import Holder, HoldersReport
-from .units import format_bytes
+from gpumem_widget.holders.variables import Holder, HoldersReport
+from gpumem_widget.units import format_bytes
 
 Source = Literal["observer", "message", "none"]
 

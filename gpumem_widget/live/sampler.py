@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from . import protocol
-from .readers import AllocatorStats, Readers
-from .timeline import Timeline
+from gpumem_widget.live.readers import AllocatorStats, Readers
+from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.wire import protocol
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 import torch
 
-from .units import format_bytes
+from gpumem_widget.units import format_bytes
 
 if TYPE_CHECKING:  # annotations only: no runtime dependency
     from typing_extensions import TypeIs

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 
-from .session import Session
+from gpumem_widget.live.session import Session
 
 # What `%%gpumem [options]` runs: the subcommand that records the cell's allocations.
 CELL_COMMAND = "cell"

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .holders import HoldersReport
-from .ledger import CellRecord
-from .units import format_bytes
+from gpumem_widget.holders.variables import HoldersReport
+from gpumem_widget.live.ledger import CellRecord
+from gpumem_widget.units import format_bytes
 
 MiB: Final = 2**20
 DEFAULT_MIN_RUNS: Final = 3

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from .ledger import CellRecord
+from gpumem_widget.live.ledger import CellRecord
 
 Format = Literal["csv", "json"]
 
@@ -31,7 +31,7 @@ def export_ledger(
     if fmt not in ("csv", "json"):
         raise ValueError(f"cannot tell the format of {out.name!r}: name it .csv or .json")
     if records is None:
-        from . import ledger
+        from gpumem_widget import ledger
 
         records = ledger()
     if fmt == "csv":

@@ -17,8 +17,8 @@ from bokeh.models.annotations import Legend, LegendItem, Span
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
-from .protocol import unpack_table
-from .reporting.style import human_bytes
+from gpumem_widget.reporting.style import human_bytes
+from gpumem_widget.wire.protocol import unpack_table
 
 COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
 LABELS = {

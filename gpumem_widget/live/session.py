@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import IPython
 
-from . import notes, protocol
-from .drilldown import CellWindow, Drilldown
-from .ledger import Ledger, LedgerRecords
-from .publisher import Publisher
-from .readers import Readers
-from .sampler import Sampler
-from .timeline import Timeline
-from .tracker import CellTracker, PeakMode
-from .widget import GpuMemWidget
+from gpumem_widget.live import notes
+from gpumem_widget.live.ledger import Ledger, LedgerRecords
+from gpumem_widget.live.publisher import Publisher
+from gpumem_widget.live.readers import Readers
+from gpumem_widget.live.sampler import Sampler
+from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.live.tracker import CellTracker, PeakMode
+from gpumem_widget.snapshot.drilldown import CellWindow, Drilldown
+from gpumem_widget.wire import protocol
+from gpumem_widget.wire.widget import GpuMemWidget
 
 if TYPE_CHECKING:
-    from .estimator import Estimate
-    from .postmortem import OomRecorder, PostMortem
+    from gpumem_widget.estimator import Estimate
+    from gpumem_widget.holders.postmortem import OomRecorder, PostMortem
 
 log = logging.getLogger(__name__)
 _COUNTS_BEFORE_PRE_RUN = int(IPython.version_info[0]) >= 9
@@ -46,7 +47,7 @@ def _process_name(pid: int) -> str | None:
 
 
 def _install_oom_recorder() -> OomRecorder | None:
-    from .postmortem import OomRecorder
+    from gpumem_widget.holders.postmortem import OomRecorder
 
     return OomRecorder.install()
 

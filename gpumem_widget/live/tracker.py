@@ -16,10 +16,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from . import protocol
-from .ledger import CellRecord, DeviceCellUsage
-from .readers import AllocatorStats, Readers
-from .sampler import Sampler, read_row
+from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage
+from gpumem_widget.live.readers import AllocatorStats, Readers
+from gpumem_widget.live.sampler import Sampler, read_row
+from gpumem_widget.wire import protocol
 
 PeakMode = Literal["exact", "passive"]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .ledger import CellRecord
+from gpumem_widget.live.ledger import CellRecord
 
 if TYPE_CHECKING:
-    from .session import Session
+    from gpumem_widget.live.session import Session
 
 Annotator = Callable[["Session", CellRecord, BaseException | None], Any]
 
@@ -39,15 +39,15 @@ def estimate_note(session: Session, record: CellRecord, error: BaseException | N
 def postmortem_note(session: Session, record: CellRecord, error: BaseException | None) -> Any:
     """For a cell that ran out of CUDA memory: what was asked against what was free, who holds
     memory, and what to do about it."""
-    from .postmortem import is_cuda_oom
+    from gpumem_widget.holders.postmortem import is_cuda_oom
 
     events = session.oom.drain() if session.oom is not None else []
     if not (record.oom or is_cuda_oom(error)):
         return None
     import torch
 
-    from .holders import holders_for_shell
-    from .postmortem import build_postmortem, current_alloc_conf
+    from gpumem_widget.holders.postmortem import build_postmortem, current_alloc_conf
+    from gpumem_widget.holders.variables import holders_for_shell
 
     stats = {d.device: torch.cuda.memory_stats(d.device) for d in record.devices}
     holders = holders_for_shell(session.shell) if session.shell is not None else None
@@ -67,7 +67,7 @@ def postmortem_note(session: Session, record: CellRecord, error: BaseException |
 
 def leaks_note(session: Session, record: CellRecord, error: BaseException | None) -> Any:
     """Hints when re-running this same source keeps leaving more memory allocated."""
-    from .leaks import growing_reruns
+    from gpumem_widget.holders.leaks import growing_reruns
 
     if not record.devices:
         return None

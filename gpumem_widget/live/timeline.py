@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import protocol
+from gpumem_widget.wire import protocol
 
 DEFAULT_CAPACITY = 8192
 # The tail is folded into the base past this many rows, bounding each live update's size.

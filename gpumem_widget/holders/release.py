@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from .holders import (
+from gpumem_widget.holders.variables import (
     OUTPUT_UNDERSCORES,
     DeviceFilter,
     bytes_held,
     has_type,
     holders_for_shell,
 )
-from .units import format_bytes
+from gpumem_widget.units import format_bytes
 
 _CO_OPTIMIZED = 0x0001  # a function frame: its fast locals are what a traceback keeps alive
 _EXCEPTION_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # Python >= 3.11

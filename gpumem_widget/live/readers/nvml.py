@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .torch_cuda import DeviceInfo
+from gpumem_widget.live.readers.torch_cuda import DeviceInfo
 
 
 class ProcessUse(NamedTuple):

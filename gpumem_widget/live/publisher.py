@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .ledger import Ledger
-from .timeline import Timeline
-from .widget import GpuMemWidget
+from gpumem_widget.live.ledger import Ledger
+from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.wire.widget import GpuMemWidget
 
 
 class Publisher:

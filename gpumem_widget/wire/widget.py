@@ -12,9 +12,9 @@ from typing import Any
 import anywidget
 import traitlets
 
-from . import protocol
+from gpumem_widget.wire import protocol
 
-STATIC = pathlib.Path(__file__).parent / "static"
+STATIC = pathlib.Path(__file__).parent.parent / "static"
 _MISSING_BUNDLE_ESM = """
 export default { render({ el }) {
   el.classList.add("gpumem-widget");

@@ -13,20 +13,20 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from .drilldown import CellWindow
-from .magics import Command
-from .session import Session
+from gpumem_widget.live.session import Session
+from gpumem_widget.magics.core import Command
+from gpumem_widget.snapshot.drilldown import CellWindow
 
 
 def _configure_estimate(p: argparse.ArgumentParser) -> None:
-    from .estimator.magic import configure_parser
+    from gpumem_widget.magics.estimate import configure_parser
 
     configure_parser(p)
 
 
 def _estimate(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .estimator import EstimateError
-    from .estimator.magic import estimate_from_args
+    from gpumem_widget.estimator import EstimateError
+    from gpumem_widget.magics.estimate import estimate_from_args
 
     user_ns = session.shell.user_ns if session.shell is not None else {}
     try:
@@ -42,7 +42,7 @@ def _estimate(session: Session, args: argparse.Namespace, cell: str | None) -> A
 
 
 def _configure_vars(p: argparse.ArgumentParser) -> None:
-    from .holders import DEFAULT_MAX_DEPTH
+    from gpumem_widget.holders.variables import DEFAULT_MAX_DEPTH
 
     p.add_argument(
         "--all", action="store_true", help="also names starting with _ and IPython's own names"
@@ -56,7 +56,7 @@ def _configure_vars(p: argparse.ArgumentParser) -> None:
 
 
 def _vars(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .holders import holders_for_shell
+    from gpumem_widget.holders.variables import holders_for_shell
 
     if args.depth < 0:
         raise UsageError("%gpumem vars: --depth must be 0 or more")
@@ -64,7 +64,7 @@ def _vars(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 
 def _free(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .release import free_notebook_memory
+    from gpumem_widget.holders.release import free_notebook_memory
 
     print(free_notebook_memory(session.shell).format())
 
@@ -77,7 +77,7 @@ def _postmortem(session: Session, args: argparse.Namespace, cell: str | None) ->
 @contextlib.contextmanager
 def _recording_unavailable(name: str) -> Iterator[None]:
     """Turn the snapshot package's RecordingUnavailable into one UsageError line."""
-    from .snapshot import RecordingUnavailable
+    from gpumem_widget.snapshot import RecordingUnavailable
 
     try:
         yield
@@ -93,7 +93,7 @@ def _publish(
     extra_cells: Sequence[CellWindow] = (),
 ) -> None:
     """Show a freshly taken snapshot in the widget; export it too when -o was given."""
-    from .snapshot import export_memory_viz
+    from gpumem_widget.snapshot import export_memory_viz
 
     shown = session.drilldown.show(snap, label, extra_cells)
     print(f"gpumem: {shown!r} is in the widget's Snapshot tab")
@@ -102,13 +102,13 @@ def _publish(
 
 
 def _configure_record(p: argparse.ArgumentParser) -> None:
-    from .snapshot.record import configure_record
+    from gpumem_widget.snapshot.record import configure_record
 
     configure_record(p)
 
 
 def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .snapshot import start_recording, stop_recording
+    from gpumem_widget.snapshot import start_recording, stop_recording
 
     with _recording_unavailable("record"):
         if args.state == "on":
@@ -124,13 +124,13 @@ def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any
 
 
 def _configure_snapshot(p: argparse.ArgumentParser) -> None:
-    from .snapshot.record import configure_snapshot
+    from gpumem_widget.snapshot.record import configure_snapshot
 
     configure_snapshot(p)
 
 
 def _snapshot(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .snapshot import take_snapshot
+    from gpumem_widget.snapshot import take_snapshot
 
     with _recording_unavailable("snapshot"):
         snap = take_snapshot()
@@ -138,14 +138,14 @@ def _snapshot(session: Session, args: argparse.Namespace, cell: str | None) -> A
 
 
 def _configure_cell(p: argparse.ArgumentParser) -> None:
-    from .snapshot.record import configure_cell
+    from gpumem_widget.snapshot.record import configure_cell
 
     configure_cell(p)
 
 
 def _cell(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
     """Run the cell's body while recording, then show what it allocated."""
-    from .snapshot import CellRecording, recording
+    from gpumem_widget.snapshot import CellRecording, recording
 
     if cell is None:
         raise UsageError("%gpumem cell: use it as a cell magic, `%%gpumem cell [options]`")
@@ -170,7 +170,7 @@ def _cell(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 
 def _show_snapshot(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .snapshot import SnapshotLoadError
+    from gpumem_widget.snapshot import SnapshotLoadError
 
     try:
         snap = session.drilldown.show(args.path)
@@ -271,8 +271,8 @@ def _configure_report(p: argparse.ArgumentParser) -> None:
 
 
 def _report(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .reporting import report
-    from .snapshot import SnapshotLoadError
+    from gpumem_widget.reporting import report
+    from gpumem_widget.snapshot import SnapshotLoadError
 
     try:
         out = report(args.path, session=session, snapshots=args.snapshot, title=args.title)
@@ -287,7 +287,7 @@ def _configure_export(p: argparse.ArgumentParser) -> None:
 
 
 def _export(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    from .export import export_ledger
+    from gpumem_widget.live.export import export_ledger
 
     records = session.records()
     try:
@@ -322,8 +322,8 @@ def _fragmentation(session: Session, args: argparse.Namespace, cell: str | None)
 
     import torch
 
-    from .snapshot.advice import advise, settings_from_conf
-    from .snapshot.fragmentation import from_memory_stats
+    from gpumem_widget.snapshot.advice import advise, settings_from_conf
+    from gpumem_widget.snapshot.fragmentation import from_memory_stats
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         print("gpumem: this kernel has not used CUDA yet; nothing is cached")

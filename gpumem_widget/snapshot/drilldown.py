@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
-    from .snapshot.load import Source
-    from .widget import GpuMemWidget
+    from gpumem_widget.snapshot import Snapshot
+    from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def describe_source(src: object) -> str:
 
 def _segments(snap: Snapshot, device: int, event: int) -> dict[str, Any] | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
-    from .snapshot.segments import segment_map_view
+    from gpumem_widget.snapshot.segments import segment_map_view
 
     try:
         return segment_map_view(
@@ -74,7 +74,7 @@ def _segments(snap: Snapshot, device: int, event: int) -> dict[str, Any] | None:
 def alive_view(snap: Snapshot, device: int, t: float | None) -> dict[str, Any]:
     """What is alive on `device` right after `t` (None: at the peak), with the segment map at
     the same trace entry (entries can share a timestamp, so the map follows the entry)."""
-    from .snapshot import alive_at
+    from gpumem_widget.snapshot import alive_at
 
     view = alive_at(snap, device, t, max_nodes=MAX_TREE_NODES, largest=LARGEST)
     segments = _segments(snap, device, view["event"])
@@ -89,8 +89,8 @@ def overview(
     """Every device's views: active memory by site, categories, reserved beside active (the
     cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows)."""
-    from .snapshot import active_memory_view, categories, cell_slices
-    from .snapshot.segments import reserved_over_time_view
+    from gpumem_widget.snapshot import active_memory_view, categories, cell_slices
+    from gpumem_widget.snapshot.segments import reserved_over_time_view
 
     tagged = any(s.startswith("cell:") for s in snap.data.strings)
     devices = []
@@ -148,7 +148,7 @@ class Drilldown:
         """Load `src` (raising `SnapshotLoadError` and changing nothing when it is bad), compute
         its views and publish them. `extra_cells` adds windows the ledger does not hold yet
         (the running ``%%gpumem`` cell)."""
-        from .snapshot import open_snapshot
+        from gpumem_widget.snapshot import open_snapshot
 
         snap = open_snapshot(src)
         label = source or describe_source(src)

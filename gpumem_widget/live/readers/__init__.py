@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .host import HostReader
-from .nvml import NvmlReader
-from .torch_cuda import AllocatorStats, DeviceInfo, TorchCudaReader
+from gpumem_widget.live.readers.host import HostReader
+from gpumem_widget.live.readers.nvml import NvmlReader
+from gpumem_widget.live.readers.torch_cuda import AllocatorStats, DeviceInfo, TorchCudaReader
 
 
 @dataclass(frozen=True, slots=True)

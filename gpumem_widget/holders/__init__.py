@@ -1,0 +1,1 @@
+"""What holds device memory: variables, `%gpumem free`, leak hints, OOM post-mortems."""

@@ -1,0 +1,1 @@
+"""Live monitoring: readers → sampler → timeline; cell hooks → tracker → ledger; the publisher."""

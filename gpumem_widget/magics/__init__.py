@@ -1,0 +1,1 @@
+"""`%gpumem`: the line and cell magic and every subcommand."""

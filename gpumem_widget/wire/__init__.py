@@ -1,0 +1,1 @@
+"""The kernel↔browser contract: trait names, packed tables, the protocol version, the model."""
