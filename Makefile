@@ -30,9 +30,11 @@ browser:
 	  || echo "chromium not installed: the browser end-to-end test will be skipped"
 	cd tests/e2e && npm ci --no-audit --no-fund
 
+# lint-imports checks the layers and the no-cycle contracts in pyproject.toml.
 lint:
 	$(BIN)/ruff check gpumem_widget tests benchmarks scripts
 	$(BIN)/ruff format --check gpumem_widget tests benchmarks scripts
+	$(BIN)/lint-imports
 
 typecheck:
 	$(BIN)/mypy

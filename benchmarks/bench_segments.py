@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpumem_widget.snapshot import open_snapshot  # noqa: E402
+from gpumem_widget.snapshot import open_snapshot, segment_views  # noqa: E402
 from gpumem_widget.snapshot import segments as seg  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     seek = time.perf_counter() - t0
     t0 = time.perf_counter()
     for e in events:
-        seg.segment_map_view(snap, 0, event=e)
+        segment_views.segment_map_view(snap, 0, event=e)
     views = time.perf_counter() - t0
     saved = seg.CHECKPOINT_MIN
     seg.CHECKPOINT_MIN = n + 1  # one checkpoint: every seek replays from the first entry

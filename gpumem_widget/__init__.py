@@ -6,6 +6,9 @@ of exact deltas and peaks. Programmatic access: `gpumem_widget.ledger()`.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpumem_widget.extension import (
@@ -16,21 +19,21 @@ from gpumem_widget.extension import (
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
 from gpumem_widget.snapshot.load import Source
+from gpumem_widget.version import __version__
 
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
-    from gpumem_widget.live.export import export_ledger
-    from gpumem_widget.reporting import report
+    from gpumem_widget.live.export import Format
+    from gpumem_widget.live.session import Session
+    from gpumem_widget.reporting import SnapshotSource
+    from gpumem_widget.reporting.page import Progress
 
-__version__ = "0.1.0"
-# Imported on first use: `estimate` loads torch's dispatch machinery, `report` loads Bokeh.
+# Imported on first use: `estimate` loads torch's dispatch machinery.
 _LAZY = {
     "Estimate": "estimator",
     "EstimateError": "estimator",
     "available_bytes": "estimator",
     "estimate": "estimator",
-    "export_ledger": "export",
-    "report": "reporting",
 }
 
 
@@ -48,6 +51,44 @@ def ledger() -> LedgerRecords:
     """The per-cell records of this kernel's session, oldest first (empty when not loaded)."""
     session = current_session()
     return session.records() if session is not None else LedgerRecords(())
+
+
+def report(
+    path: str | os.PathLike[str],
+    *,
+    session: Session | None = None,
+    snapshots: Sequence[SnapshotSource | tuple[str, SnapshotSource]] = (),
+    title: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a standalone HTML report (Bokeh, offline) to `path` and return it.
+
+    `session` defaults to this kernel's (when `%load_ext gpumem_widget` ran); `snapshots` are
+    snapshot files or `Snapshot` objects, each optionally as ``(label, snapshot)``, e.g. one per
+    rank. A bad snapshot raises `SnapshotLoadError` before anything is written.
+    """
+    from gpumem_widget import reporting  # loads Bokeh: only when a report is asked for
+
+    return reporting.report(
+        path,
+        session=session if session is not None else current_session(),
+        snapshots=snapshots,
+        title=title,
+        progress=progress,
+    )
+
+
+def export_ledger(
+    path: str | os.PathLike[str],
+    format: Format | None = None,
+    *,
+    records: Sequence[CellRecord] | None = None,
+) -> Path:
+    """Write `records` (default: this kernel's ledger) to FILE.csv or FILE.json; see
+    `live.export.export_ledger`."""
+    from gpumem_widget.live import export
+
+    return export.export_ledger(path, format, records=records if records is not None else ledger())
 
 
 def show_snapshot(src: Source | Snapshot) -> Snapshot:

@@ -147,12 +147,12 @@ def test_the_oom_fixtures_segment_map_shows_the_failed_request(ip: Any) -> None:
 def test_a_failing_segment_map_never_hides_what_is_alive(
     ip: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gpumem_widget.snapshot import segments
+    from gpumem_widget.snapshot import segment_views
 
     def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise RuntimeError("layout lost")
 
-    monkeypatch.setattr(segments, "segment_map_view", broken)
+    monkeypatch.setattr(segment_views, "segment_map_view", broken)
     gpumem_widget.show_snapshot(FIXTURES / "toy_linear.pickle.gz")
     alive = session().widget.drilldown_alive
     assert "segments" not in alive

@@ -15,12 +15,11 @@ import pytest
 
 from gpumem_widget.snapshot import Snapshot, open_snapshot
 from gpumem_widget.snapshot import segments as seg
+from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map_view
 from gpumem_widget.snapshot.segments import (
     Layout,
     Rules,
     SegmentTimeline,
-    reserved_over_time_view,
-    segment_map_view,
     timeline,
 )
 from gpumem_widget.snapshot.synthetic import AllocatorSim, frame

@@ -12,10 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from gpumem_widget.holders.variables import HoldersReport
-from gpumem_widget.live.ledger import CellRecord
 from gpumem_widget.units import format_bytes
 
 MiB: Final = 2**20
@@ -23,6 +22,29 @@ DEFAULT_MIN_RUNS: Final = 3
 DEFAULT_MIN_GROWTH: Final = 1 * MiB  # per run; below it, allocator rounding and caches blur it
 DEFAULT_MIN_CACHED: Final = 1 * MiB
 _OUT_ENTRY: Final = re.compile(r"Out\[(\d+)\]")
+
+
+class DeviceRun(Protocol):
+    """What the check reads of one device in a ledger record (`live.ledger.DeviceCellUsage`)."""
+
+    @property
+    def device(self) -> int: ...
+    @property
+    def delta_allocated(self) -> int: ...
+
+
+class CellRun(Protocol):
+    """What the check reads of a ledger record (`live.ledger.CellRecord`): holders sit below
+    the live session, so they see its records only through this."""
+
+    @property
+    def execution_count(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def devices(self) -> Sequence[DeviceRun]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +66,7 @@ class LeakHint:
 
 
 def leak_hints(
-    records: Sequence[CellRecord],
+    records: Sequence[CellRun],
     holders: HoldersReport | None = None,
     *,
     min_runs: int = DEFAULT_MIN_RUNS,
@@ -60,7 +82,7 @@ def leak_hints(
 
 
 def growing_reruns(
-    records: Sequence[CellRecord],
+    records: Sequence[CellRun],
     holders: HoldersReport | None = None,
     *,
     min_runs: int = DEFAULT_MIN_RUNS,
@@ -70,7 +92,7 @@ def growing_reruns(
     more allocated on a device than before the run."""
     if min_runs < 2:
         raise ValueError(f"min_runs must be at least 2 to speak of growth, got {min_runs}")
-    runs: dict[str, list[CellRecord]] = {}
+    runs: dict[str, list[CellRun]] = {}
     for r in records:
         source = _normalized(r.source)
         if source and r.error is None:
@@ -132,10 +154,10 @@ def _normalized(source: str) -> str:
 
 
 def _growing_streak(
-    runs: Sequence[CellRecord], device: int, min_growth: int
-) -> list[tuple[CellRecord, int]]:
+    runs: Sequence[CellRun], device: int, min_growth: int
+) -> list[tuple[CellRun, int]]:
     """The latest consecutive runs that each grew `device`'s allocation by `min_growth` or more."""
-    streak: list[tuple[CellRecord, int]] = []
+    streak: list[tuple[CellRun, int]] = []
     for r in reversed(runs):
         usage = next((d for d in r.devices if d.device == device), None)
         if usage is None or usage.delta_allocated < min_growth:

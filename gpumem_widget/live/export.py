@@ -18,9 +18,10 @@ def export_ledger(
     path: str | os.PathLike[str],
     format: Format | None = None,
     *,
-    records: Sequence[CellRecord] | None = None,
+    records: Sequence[CellRecord],
 ) -> Path:
-    """Write `records` (default: this kernel's ledger) to `path` and return it.
+    """Write `records` to `path` and return it (`gpumem_widget.export_ledger` passes this
+    kernel's ledger).
 
     `format` defaults to the file's suffix. CSV has `CellRecord.flat`'s columns (device fields
     prefixed ``cuda{i}_``) and ``notes`` as JSON text; JSON is ``{"cells": [...]}`` with each
@@ -30,10 +31,6 @@ def export_ledger(
     fmt = format or out.suffix.lower().lstrip(".")
     if fmt not in ("csv", "json"):
         raise ValueError(f"cannot tell the format of {out.name!r}: name it .csv or .json")
-    if records is None:
-        from gpumem_widget import ledger
-
-        records = ledger()
     if fmt == "csv":
         _write_csv(out, records)
     else:

@@ -102,12 +102,29 @@ class Session:
         )
         self.tracker = CellTracker(self.readers, self.sampler, peak_mode)
         self.drilldown = Drilldown(self.widget, self.ledger_windows)
-        # Set by `%gpumem estimate`; compared with the next cell that allocates on its device.
-        self.armed_estimate: Estimate | None = None
         self.oom = _install_oom_recorder() if self.readers.torch.available else None
-        self.last_postmortem: PostMortem | None = None
+        self.estimate_check = notes.EstimateCheck()
+        self.postmortems = notes.PostMortems(self.oom, shell, self.drilldown.offer)
+        self.annotators: tuple[tuple[str, notes.Annotator], ...] = (
+            ("estimate", self.estimate_check),
+            ("postmortem", self.postmortems),
+            ("leaks", notes.LeakCheck(self.ledger.recent_runs)),
+        )
         self.error: str | None = None
         self.widget.status = self.status()
+
+    @property
+    def armed_estimate(self) -> Estimate | None:
+        """Set by `%gpumem estimate`; compared with the next cell that allocates on its device."""
+        return self.estimate_check.armed
+
+    @armed_estimate.setter
+    def armed_estimate(self, est: Estimate | None) -> None:
+        self.estimate_check.armed = est
+
+    @property
+    def last_postmortem(self) -> PostMortem | None:
+        return self.postmortems.last
 
     @property
     def mode(self) -> str:
@@ -193,9 +210,10 @@ class Session:
         if record is None:
             return
         cell_notes: dict[str, Any] = {}
-        for name, annotate in notes.ANNOTATORS:
+        finished = notes.FinishedCell(record, error)
+        for name, annotate in self.annotators:
             try:
-                note = annotate(self, record, error)
+                note = annotate(finished)
             except Exception as e:  # one feature failing must not lose the record
                 self.report_error(f"{name} note: {type(e).__name__}: {e}")
                 continue

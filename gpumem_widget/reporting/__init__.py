@@ -31,14 +31,11 @@ def report(
 ) -> Path:
     """Write a report to `path` and return it.
 
-    `session` defaults to this kernel's (when `%load_ext gpumem_widget` ran); `snapshots` are
-    snapshot files or `Snapshot` objects, each optionally as ``(label, snapshot)``, e.g. one per
-    rank. A bad snapshot raises `SnapshotLoadError` before anything is written.
+    `session` is the notebook session to draw (None: snapshots only; `gpumem_widget.report`
+    passes this kernel's); `snapshots` are snapshot files or `Snapshot` objects, each optionally
+    as ``(label, snapshot)``, e.g. one per rank. A bad snapshot raises `SnapshotLoadError`
+    before anything is written.
     """
-    if session is None:
-        from gpumem_widget.extension import current_session
-
-        session = current_session()
     loaded = [_labeled(i, s) for i, s in enumerate(snapshots)]
     data = (
         SessionData(session.timeline, session.records(), len(session.widget.devices))

@@ -31,6 +31,7 @@ from gpumem_widget.reporting.style import (
 from gpumem_widget.reporting.summary import DeviceSummary, summarize
 from gpumem_widget.reporting.timeline import timeline_figure
 from gpumem_widget.snapshot import Snapshot
+from gpumem_widget.version import __version__
 from gpumem_widget.wire.protocol import unpack_table
 
 Progress = Callable[[str], None]
@@ -93,8 +94,6 @@ def _overlapping(cells: CellWindows | None, summary: DeviceSummary) -> CellWindo
 
 
 def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[str, Any]]) -> Any:
-    from gpumem_widget import __version__
-
     sources = []
     if session is not None:
         sources.append(f"a notebook session ({len(session.records)} cells)")

@@ -1,7 +1,7 @@
 """Bokeh figures of the allocator's segments, for the standalone report (offline, no CDN):
 the segment map with fragmentation figures and advice, and reserved beside active over time.
 
-Both take the kernel's views as they are (`snapshot.segments.segment_map_view`,
+Both take the kernel's views as they are (`snapshot.segment_views.segment_map_view`,
 `reserved_over_time_view`), so the report draws exactly what the widget draws. Text goes into
 Divs escaped and with TeX off, so file paths and tags print as written.
 """

@@ -31,7 +31,7 @@ from gpumem_widget.reporting.style import (
 )
 from gpumem_widget.reporting.summary import DeviceSummary
 from gpumem_widget.snapshot import Snapshot, alive_at, categories, cell_slices
-from gpumem_widget.snapshot.segments import reserved_over_time_view, segment_map_view
+from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map_view
 from gpumem_widget.wire.protocol import unpack_table
 
 log = logging.getLogger(__name__)

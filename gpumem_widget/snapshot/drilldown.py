@@ -60,7 +60,7 @@ def describe_source(src: object) -> str:
 
 def _segments(snap: Snapshot, device: int, event: int) -> dict[str, Any] | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
-    from gpumem_widget.snapshot.segments import segment_map_view
+    from gpumem_widget.snapshot.segment_views import segment_map_view
 
     try:
         return segment_map_view(
@@ -90,7 +90,7 @@ def overview(
     cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows)."""
     from gpumem_widget.snapshot import active_memory_view, categories, cell_slices
-    from gpumem_widget.snapshot.segments import reserved_over_time_view
+    from gpumem_widget.snapshot.segment_views import reserved_over_time_view
 
     tagged = any(s.startswith("cell:") for s in snap.data.strings)
     devices = []

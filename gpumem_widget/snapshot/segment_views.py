@@ -1,0 +1,212 @@
+"""Screen views of the segment replay: the segment map at an instant, reserved over time.
+
+The replay itself (`segments.SegmentTimeline`) knows nothing of screens; these views choose
+what fits one (the largest segments, blocks under a pixel merged) and attach the
+fragmentation figures and advice for the instant shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpumem_widget.snapshot.advice import advise
+from gpumem_widget.snapshot.aggregate import pack_f8
+from gpumem_widget.snapshot.attribution import folded_path, site_of
+from gpumem_widget.snapshot.fragmentation import from_layout
+from gpumem_widget.snapshot.model import NO_STACK
+from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
+from gpumem_widget.snapshot.segments import SegmentView, event_at, timeline
+
+
+def _x_of(snap: Snapshot, rep: DeviceReplay, event: int) -> float | None:
+    if event < 0:
+        return None
+    return float(rep.time_us[event] / 1e6) if snap.data.has_time else float(event)
+
+
+BAR_PIXELS = 800  # a segment bar's width on screen: blocks under a pixel merge into runs
+
+
+def segment_map_view(
+    snap: Snapshot,
+    device: int | None = None,
+    t: float | None = None,
+    *,
+    event: int | None = None,
+    oom: int | None = None,
+    max_segments: int = 400,
+    max_blocks: int = 4000,
+) -> dict[str, Any]:
+    """The segment map right after time `t` (or trace entry `event`, or OOM number `oom` of
+    this device; default: the snapshot's end), with its fragmentation figures and advice.
+
+    Segments come sorted by address, each with its blocks (``offset`` from the segment's start,
+    ``size``, ``requested_size``, ``state`` free / allocated / pending_free, ``stream``, ``stack``
+    into ``stacks``); expandable segments are listed per contiguous mapped range, as torch lists
+    them. Beyond `max_segments` the largest are kept; where blocks exceed `max_blocks`, runs of
+    blocks in one state too small to see (under a pixel of a `BAR_PIXELS` bar) merge into one
+    entry whose ``count`` says how many."""
+    tl = timeline(snap, device)
+    rep = tl.replay
+    failed = None
+    if oom is not None:
+        if not 0 <= oom < len(rep.ooms):
+            raise ValueError(f"device {tl.device} has {len(rep.ooms)} OOMs; no OOM number {oom}")
+        failed = rep.ooms[oom]
+        event = failed.event
+    elif event is None:
+        event = event_at(snap, tl.device, t)
+    layout = tl.layout(event)
+    if failed is None:
+        failed = next((o for o in rep.ooms if o.event == layout.event), None)
+    frag = from_layout(layout, oom=failed, t=_x_of(snap, rep, layout.event))
+    stacks = _StackLabels(snap)
+    shown = sorted(layout.segments, key=lambda s: -s.size)[: max(0, max_segments)]
+    shown.sort(key=lambda s: s.address)
+    n_blocks = sum(len(s.blocks) for s in shown)
+    segments = [_segment_wire(s, stacks, merge=n_blocks > max_blocks) for s in shown]
+    kept = {s.address for s in shown}
+    hidden = [s for s in layout.segments if s.address not in kept]
+    return {
+        "view": "segment_map",
+        "device": tl.device,
+        "x_unit": "s" if snap.data.has_time else "entry",
+        "entries": rep.n_events,
+        "event": layout.event,
+        "t": _x_of(snap, rep, layout.event),
+        "segments": segments,
+        "stacks": stacks.table,
+        "hidden": {
+            "segments": len(hidden),
+            "bytes": sum(s.size for s in hidden),
+            "merged_blocks": n_blocks - sum(len(s["blocks"]) for s in segments),
+        },
+        "ooms": [
+            {
+                "index": i,
+                "event": o.event,
+                "t": _x_of(snap, rep, o.event),
+                "requested": o.requested,
+                "device_free": o.device_free,
+            }
+            for i, o in enumerate(rep.ooms)
+        ],
+        "fragmentation": frag.to_wire(),
+        "advice": [a.to_wire() for a in advise(frag, snap.data.allocator_settings)],
+        "anomalies": dict(tl.anomalies),
+    }
+
+
+class _StackLabels:
+    """Stacks as screen text, interned for one view: index 0 is "no stack"."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.index: dict[int, int] = {NO_STACK: 0}
+        self.table: list[dict[str, Any]] = [{"site": "", "frames": []}]
+
+    def __call__(self, stack: int) -> int:
+        if stack not in self.index:
+            frames = self.snap.stacks.frames_of(stack)
+            site = site_of(frames, "user")
+            self.index[stack] = len(self.table)
+            self.table.append(
+                {"site": site.label() if site else "", "frames": folded_path(frames)[-8:]}
+            )
+        return self.index[stack]
+
+
+def _segment_wire(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> dict[str, Any]:
+    pixel = seg.size / BAR_PIXELS
+    out: list[dict[str, Any]] = []
+    for b in seg.blocks:
+        last = out[-1] if out else None
+        if (
+            merge
+            and last is not None
+            and last["state"] == b.state
+            and b.size < pixel
+            and last["size"] < pixel * max(1, last["count"])
+        ):
+            last["size"] += b.size
+            last["requested_size"] += b.requested_size
+            last["count"] += 1
+            last["stack"] = 0
+            continue
+        out.append(
+            {
+                "offset": b.address - seg.address,
+                "size": b.size,
+                "requested_size": b.requested_size,
+                "state": b.state,
+                "stream": b.stream,
+                "stack": stacks(b.stack),
+                "tag": stacks.snap.string(b.tag),
+                "count": 1,
+            }
+        )
+    return {
+        "address": seg.address,
+        "size": seg.size,
+        "stream": seg.stream,
+        "pool": seg.pool,
+        "expandable": seg.expandable,
+        "stack": stacks(seg.stack),
+        "blocks": out,
+    }
+
+
+def reserved_over_time_view(
+    snap: Snapshot, device: int | None = None, width: int = 1200
+) -> dict[str, Any]:
+    """Reserved (cached segments) beside active (live blocks) over time, `width` columns.
+
+    Each column holds the highest and lowest of both within it (``reserved``, ``reserved_min``,
+    ``active``, ``active_min``), so no spike or dip is lost; the table is packed as
+    `aggregate.pack_f8` packs its series."""
+    rep = snap.replay(device)
+    n = rep.n_events
+    width = max(1, int(width))
+    x = rep.time_us / 1e6 if snap.data.has_time else rep.time_us.astype(np.float64)
+    t0, t1 = (float(x[0]), float(x[-1])) if n else (0.0, 0.0)
+    span = t1 - t0 if t1 > t0 else 1.0
+    col = np.clip(((x - t0) * (width / span)).astype(np.int64), 0, width - 1)
+    bounds = np.searchsorted(col, np.arange(width + 1))
+    nonempty = bounds[1:] > bounds[:-1]
+    starts = bounds[:-1][nonempty]
+    columns: dict[str, Any] = {"t": t0 + np.arange(width, dtype=np.float64) * (span / width)}
+    for name, values, before in (
+        ("active", rep.active, rep.active_before),
+        ("reserved", rep.reserved, rep.reserved_before),
+    ):
+        # An empty column shows the value left by the last entry before it.
+        carried = np.concatenate(([before], values))[bounds[1:]].astype(np.float64)
+        high, low = carried.copy(), carried.copy()
+        if n:
+            high[nonempty] = np.maximum.reduceat(values, starts)
+            low[nonempty] = np.minimum.reduceat(values, starts)
+        columns[name], columns[f"{name}_min"] = high, low
+    gap = rep.reserved - rep.active if n else np.zeros(0, np.int64)
+    peak_gap = int(np.argmax(gap)) if n else -1
+    return {
+        "view": "reserved_over_time",
+        "device": rep.device,
+        "x_unit": "s" if snap.data.has_time else "entry",
+        "entries": n,
+        "t0": t0,
+        "t1": t0 + span,
+        "width": width,
+        "table": pack_f8(columns),
+        "peak_active": int(rep.active.max()) if n else rep.active_before,
+        "peak_reserved": int(rep.reserved.max()) if n else rep.reserved_before,
+        "end_active": int(rep.active[-1]) if n else rep.active_before,
+        "end_reserved": int(rep.reserved[-1]) if n else rep.reserved_before,
+        "largest_gap": {
+            "bytes": int(gap[peak_gap]) if n else rep.reserved_before - rep.active_before,
+            "event": peak_gap,
+            "t": _x_of(snap, rep, peak_gap),
+        },
+        "ooms": [_x_of(snap, rep, o.event) for o in rep.ooms],
+    }
