@@ -102,6 +102,26 @@ def show_snapshot(src: Source | Snapshot) -> Snapshot:
     return session.drilldown.show(src)
 
 
+def compare_snapshots(
+    a: Source | Snapshot,
+    b: Source | Snapshot,
+    labels: tuple[str, str] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Compare two snapshots (before/after a change, or two ranks): the peaks, the bytes alive
+    at each one's peak by allocation site and by category (``delta`` is b - a), and both
+    timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.
+    Keyword arguments go to `snapshot.compare.compare_snapshots` (devices, axis, top)."""
+    from gpumem_widget.snapshot.compare import compare_snapshots as compare
+    from gpumem_widget.snapshot.drilldown import describe_source
+
+    session = current_session()
+    if session is not None:
+        return session.drilldown.compare(a, b, labels, **kwargs)
+    names = labels or (describe_source(a), describe_source(b))
+    return compare(open_snapshot(a), open_snapshot(b), labels=names, **kwargs)
+
+
 __all__ = [
     "CellRecord",
     "DeviceCellUsage",
@@ -112,6 +132,7 @@ __all__ = [
     "SnapshotLoadError",
     "__version__",
     "available_bytes",
+    "compare_snapshots",
     "current_session",
     "estimate",
     "export_ledger",

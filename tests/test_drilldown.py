@@ -95,7 +95,8 @@ def test_show_snapshot_publishes_bounded_views_with_the_fixture_totals(ip: Any, 
     assert reserved["peak_reserved"] == stats["reserved_bytes.all.peak"]
     assert reserved["end_active"] == active["end_bytes"]
     assert reserved["peak_active"] == active["peak"]["bytes"]
-    assert reserved["table"]["n"] == drilldown.WIDTH
+    assert "table" not in reserved  # drawn from the active view's own reserved columns
+    assert active["table"]["n"] == drilldown.WIDTH
     # The segment map at the same entry, its allocated blocks covering what is alive.
     segments = alive["segments"]
     assert segments["event"] == alive["event"]
@@ -114,9 +115,9 @@ def test_the_segment_map_at_the_end_agrees_with_torchs_counters(ip: Any, name: s
     stats = json.loads((FIXTURES / f"{name}.stats.json").read_text())["memory_stats"]
     gpumem_widget.show_snapshot(FIXTURES / f"{name}.pickle.gz")
     w = session().widget
-    w._handle_custom_msg(
-        {"type": "alive_at", "t": w.drilldown["devices"][0]["active"]["t1"], "device": 0}, []
-    )
+    last = w.drilldown["devices"][0]["active"]["entries"] - 1
+    w._handle_custom_msg({"type": "alive_at", "event": last, "device": 0}, [])
+    assert w.drilldown_alive["event"] == last
     got = figures(w.drilldown_alive)
     expected = {f.key: f.value for f in from_memory_stats(stats).figures()}
     expected.pop("alloc_retries"), expected.pop("oversize_segments")  # not in snapshots
@@ -135,7 +136,7 @@ def test_the_oom_fixtures_segment_map_shows_the_failed_request(ip: Any) -> None:
     assert at_peak["largest_free"] == at_peak["free_blocks"] == at_peak["inactive_split"] == 0
     assert "oom_requested" not in at_peak
     (oom,) = w.drilldown["devices"][0]["active"]["ooms"]
-    w._handle_custom_msg({"type": "alive_at", "t": oom["t"], "device": 0}, [])
+    w._handle_custom_msg({"type": "alive_at", "event": oom["event"], "device": 0}, [])
     at_oom = figures(w.drilldown_alive)
     assert at_oom["oom_requested"] == observer["requested"]
     assert at_oom["oom_fragmented"] is False  # nothing cached: the request was simply too big
@@ -173,7 +174,7 @@ def test_a_click_in_the_browser_recomputes_what_is_alive(ip: Any) -> None:
     gpumem_widget.show_snapshot(FIXTURES / "toy_linear.pickle.gz")
     w = session().widget
     at_peak = w.drilldown_alive
-    t0 = w.drilldown["devices"][0]["active"]["t0"]
+    t0 = float(session().drilldown.snapshot.replay(0).time_us[0]) / 1e6  # type: ignore[union-attr]
     # As ipywidgets delivers a custom message from model.send(...).
     w._handle_custom_msg({"type": "alive_at", "t": t0, "device": 0}, [])
     early = w.drilldown_alive
@@ -232,3 +233,41 @@ def test_cells_join_the_ledger_by_time_or_by_tag() -> None:
     counts = [c["execution_count"] for c in tagged["devices"][0]["cells"]["cells"]]
     assert tagged["cells_by"] == "tag"
     assert counts == [1, 3, 4, 6]
+
+
+def test_zoom_search_and_compare_answer_through_the_widget(ip: Any) -> None:
+    """The tab's requests as ipywidgets delivers them: a zoomed range on either axis (at screen
+    resolution, with cell bands), a search, and a comparison shown from the Python API."""
+    gpumem_widget.show_snapshot(FIXTURES / "train_tagged.pickle.gz")
+    w = session().widget
+    over = w.drilldown["devices"][0]
+    assert over["active"]["axis"] == "event"
+    assert over["bands"]
+    assert all(b["x1"] > b["x0"] for b in over["bands"])
+    msg = {"type": "view", "device": 0, "axis": "event", "t0": 100, "t1": 400, "width": 300}
+    w._handle_custom_msg({**msg, "id": 7}, [])
+    view = w.drilldown_view
+    assert view["id"] == 7
+    assert view["sites"]["range_events"] == [100, 401]
+    assert view["sites"]["table"]["n"] == 300
+    w._handle_custom_msg({**msg, "axis": "time", "t0": None, "t1": None, "id": 8}, [])
+    timed = w.drilldown_view["sites"]
+    assert timed["axis"] == "time"
+    assert timed["x_unit"] == "s"
+    assert {b["execution_count"] for b in w.drilldown_view["bands"]} == {
+        b["execution_count"] for b in over["bands"]
+    }
+    w._handle_custom_msg({"type": "view", "device": 0, "axis": "sideways"}, [])
+    assert "no axis 'sideways'" in w.drilldown_alive["error"]
+    w._handle_custom_msg({"type": "search", "device": 0, "query": "backward"}, [])
+    assert w.drilldown_search["matches"] > 0
+    w._handle_custom_msg({"type": "search", "device": 0, "query": ""}, [])
+    assert "characters" in w.drilldown_search["error"]
+    w._handle_custom_msg({"type": "alive_at", "device": 0, "event": 5}, [])
+    assert w.drilldown_alive["event"] == 5
+    assert w.drilldown_alive["entry"]["action"] in {"alloc", "free_requested", "free_completed"}
+    view = gpumem_widget.compare_snapshots(
+        FIXTURES / "two_snapshots_first.pickle.gz", FIXTURES / "two_snapshots_second.pickle.gz"
+    )
+    assert w.drilldown_compare == view
+    assert view["labels"] == ["two_snapshots_first.pickle.gz", "two_snapshots_second.pickle.gz"]

@@ -81,17 +81,7 @@ class DeviceSummary:
                     f"CUDA had {human_bytes(oom['device_free'])} free",
                 )
             )
-        if a["overflowed"]:
-            out.append(
-                (
-                    "warning",
-                    "the trace ring buffer overflowed: its oldest entries are lost "
-                    "(raise max_entries when recording)",
-                )
-            )
-        if a["anomalies"]:
-            counts = ", ".join(f"{k}: {v}" for k, v in sorted(a["anomalies"].items()))
-            out.append(("warning", f"entries that do not fit together ({counts})"))
+        out += [("warning", w) for w in a["warnings"]]
         return out
 
     def format(self, top: int = 10) -> str:
@@ -101,7 +91,7 @@ class DeviceSummary:
         groups = self.active["groups"][:top]
         if groups:
             lines.append(
-                "  top allocation sites (highest bytes at once · allocated in all · count)"
+                "  top allocation sites (exact highest bytes at once · allocated in all · count)"
             )
             for g in groups:
                 lines.append(

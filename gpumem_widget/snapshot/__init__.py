@@ -7,6 +7,8 @@ for the drill-down panel; `export_memory_viz` writes the pickle PyTorch's memory
 
 from __future__ import annotations
 
+import os
+
 from gpumem_widget.snapshot.aggregate import (
     CATEGORIES,
     active_memory_view,
@@ -32,12 +34,17 @@ from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom, Origin, 
 def open_snapshot(src: Source | Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
     """Load a snapshot: a path (pickle, .gz, .xz), pickled bytes, or a `_snapshot()` dict.
 
-    Files are read with an unpickler that resolves no globals; a truncated, corrupt, hostile or
-    non-snapshot input raises `SnapshotLoadError` (one line) and runs nothing.
+    Files are read with an unpickler that resolves no globals; a truncated, corrupt, hostile,
+    inconsistent (negative sizes) or non-snapshot input raises `SnapshotLoadError` (one line)
+    and runs nothing.
     """
+    from gpumem_widget.snapshot.validate import check_data
+
     if isinstance(src, Snapshot):
         return src
-    return Snapshot(read_snapshot(src, max_bytes=max_bytes))
+    data = read_snapshot(src, max_bytes=max_bytes)
+    check_data(data, os.fspath(src) if isinstance(src, (str, os.PathLike)) else "snapshot")
+    return Snapshot(data)
 
 
 __all__ = [

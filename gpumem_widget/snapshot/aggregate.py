@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from gpumem_widget.snapshot.attribution import SiteMode, folded_path, phase_of, site_of
-from gpumem_widget.snapshot.model import I64, NO_STACK, Frame
+from gpumem_widget.snapshot.model import I64, NO_STACK, Action, Frame
 from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Origin, Snapshot
 
 F64 = npt.NDArray[np.float64]
@@ -41,8 +41,6 @@ CATEGORIES = (
     "before_recording",
     "other",
 )
-# Above this many sites x columns, only the sites that allocated the most are ranked one by one.
-_MAX_CELLS = 4_000_000
 
 
 def pack_f8(columns: Mapping[str, npt.ArrayLike]) -> dict[str, Any]:
@@ -57,7 +55,50 @@ def pack_f8(columns: Mapping[str, npt.ArrayLike]) -> dict[str, Any]:
     }
 
 
-# -- the time grid -----------------------------------------------------------------------------
+# -- the x axis and its screen grid ------------------------------------------------------------
+
+Axis = Literal["event", "time"]
+# An idle stretch (no trace entry) longer than this share of the whole time span is collapsed on
+# a time axis to `_IDLE_SHOWN` of the span of the rest, and marked.
+_IDLE_SHARE = 0.05
+_IDLE_SHOWN = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class AxisX:
+    """Each trace entry's position on the x axis, and the idle stretches collapsed on it."""
+
+    axis: Axis
+    unit: str  # "entry" (event order, or a time axis without recorded times) or "s"
+    x: F64
+    idle: list[dict[str, float]]  # {"x", "width", "seconds"}: where a gap was collapsed
+
+
+def axis_x(
+    snap: Snapshot, rep: DeviceReplay, axis: Axis = "time", collapse_idle: bool = False
+) -> AxisX:
+    """Entry positions: event order (entry numbers, as memory_viz draws), or wall-clock unix
+    seconds, where `collapse_idle` shortens each long gap between entries so the work is not
+    squeezed into a sliver (the gap is then listed in ``idle``, to mark it)."""
+    n = rep.n_events
+    if axis == "event" or not snap.data.has_time:
+        return AxisX(axis, "entry", np.arange(n, dtype=np.float64), [])
+    t = rep.time_us / 1e6
+    if not collapse_idle or n < 2:
+        return AxisX(axis, "s", t, [])
+    gaps = np.diff(t)
+    span = float(t[-1] - t[0])
+    long_ = gaps > _IDLE_SHARE * span
+    if not long_.any():
+        return AxisX(axis, "s", t, [])
+    rest = span - float(gaps[long_].sum())
+    shown = max(_IDLE_SHOWN * rest, 1e-6)
+    cut = np.where(long_, gaps - shown, 0.0)
+    x = t - np.concatenate(([0.0], np.cumsum(cut)))
+    idle = [
+        {"x": float(x[i]), "width": shown, "seconds": float(gaps[i])} for i in np.flatnonzero(long_)
+    ]
+    return AxisX(axis, "s", x, idle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +107,11 @@ class _Grid:
 
     t0: float
     t1: float
-    start: F64  # column start times
+    start: F64  # column start positions on the x axis
     event: I64  # per column: the entry whose aftermath is shown (-1: before the trace)
     low: F64  # per column: the lowest active total within it
+    lo: int  # the first entry inside [t0, t1]
+    hi: int  # one past the last
 
 
 def _x(rep: DeviceReplay, has_time: bool) -> F64:
@@ -107,7 +150,77 @@ def _grid(rep: DeviceReplay, x: F64, width: int, t0: float | None, t1: float | N
         best[take] = argmax[take]
         low[nonempty] = np.minimum(low[nonempty], bottom)
     start = lo_t + np.arange(width, dtype=np.float64) * (span / width)
-    return _Grid(lo_t, lo_t + span, start, best, low)
+    return _Grid(lo_t, lo_t + span, start, best, low, lo, hi)
+
+
+def _column_range(
+    rep: DeviceReplay, grid: _Grid, x: F64, values: I64, before: int
+) -> tuple[F64, F64]:
+    """Each column's highest and lowest of `values` (empty: what the entry before left)."""
+    width = len(grid.start)
+    span = grid.t1 - grid.t0
+    col = np.clip(
+        ((x[grid.lo : grid.hi] - grid.t0) * (width / span)).astype(np.int64), 0, width - 1
+    )
+    bounds = grid.lo + np.searchsorted(col, np.arange(width + 1))
+    carried = _after(values, before, bounds[:-1] - 1).astype(np.float64)
+    high, low = carried.copy(), carried.copy()
+    nonempty = bounds[1:] > bounds[:-1]
+    if grid.hi > grid.lo:
+        seg = values[grid.lo : grid.hi]
+        starts = bounds[:-1][nonempty] - grid.lo
+        high[nonempty] = np.maximum(carried[nonempty], np.maximum.reduceat(seg, starts))
+        low[nonempty] = np.minimum(carried[nonempty], np.minimum.reduceat(seg, starts))
+    return high, low
+
+
+def _times(rep: DeviceReplay, has_time: bool, events: I64) -> F64:
+    """Unix seconds of each entry in `events` (NaN before the trace, or without recorded times)."""
+    if not has_time or not rep.n_events:
+        return np.full(len(events), np.nan)
+    t = rep.time_us[np.maximum(events, 0)] / 1e6
+    return np.where(events >= 0, t, np.nan)
+
+
+def group_peaks(
+    iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, lo: int = 0, hi: int | None = None
+) -> tuple[I64, I64]:
+    """Each group's exact highest total of live bytes right after any entry in [lo - 1, hi), and
+    the first entry where it is reached (lo - 1: already before the range). Computed from the
+    replay's intervals, not from screen columns, so no instant is lost to the reduction."""
+    hi = iv.n_events if hi is None else hi
+    at = lo - 1
+    before = (iv.start <= at) & (iv.end > at)
+    base = np.bincount(group[before], weights=iv.size[before], minlength=n_groups).astype(np.int64)
+    opened = (iv.start >= lo) & (iv.start < hi)
+    closed = (iv.end >= lo) & (iv.end < hi)
+    g = np.concatenate((group[opened], group[closed]))
+    ev = np.concatenate((iv.start[opened], iv.end[closed]))
+    d = np.concatenate((iv.size[opened], -iv.size[closed]))
+    peaks = base.copy()
+    where = np.full(n_groups, at, np.int64)
+    if not len(g):
+        return peaks, where
+    order = np.lexsort((ev, g))
+    g, ev, d = g[order], ev[order], d[order]
+    new_group = np.ones(len(g), bool)
+    new_group[1:] = g[1:] != g[:-1]
+    cs = np.cumsum(d)
+    firsts = np.flatnonzero(new_group)
+    offset = np.repeat(cs[firsts] - d[firsts], np.diff(np.append(firsts, len(g))))
+    level = base[g] + cs - offset
+    # Only the state after all of one entry's changes counts (a free and an alloc can share one).
+    settled = np.ones(len(g), bool)
+    settled[:-1] = (g[1:] != g[:-1]) | (ev[1:] != ev[:-1])
+    g, ev, level = g[settled], ev[settled], level[settled]
+    best = np.lexsort((ev, -level, g))
+    first = np.ones(len(best), bool)
+    first[1:] = g[best][1:] != g[best][:-1]
+    top = best[first]
+    higher = level[top] > peaks[g[top]]
+    peaks[g[top][higher]] = level[top][higher]
+    where[g[top][higher]] = ev[top][higher]
+    return peaks, where
 
 
 def _after(values: I64, before: int, events: I64) -> I64:
@@ -134,21 +247,17 @@ def _stacked(iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, events:
 
 
 def _top_groups(
-    iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, events: I64, top: int
-) -> tuple[list[int], F64, F64]:
-    """The `top` groups by highest bytes on screen, their series, and everything else summed."""
-    candidates = np.arange(n_groups)
-    if n_groups * len(events) > _MAX_CELLS:
-        keep = _MAX_CELLS // max(len(events), 1)
-        volume = np.bincount(group, weights=iv.size, minlength=n_groups)
-        candidates = np.sort(np.argsort(-volume, kind="stable")[:keep])
-    remap = np.full(n_groups, len(candidates), np.int64)
-    remap[candidates] = np.arange(len(candidates))
-    series = _stacked(iv, remap[group], len(candidates) + 1, events)
-    order = np.argsort(-series[:-1].max(axis=1, initial=0), kind="stable")[:top]
-    chosen = [int(candidates[i]) for i in order if series[i].max(initial=0) > 0]
-    picked = series[order[: len(chosen)]]
-    return chosen, picked, series.sum(axis=0) - picked.sum(axis=0)
+    iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, grid: _Grid, top: int
+) -> tuple[list[int], F64, F64, I64, I64]:
+    """The `top` groups by their exact highest bytes within the grid's range, their series,
+    everything else summed, and each chosen group's exact peak and the entry it is reached at."""
+    peaks, where = group_peaks(iv, group, n_groups, grid.lo, grid.hi)
+    order = np.argsort(-peaks, kind="stable")[:top]
+    chosen = [int(i) for i in order if peaks[i] > 0]
+    remap = np.full(n_groups, len(chosen), np.int64)
+    remap[chosen] = np.arange(len(chosen))
+    series = _stacked(iv, remap[group], len(chosen) + 1, grid.event)
+    return chosen, series[:-1], series[-1], peaks[chosen], where[chosen]
 
 
 # -- sites -------------------------------------------------------------------------------------
@@ -191,12 +300,21 @@ def _top_sites(sites: _Sites, mask: npt.NDArray[np.bool_], size: I64, top: int) 
 # -- (a) active memory over time ---------------------------------------------------------------
 
 
-def _common(snap: Snapshot, rep: DeviceReplay) -> dict[str, Any]:
+def _common(snap: Snapshot, rep: DeviceReplay, ax: AxisX | None = None) -> dict[str, Any]:
+    """What every view says about the device; positions (``t``) are on `ax` (default: wall-clock
+    unix seconds, or entry numbers without recorded times), ``time`` in unix seconds."""
+    from gpumem_widget.snapshot.validate import looks_wrapped, warnings_for
+
+    ax = ax or axis_x(snap, rep)
+    x = ax.x
     peak = int(np.argmax(rep.active)) if rep.n_events else -1
-    x = _x(rep, snap.data.has_time)
+    peak_reserved = max(int(rep.reserved.max(initial=0)), rep.reserved_before)
+    time = _times(rep, snap.data.has_time, np.array([peak, *(o.event for o in rep.ooms)], np.int64))
     return {
         "device": rep.device,
-        "x_unit": "s" if snap.data.has_time else "entry",
+        "axis": ax.axis,
+        "x_unit": ax.unit,
+        "idle": ax.idle,
         "entries": rep.n_events,
         "allocations": len(rep.intervals),
         "active_before": rep.active_before,
@@ -207,20 +325,46 @@ def _common(snap: Snapshot, rep: DeviceReplay) -> dict[str, Any]:
             "bytes": rep.active_after(peak) if peak >= 0 else rep.active_before,
             "event": peak,
             "t": float(x[peak]) if peak >= 0 else None,
+            "time": None if np.isnan(time[0]) else float(time[0]),
         },
-        "overflowed": rep.overflowed,
+        "peak_reserved": peak_reserved,
+        "overflowed": rep.overflowed or looks_wrapped(snap, rep) is not None,
         "ooms": [
             {
                 "event": o.event,
-                "t": o.time_us / 1e6 if snap.data.has_time else float(o.time_us),
+                "t": float(x[o.event]),
+                "time": None if np.isnan(when) else float(when),
                 "requested": o.requested,
                 "device_free": o.device_free,
                 "tag": snap.string(o.tag),
+                "cell": cell_of_tag(snap.string(o.tag)),
             }
-            for o in rep.ooms
+            for o, when in zip(rep.ooms, time[1:], strict=True)
         ],
         "anomalies": rep.anomalies,
+        "warnings": warnings_for(snap, rep),
     }
+
+
+def _base_columns(
+    snap: Snapshot, rep: DeviceReplay, ax: AxisX, grid: _Grid, full: bool = True
+) -> dict[str, Any]:
+    """The columns every stacked view shares: position, the entry each column shows (its
+    highest active instant: a click on the column asks about it), active there; with `full`,
+    also its time, the column's lowest active, reserved there and the column's range of it."""
+    columns: dict[str, Any] = {
+        "t": grid.start,
+        "event": grid.event,
+        "total": _after(rep.active, rep.active_before, grid.event),
+    }
+    if full:
+        high, low = _column_range(rep, grid, ax.x, rep.reserved, rep.reserved_before)
+        columns["time"] = _times(rep, snap.data.has_time, grid.event)
+        columns["min"] = grid.low
+        columns["reserved"] = _after(rep.reserved, rep.reserved_before, grid.event)
+        columns["reserved_max"] = high
+        columns["reserved_min"] = low
+    return columns
 
 
 def active_memory_view(
@@ -232,25 +376,25 @@ def active_memory_view(
     site: SiteMode = "user",
     t0: float | None = None,
     t1: float | None = None,
+    axis: Axis = "time",
+    collapse_idle: bool = False,
 ) -> dict[str, Any]:
     """Active memory over time, stacked by allocation site: the `top` sites and "other".
 
-    Each of the `width` columns shows the instant of its highest total, so no spike is lost; the
-    ``min`` column holds the column's lowest total, ``reserved`` what the allocator held then.
+    Each of the `width` columns shows the instant of its highest total (``event``), so no spike
+    is lost; ``min`` holds the column's lowest total, ``reserved`` what the allocator held then,
+    ``reserved_max``/``reserved_min`` its range within the column. `t0`, `t1` zoom, on `axis`
+    (see `axis_x`). Each site's ``peak_bytes`` is its exact highest within the range, from the
+    replay, not from the columns; sites are ranked by it.
     """
     rep = snap.replay(device)
-    x = _x(rep, snap.data.has_time)
-    grid = _grid(rep, x, width, t0, t1)
+    ax = axis_x(snap, rep, axis, collapse_idle)
+    grid = _grid(rep, ax.x, width, t0, t1)
     sites = _sites(snap, rep.intervals, site)
-    chosen, series, other = _top_groups(
-        rep.intervals, sites.of_interval, len(sites.keys), grid.event, top
+    chosen, series, other, peaks, peak_events = _top_groups(
+        rep.intervals, sites.of_interval, len(sites.keys), grid, top
     )
-    columns: dict[str, npt.ArrayLike] = {
-        "t": grid.start,
-        "total": _after(rep.active, rep.active_before, grid.event),
-        "min": grid.low,
-        "reserved": _after(rep.reserved, rep.reserved_before, grid.event),
-    }
+    columns = _base_columns(snap, rep, ax, grid)
     groups = []
     for i, (g, row) in enumerate(zip(chosen, series, strict=True)):
         columns[f"g{i}"] = row
@@ -259,7 +403,8 @@ def active_memory_view(
             {
                 "column": f"g{i}",
                 **_describe(sites.keys[g]),
-                "peak_bytes": float(row.max(initial=0)),
+                "peak_bytes": int(peaks[i]),
+                "peak_event": int(peak_events[i]),
                 "count": int(mask.sum()),
                 "bytes_allocated": int(rep.intervals.size[mask].sum()),
             }
@@ -267,9 +412,10 @@ def active_memory_view(
     columns["other"] = other
     return {
         "view": "active_memory",
-        **_common(snap, rep),
+        **_common(snap, rep, ax),
         "t0": grid.t0,
         "t1": grid.t1,
+        "range_events": [grid.lo, grid.hi],
         "width": len(grid.start),
         "table": pack_f8(columns),
         "groups": groups,
@@ -326,12 +472,32 @@ def alive_at(
         **_common(snap, rep),
         "event": event,
         "t": float(x[event]) if event >= 0 else None,
+        "entry": _entry(snap, rep, event),
         "total_bytes": int(iv.size[alive].sum()),
         "count": len(alive),
         "reserved_bytes": rep.reserved_before if event < 0 else int(rep.reserved[event]),
         "tree": tree[0],
         "labels": tree[1],
         "largest": [_allocation(snap, rep, x, int(i), site) for i in biggest],
+    }
+
+
+def _entry(snap: Snapshot, rep: DeviceReplay, event: int) -> dict[str, Any] | None:
+    """What trace entry `event` did (None before the first): to step through events one by one."""
+    if event < 0:
+        return None
+    trace = snap.data.traces[rep.device]
+    action = Action(int(trace.action[event]))
+    frames = snap.stacks.frames_of(int(trace.stack[event]))
+    site = site_of(frames)
+    return {
+        "action": action.name.lower(),
+        "size": int(trace.size[event]),
+        "addr": int(trace.addr[event]),
+        "time": float(rep.time_us[event]) / 1e6 if snap.data.has_time else None,
+        "site": site.label() if site else None,
+        "active": int(rep.active[event]),
+        "reserved": int(rep.reserved[event]),
     }
 
 
@@ -459,6 +625,8 @@ def cell_slices(
             "start": float(t_start),
             "end": float(t_end),
             "entries": max(0, last - first + 1),
+            "first_event": first,
+            "last_event": last,
             "active_before": before,
             "active_after": rep.active_after(last),
             "peak_bytes": rep.active_after(peak_event),
@@ -536,8 +704,14 @@ def categories(
     known: Mapping[str, Iterable[int]] | None = None,
     phases: Sequence[tuple[str, float, float]] | None = None,
     width: int = 1200,
+    t0: float | None = None,
+    t1: float | None = None,
+    axis: Axis = "time",
+    collapse_idle: bool = False,
+    full_columns: bool = True,
 ) -> dict[str, Any]:
-    """Active memory over time stacked by category (`CATEGORIES`).
+    """Active memory over time stacked by category (`CATEGORIES`); `full_columns` False leaves
+    out the columns `active_memory_view` holds too (time, min, reserved).
 
     Allocations alive at the snapshot whose address is a live tensor of `model` or `optimizer`
     (or listed in `known`, category -> addresses) are classified exactly. The rest by phase, as
@@ -566,12 +740,11 @@ def categories(
         hit = alive_end & np.isin(iv.addr, np.fromiter(addresses, np.int64))
         category[hit] = CATEGORIES.index(name)
         exact |= hit
-    grid = _grid(rep, x, width, None, None)
+    ax = axis_x(snap, rep, axis, collapse_idle)
+    grid = _grid(rep, ax.x, width, t0, t1)
     series = _stacked(iv, category, len(CATEGORIES), grid.event)
-    columns: dict[str, npt.ArrayLike] = {
-        "t": grid.start,
-        "total": _after(rep.active, rep.active_before, grid.event),
-    }
+    peaks, peak_events = group_peaks(iv, category, len(CATEGORIES), grid.lo, grid.hi)
+    columns = _base_columns(snap, rep, ax, grid, full_columns)
     groups = []
     for i, name in enumerate(CATEGORIES):
         columns[name] = series[i]
@@ -580,7 +753,8 @@ def categories(
             {
                 "column": name,
                 "label": name.replace("_", " "),
-                "peak_bytes": float(series[i].max(initial=0)),
+                "peak_bytes": int(peaks[i]),
+                "peak_event": int(peak_events[i]),
                 "count": int(mask.sum()),
                 "exact_count": int((mask & exact).sum()),
             }
@@ -589,9 +763,10 @@ def categories(
     at_peak = iv.alive_after(peak)
     return {
         "view": "categories",
-        **_common(snap, rep),
+        **_common(snap, rep, ax),
         "t0": grid.t0,
         "t1": grid.t1,
+        "range_events": [grid.lo, grid.hi],
         "width": len(grid.start),
         "table": pack_f8(columns),
         "groups": groups,

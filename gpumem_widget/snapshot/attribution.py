@@ -99,6 +99,34 @@ def is_noise(frame: Frame) -> bool:
     )
 
 
+# Native frames that say nothing about whose memory it is: the unwinder, the allocator, the
+# generic `empty` factories and the dispatcher's glue between an op and its kernel.
+_PLUMBING_NAMES = (
+    "c10::",
+    "at::detail::empty",
+    "at::native::empty",
+    "at::empty",
+    "at::_ops::empty",
+    "at::(anonymous namespace)::",
+    "at::cuda::(anonymous namespace)::",
+    "torch::cuda::",
+    "torch::CapturedTraceback",
+    "torch::unwind",
+)
+
+
+@functools.lru_cache(maxsize=65536)
+def is_informative(frame: Frame) -> bool:
+    """Whether a frame may name an allocation's site: not noise, not allocator or dispatcher
+    plumbing, and not an unsymbolized address (``??:0`` with no function name)."""
+    if is_noise(frame):
+        return False
+    name = frame.name.strip()
+    if not name or name == "??" or name.startswith("0x"):
+        return False
+    return not (kind_of(frame.filename) is Kind.NATIVE and name.startswith(_PLUMBING_NAMES))
+
+
 _PREFERENCE = (Kind.USER, Kind.LIBRARY, Kind.PYTHON, Kind.TORCH, Kind.JUPYTER, Kind.NATIVE)
 
 
@@ -108,7 +136,10 @@ def site_of(frames: Sequence[Frame], mode: SiteMode = "user") -> Frame | None:
     "user": the innermost frame of the user's own code, else a library's, else any.
     "code": the innermost frame of user or library code, whichever is deeper, else any.
     "leaf": the innermost Python frame (what called into C++).
+    Frames that name nothing (`is_informative`: the unwinder's own ``torch::unwind::unwind()``,
+    ``??:0``, the allocator, the dispatcher) are never chosen while another frame is there.
     """
+    frames = [f for f in frames if is_informative(f)] or list(frames)
     kinds = [kind_of(f.filename) for f in frames]
     if mode == "leaf":
         wanted: tuple[tuple[Kind, ...], ...] = (tuple(k for k in Kind if k is not Kind.NATIVE),)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
+    from gpumem_widget.snapshot.aggregate import Axis
     from gpumem_widget.snapshot.load import Source
     from gpumem_widget.wire.widget import GpuMemWidget
 
@@ -71,16 +72,77 @@ def _segments(snap: Snapshot, device: int, event: int) -> dict[str, Any] | None:
         return None
 
 
-def alive_view(snap: Snapshot, device: int, t: float | None) -> dict[str, Any]:
-    """What is alive on `device` right after `t` (None: at the peak), with the segment map at
-    the same trace entry (entries can share a timestamp, so the map follows the entry)."""
+def alive_view(
+    snap: Snapshot, device: int, t: float | None, event: int | None = None
+) -> dict[str, Any]:
+    """What is alive on `device` right after `t` or trace entry `event` (neither: at the peak),
+    with the segment map at the same entry (entries can share a timestamp, so the map follows
+    the entry) and the entry's position on each x axis the tab draws (``x``)."""
     from gpumem_widget.snapshot import alive_at
+    from gpumem_widget.snapshot.aggregate import axis_x
 
-    view = alive_at(snap, device, t, max_nodes=MAX_TREE_NODES, largest=LARGEST)
+    view = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
     segments = _segments(snap, device, view["event"])
     if segments is not None:
         view["segments"] = segments
+    e = view["event"]
+    rep = snap.replay(device)
+    time_x = axis_x(snap, rep, "time", collapse_idle=True).x
+    view["x"] = {
+        "event": float(e) if e >= 0 else -1.0,
+        "time": float(time_x[e]) if e >= 0 else (float(time_x[0]) if len(time_x) else 0.0),
+    }
     return view
+
+
+def _cell_bands(snap: Snapshot, device: int, cells: dict[str, Any], axis: str) -> list[Any]:
+    """Each cell's span on `axis` (its first to its last entry), for bands on the chart."""
+    from gpumem_widget.snapshot.aggregate import axis_x
+
+    rep = snap.replay(device)
+    if not rep.n_events:
+        return []
+    x = axis_x(snap, rep, "event" if axis == "event" else "time", collapse_idle=True).x
+    n = rep.n_events
+    bands = []
+    for c in cells["cells"]:
+        first, last = int(c["first_event"]), int(c["last_event"])
+        if last < first or first >= n or last < 0:
+            continue
+        x0, x1 = float(x[max(first, 0)]), float(x[min(last, n - 1)])
+        bands.append(
+            {"execution_count": c["execution_count"], "x0": x0, "x1": x1 + (axis == "event")}
+        )
+    return bands
+
+
+def range_view(
+    snap: Snapshot,
+    device: int,
+    *,
+    axis: str,
+    t0: float | None,
+    t1: float | None,
+    width: int,
+    cells: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Sites and categories over [t0, t1] of `axis` ("event", or "time" with idle stretches
+    collapsed), re-aggregated at `width` columns: a zoomed range shows full detail."""
+    from gpumem_widget.snapshot import active_memory_view, categories
+
+    if axis not in ("event", "time"):
+        raise ValueError(f"no axis {axis!r}: event or time")
+    width = max(50, min(int(width), 4000))
+    kw: dict[str, Any] = {"t0": t0, "t1": t1, "axis": axis, "collapse_idle": True}
+    return {
+        "device": device,
+        "axis": axis,
+        "t0": t0,
+        "t1": t1,
+        "sites": active_memory_view(snap, device, width, TOP_SITES, **kw),
+        "categories": categories(snap, device, width=width, full_columns=False, **kw),
+        "bands": _cell_bands(snap, device, cells, axis) if cells else [],
+    }
 
 
 def overview(
@@ -96,13 +158,17 @@ def overview(
     devices = []
     for d in snap.devices:
         cells = None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
+        slices = cell_slices(snap, d, cells)
+        reserved = reserved_over_time_view(snap, d, WIDTH)
+        del reserved["table"]  # the active view carries reserved on its own columns
         devices.append(
             {
                 "device": d,
-                "active": active_memory_view(snap, d, WIDTH, TOP_SITES),
-                "categories": categories(snap, d, width=WIDTH),
-                "reserved": reserved_over_time_view(snap, d, WIDTH),
-                "cells": cell_slices(snap, d, cells),
+                "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
+                "categories": categories(snap, d, width=WIDTH, axis="event", full_columns=False),
+                "reserved": reserved,
+                "cells": slices,
+                "bands": _cell_bands(snap, d, slices, "event"),
             }
         )
     return {
@@ -178,7 +244,11 @@ class Drilldown:
         kind = content.get("type")
         try:
             if kind == "alive_at":
-                self._alive_at(content.get("device"), content.get("t"))
+                self._alive_at(content.get("device"), content.get("t"), content.get("event"))
+            elif kind == "view":
+                self._range(content)
+            elif kind == "search":
+                self._search(content)
             elif kind == "load":
                 pending = self._pending
                 if pending is not None:
@@ -187,12 +257,86 @@ class Drilldown:
             log.warning("gpumem_widget drill-down: %s", e, exc_info=True)
             self.widget.drilldown_alive = {"error": f"{type(e).__name__}: {e}"}
 
-    def _alive_at(self, device: object, t: object) -> None:
+    def _device(self, device: object) -> Snapshot | None:
         current = self._current
         if current is None:
-            return
+            return None
         if not isinstance(device, int) or device not in current.snap.devices:
             raise ValueError(f"no device {device!r} in this snapshot")
+        return current.snap
+
+    def _alive_at(self, device: object, t: object, event: object = None) -> None:
+        snap = self._device(device)
+        if snap is None:
+            return
+        assert isinstance(device, int)
+        if isinstance(event, int) and not isinstance(event, bool):  # a column's peak, a step
+            self.widget.drilldown_alive = alive_view(snap, device, None, event)
+            return
         if not (isinstance(t, (int, float)) and math.isfinite(t)):
             raise ValueError(f"not a time: {t!r}")
-        self.widget.drilldown_alive = alive_view(current.snap, device, float(t))
+        self.widget.drilldown_alive = alive_view(snap, device, float(t))
+
+    def _range(self, msg: Mapping[str, Any]) -> None:
+        """`{"type": "view", "device", "axis", "t0", "t1", "width", "id"}`: a zoom or an axis."""
+        from gpumem_widget.snapshot import cell_slices
+
+        device = msg.get("device")
+        snap = self._device(device)
+        if snap is None:
+            return
+        assert isinstance(device, int)
+        t0, t1 = _finite_or_none(msg.get("t0")), _finite_or_none(msg.get("t1"))
+        width = msg.get("width")
+        width = width if isinstance(width, int) and not isinstance(width, bool) else WIDTH
+        cells = cell_slices(snap, device)
+        axis = str(msg.get("axis"))
+        view = range_view(snap, device, axis=axis, t0=t0, t1=t1, width=width, cells=cells)
+        view["id"] = msg.get("id")
+        self.widget.drilldown_view = view
+
+    def _search(self, msg: Mapping[str, Any]) -> None:
+        """`{"type": "search", "device", "query", "axis", "t0", "t1", "width"}`."""
+        from gpumem_widget.snapshot.search import search
+
+        device = msg.get("device")
+        snap = self._device(device)
+        if snap is None:
+            return
+        assert isinstance(device, int)
+        axis: Axis = "time" if msg.get("axis") == "time" else "event"
+        try:
+            answer = search(
+                snap,
+                device,
+                str(msg.get("query", "")),
+                axis=axis,
+                collapse_idle=True,
+                t0=_finite_or_none(msg.get("t0")),
+                t1=_finite_or_none(msg.get("t1")),
+            )
+        except ValueError as e:
+            answer = {"error": str(e), "query": str(msg.get("query", ""))}
+        self.widget.drilldown_search = answer
+
+    def compare(
+        self,
+        a: Source | Snapshot,
+        b: Source | Snapshot,
+        labels: tuple[str, str] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Compare two snapshots (see `compare.compare_snapshots`) and show it in the tab."""
+        from gpumem_widget.snapshot import open_snapshot
+        from gpumem_widget.snapshot.compare import compare_snapshots
+
+        names = labels or (describe_source(a), describe_source(b))
+        view = compare_snapshots(open_snapshot(a), open_snapshot(b), labels=names, **kwargs)
+        self.widget.drilldown_compare = view
+        return view
+
+
+def _finite_or_none(v: object) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None

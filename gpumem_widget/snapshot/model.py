@@ -48,7 +48,22 @@ class Frame:
     name: str
 
     def label(self) -> str:
+        if self.filename in ("", "??"):  # a native frame without debug info: its function only
+            return _without_arguments(self.name)
         return f"{self.filename.rsplit('/', 1)[-1]}:{self.line} {self.name}"
+
+
+def _without_arguments(name: str) -> str:
+    """A C++ signature without its trailing argument list: ``at::mm(at::Tensor const&)`` is
+    ``at::mm``; ``(anonymous namespace)`` inside the name stays."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            return name[:i] or name
+    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,15 @@ Traits (all written by the kernel; the browser never writes them):
 ``drilldown_alive``  `snapshot.aggregate.alive_at` for one device and instant (the peak at
              first; the browser sends ``{"type": "alive_at", "t", "device"}`` on a click), with
              ``segments`` (the segment map) where that view exists; ``{"error": str}`` when a
-             request failed.
+             request failed. ``{"type": "alive_at", "event", "device"}`` asks about one trace
+             entry: a column's peak instant, or a step from the entry shown.
+``drilldown_view``  a zoomed range or another x axis, re-aggregated at screen resolution
+             (`snapshot.drilldown.range_view`), answering ``{"type": "view", "device", "axis":
+             "event"|"time", "t0", "t1", "width", "id"}``.
+``drilldown_search``  `snapshot.search.search`'s answer to ``{"type": "search", "device",
+             "query", "axis", "t0", "t1"}`` (frame text or an address).
+``drilldown_compare``  `snapshot.compare.compare_snapshots` of two snapshots
+             (`gpumem_widget.compare_snapshots`); ``{}`` when none.
 
 Packed table: ``{"n": rows, "columns": [name, ...], "dtypes": ["f8"|"f4", ...],
 "buffers": [bytes, ...]}`` with one little-endian buffer per column (ipywidgets sends each as a

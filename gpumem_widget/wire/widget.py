@@ -41,6 +41,9 @@ class GpuMemWidget(anywidget.AnyWidget):
     timeline_tail = traitlets.Dict().tag(sync=True)
     drilldown = traitlets.Dict().tag(sync=True)
     drilldown_alive = traitlets.Dict().tag(sync=True)
+    drilldown_view = traitlets.Dict().tag(sync=True)
+    drilldown_search = traitlets.Dict().tag(sync=True)
+    drilldown_compare = traitlets.Dict().tag(sync=True)
 
     def __init__(self, num_devices: int = 0, **kwargs: Any) -> None:
         empty = protocol.empty_table(protocol.timeline_columns(num_devices))

@@ -1,0 +1,146 @@
+"""Two snapshots side by side: before and after a change, or two ranks of one job.
+
+`compare_snapshots` answers what changed at the peak, by allocation site and by category, and
+puts both timelines on one x axis (entry number from each trace's start, or seconds since it)
+at screen resolution, each column at its highest instant as in `aggregate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpumem_widget.snapshot.aggregate import (
+    BEFORE_RECORDING,
+    NO_PYTHON_STACK,
+    Axis,
+    _after,
+    _grid,
+    _sites,
+    axis_x,
+    categories,
+    pack_f8,
+)
+from gpumem_widget.snapshot.attribution import SiteMode
+from gpumem_widget.snapshot.replay import Snapshot
+
+
+def _side(snap: Snapshot, device: int | None, site: SiteMode) -> dict[str, Any]:
+    rep = snap.replay(device)
+    iv = rep.intervals
+    peak = int(np.argmax(rep.active)) if rep.n_events else -1
+    alive = iv.alive_after(peak)
+    sites = _sites(snap, iv, site)
+    by_site = np.bincount(
+        sites.of_interval[alive], weights=iv.size[alive], minlength=len(sites.keys)
+    )
+    labels = [k if isinstance(k, str) else k.label() for k in sites.keys]
+    site_bytes: dict[str, int] = {}
+    for label, b in zip(labels, by_site, strict=True):
+        if b:
+            site_bytes[label] = site_bytes.get(label, 0) + int(b)
+    return {
+        "device": rep.device,
+        "entries": rep.n_events,
+        "allocations": len(iv),
+        "peak_bytes": rep.active_after(peak),
+        "peak_event": peak,
+        "peak_reserved": max(int(rep.reserved.max(initial=0)), rep.reserved_before),
+        "end_bytes": rep.active_after(rep.n_events - 1),
+        "by_site": site_bytes,
+        "by_category": categories(snap, rep.device, width=1, full_columns=False)["at_peak"],
+    }
+
+
+def _diff(a: dict[str, int], b: dict[str, int], top: int) -> list[dict[str, Any]]:
+    """Rows of (label, a, b, b - a), largest change first; the rest summed into one row."""
+    rows: list[dict[str, Any]] = [
+        {"label": k, "a": a.get(k, 0), "b": b.get(k, 0), "delta": b.get(k, 0) - a.get(k, 0)}
+        for k in sorted(set(a) | set(b))
+    ]
+    rows.sort(key=lambda r: (-abs(r["delta"]), -max(r["a"], r["b"]), r["label"]))
+    shown, rest = rows[:top], rows[top:]
+    if rest:
+        shown.append(
+            {
+                "label": f"({len(rest)} other sites)",
+                "a": sum(r["a"] for r in rest),
+                "b": sum(r["b"] for r in rest),
+                "delta": sum(r["delta"] for r in rest),
+            }
+        )
+    return shown
+
+
+def _timeline(snap: Snapshot, device: int, axis: Axis, width: int, span: float) -> dict[str, Any]:
+    rep = snap.replay(device)
+    ax = axis_x(snap, rep, axis, collapse_idle=axis == "time")
+    x = ax.x - (ax.x[0] if rep.n_events else 0.0)
+    grid = _grid(rep, x, width, 0.0, span)
+    active = _after(rep.active, rep.active_before, grid.event).astype(np.float64)
+    reserved = _after(rep.reserved, rep.reserved_before, grid.event).astype(np.float64)
+    own_end = float(x[-1]) if rep.n_events else 0.0
+    past = grid.start > own_end  # the other trace runs longer: nothing to draw here
+    active[past] = np.nan
+    reserved[past] = np.nan
+    return {"t": grid.start, "active": active, "reserved": reserved}
+
+
+def compare_snapshots(
+    a: Snapshot,
+    b: Snapshot,
+    device_a: int | None = None,
+    device_b: int | None = None,
+    *,
+    labels: tuple[str, str] = ("A", "B"),
+    axis: Axis = "event",
+    width: int = 1000,
+    top: int = 15,
+    site: SiteMode = "user",
+) -> dict[str, Any]:
+    """What changed from snapshot `a` to `b`: their peaks, the bytes alive at each one's peak by
+    allocation site and by category (``delta`` is b - a), and both timelines on one x axis
+    (`axis` "event": entry number from each trace's start, as memory_viz draws; "time":
+    seconds since each trace's first entry, idle stretches collapsed)."""
+    da, db = a.device(device_a), b.device(device_b)
+    side_a, side_b = _side(a, da, site), _side(b, db, site)
+    if axis == "time" and not (a.data.has_time and b.data.has_time):
+        axis = "event"
+    spans = []
+    for snap, d in ((a, da), (b, db)):
+        rep = snap.replay(d)
+        x = axis_x(snap, rep, axis, collapse_idle=axis == "time").x
+        spans.append(float(x[-1] - x[0]) if rep.n_events else 0.0)
+    span = max(*spans, 1.0)
+    ta, tb = _timeline(a, da, axis, width, span), _timeline(b, db, axis, width, span)
+    table = pack_f8(
+        {
+            "t": ta["t"],
+            "a_active": ta["active"],
+            "a_reserved": ta["reserved"],
+            "b_active": tb["active"],
+            "b_reserved": tb["reserved"],
+        }
+    )
+    unlabelled = {BEFORE_RECORDING, NO_PYTHON_STACK}
+    return {
+        "view": "compare",
+        "labels": list(labels),
+        "axis": axis,
+        "x_unit": "entry" if axis == "event" else "s",
+        "a": {k: v for k, v in side_a.items() if k not in ("by_site", "by_category")},
+        "b": {k: v for k, v in side_b.items() if k not in ("by_site", "by_category")},
+        "peak_delta": side_b["peak_bytes"] - side_a["peak_bytes"],
+        "peak_reserved_delta": side_b["peak_reserved"] - side_a["peak_reserved"],
+        "by_site": _diff(side_a["by_site"], side_b["by_site"], top),
+        "by_category": [
+            r
+            for r in _diff(side_a["by_category"], side_b["by_category"], len(side_a["by_category"]))
+            if r["a"] or r["b"]
+        ],
+        "unattributed": sorted(unlabelled & (set(side_a["by_site"]) | set(side_b["by_site"]))),
+        "t0": 0.0,
+        "t1": span,
+        "table": table,
+    }
