@@ -5,29 +5,46 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-# Pinned so that a machine without torch gets a known build; an installed torch is never replaced.
+# Installed only where no torch is importable (pinned, so such a machine gets a known build).
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint typecheck js-test pytest browser bench clean
 
+# A torch that $(PY) already imports (a CUDA build, say) is never downloaded again: a .pth file
+# puts the folder it comes from on the venv's path (after the venv's own packages), so the venv
+# imports it and pip counts it as installed (the package asks only for torch>=2.1).
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	@site=$$($(PY) -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" \
+	    2>/dev/null) && [ -n "$$site" ] \
+	  && echo "$$site" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/reuse_torch.pth" \
+	  && echo "make: the venv uses the torch $(PY) imports, from $$site (none is downloaded)" \
+	  || true
+	@# pip >= 21.3 installs a pyproject package in editable mode; only an older one is upgraded.
+	@$(BIN)/python -c "import pip, sys; sys.exit(tuple(map(int, pip.__version__.split('.')[:2])) < (21, 3))" \
+	  || $(BIN)/pip install -q --upgrade pip
 
 setup: $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	@$(BIN)/python -c "import torch" 2>/dev/null \
+	  || { echo "make: no torch here: installing $(TORCH) (CPU or CUDA as pip picks;" \
+	         "TORCH=... chooses another)"; $(BIN)/pip install -q "$(TORCH)"; }
 	$(BIN)/pip install -q -e ".[test]"
 	cd js && npm ci --no-audit --no-fund && npm run build
 
 demo: setup
 	$(BIN)/jupyter lab notebooks/quickstart.ipynb $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
-# Debian's chromium for the end-to-end test (a test tool's own browser download is not used).
+# Debian's chromium for the end-to-end tests (a test tool's own browser download is not used).
+# As root on Debian/Ubuntu it is installed with apt (about 120 packages); otherwise the browser
+# tests are skipped. NO_APT=1 never installs it.
 browser:
-	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	@command -v chromium >/dev/null || { [ -z "$(NO_APT)" ] && [ "$$(id -u)" = 0 ] \
+	  && command -v apt-get >/dev/null \
+	  && echo "make: installing Debian's chromium with apt-get as root (about 120 packages)" \
+	    "for the browser end-to-end tests; NO_APT=1 skips this" \
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
-	  || echo "chromium not installed: the browser end-to-end test will be skipped"
+	  || echo "make: chromium not installed: the browser end-to-end tests will be skipped"
 	cd tests/e2e && npm ci --no-audit --no-fund
 
 # lint-imports checks the layers and the no-cycle contracts in pyproject.toml.

@@ -60,15 +60,16 @@ def _kernel(path: str, state_out: str) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--file", type=Path)
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_kernel(*args.child)))
         return
+    RESULTS.mkdir(parents=True, exist_ok=True)  # a fresh clone has none (it is ignored by git)
     path = args.file or RESULTS / f"big_{args.entries}.pickle"
     if not path.exists():
         subprocess.run(

@@ -470,12 +470,17 @@ def test_wire_is_json_and_agrees_with_the_estimate() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without CUDA")
 def test_available_bytes_needs_cuda() -> None:
     est = estimate(two_layers(), "adamw", batch=1)
-    with pytest.raises(EstimateError, match="no CUDA device here"):
+    with pytest.raises(EstimateError, match=r"no CUDA device here.*fits\(\) yourself"):
         available_bytes(est)
-    with pytest.raises(EstimateError, match="no CUDA device here"):
+    # The magic's answer is its own option, --free.
+    with pytest.raises(EstimateError, match=r"no CUDA device here to ask: give it with --free"):
         estimate_from_args(
             _parser().parse_args(["m", "--batch", "1", "--fits", "batch"]), {"m": two_layers()}
         )
+    args = _parser().parse_args(["m", "--batch", "1", "--fits", "batch", "--free", "1GiB"])
+    _, fit = estimate_from_args(args, {"m": two_layers()})
+    assert fit is not None
+    assert fit.free_bytes == 2**30
 
 
 # The user's model is left alone ------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -15,6 +16,10 @@ import gpumem_widget
 from gpumem_widget.live.ledger import WIRE_BLOCK
 from gpumem_widget.live.session import Session
 from gpumem_widget.wire import protocol
+
+host_only = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks host-memory mode, on a machine without CUDA"
+)
 
 
 @pytest.fixture
@@ -153,12 +158,71 @@ def test_unload_closes_every_widget_it_opened(ip: Any) -> None:
     ip.run_line_magic("load_ext", "gpumem_widget")  # for the fixture's teardown
 
 
-def test_cell_magic_without_a_command_records_the_cell(ip: Any) -> None:
-    # Without CUDA recording is unavailable: one clear error, and the cell's body never ran.
-    result = ip.run_cell("%%gpumem --stacks python\nran_body = True\n", store_history=True)
+@host_only
+def test_cell_magic_without_cuda_runs_the_body_unrecorded_and_says_so(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.user_ns.pop("ran_body", None)
+    result = ip.run_cell("%%gpumem --stacks python\nran_body = 'yes'\n", store_history=True)
+    assert result.success
+    assert ip.user_ns["ran_body"] == "yes"  # the cell's code always runs
+    out = capsys.readouterr().out
+    assert "records nothing here (recording memory history needs a CUDA device" in out
+    assert "the cell runs unrecorded" in out
+    assert gpumem_widget.ledger()[-1].source.startswith("%%gpumem")  # and the ledger has it
+    # The body's own error is the cell's error, as without the magic.
+    failed = ip.run_cell("%%gpumem\nraise KeyError('mine')\n", store_history=True)
+    assert isinstance(failed.error_in_exec, KeyError)
+
+
+@pytest.mark.parametrize("line", ["status", "reset", "show", "export x.csv", "pause"])
+def test_cell_magic_with_another_command_refuses_before_anything(ip: Any, line: str) -> None:
+    ip.user_ns.pop("ran_body", None)
+    s = gpumem_widget.current_session()
+    assert s is not None
+    before = s.sampler.paused, len(gpumem_widget.ledger())
+    result = ip.run_cell(f"%%gpumem {line}\nran_body = True\n", store_history=True)
     assert isinstance(result.error_in_exec, UsageError)
-    assert "CUDA" in str(result.error_in_exec)
+    assert "the cell's body did not run" in str(result.error_in_exec)
+    assert f"`%gpumem {line.split(maxsplit=1)[0]}` on a line of its own" in str(
+        result.error_in_exec
+    )
     assert "ran_body" not in ip.user_ns
+    assert s.sampler.paused == before[0]  # the subcommand did not run either
+    assert len(gpumem_widget.ledger()) == before[1] + 1  # reset did not clear the ledger
+
+
+def test_cell_magic_help_and_bad_options_say_the_body_did_not_run(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.user_ns.pop("ran_body", None)
+    ip.run_cell("%%gpumem --help\nran_body = True\n", store_history=True)
+    assert "(the cell's body did not run: only the help was shown)" in capsys.readouterr().out
+    result = ip.run_cell("%%gpumem --stacks nope\nran_body = True\n", store_history=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "(the cell's body did not run)" in str(result.error_in_exec)
+    assert "ran_body" not in ip.user_ns
+
+
+def test_help_names_the_cell_magic_with_both_percent_signs(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_line_magic("gpumem", "--help")
+    text = capsys.readouterr().out
+    assert "on a cell, as `%%gpumem [options]`" in text  # argparse would print one % sign
+    assert "As a cell magic, `%%gpumem [options]` runs the cell" in text
+    ip.run_line_magic("gpumem", "cell --help")
+    assert capsys.readouterr().out.startswith("usage: %%gpumem [cell] [-h]")
+
+
+@host_only
+def test_fragmentation_without_cuda_says_there_is_no_device(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.run_line_magic("gpumem", "fragmentation")
+    out = capsys.readouterr().out
+    assert "no CUDA device here (host-memory mode)" in out
+    assert "has not used CUDA yet" not in out
 
 
 def test_each_update_carries_only_the_newest_records(ip: Any) -> None:

@@ -12,15 +12,18 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import recorded_readers
 
 from gpumem_widget.live.export import export_ledger
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage
+from gpumem_widget.live.readers import Readers
 from gpumem_widget.live.session import Session
 from gpumem_widget.reporting import report
 from gpumem_widget.reporting.ledger_table import ledger_table
@@ -114,6 +117,50 @@ def test_session_report_has_timeline_bands_and_ledger(session: Session, tmp_path
     assert table["peak_text"][0] == human_bytes(records[0].peak_allocated)
     lines = [r.renderers[0] if hasattr(r, "renderers") else r for r in fig.renderers]
     assert any("d0_allocated" in str(getattr(r.glyph, "y", "")) for r in lines)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="host-memory mode: no CUDA device")
+def test_host_mode_report_shows_host_memory_not_zero_gpu_columns(tmp_path: Path) -> None:
+    """A session without CUDA (no device): the report says host memory, shows the host RSS
+    columns, and has no GPU column reading 0 B."""
+    s = Session(readers=Readers.open(), idle_interval=0.02, busy_interval=0.01)
+    assert s.mode == "host"
+    s.start()
+    try:
+        for n, source in enumerate(["grown = bytearray(64 * 2**20)", "del grown"], start=1):
+            s.pre_run_cell(SimpleNamespace(raw_cell=source, store_history=True, cell_id=None))
+            if n == 1:
+                grown = bytearray(64 * MiB)
+                grown[:: 2**12] = b"\x01" * (len(grown) // 2**12)  # touch every page
+            else:
+                del grown
+            s.post_run_cell(
+                SimpleNamespace(error_in_exec=None, error_before_exec=None, execution_count=n)
+            )
+    finally:
+        s.stop()
+    records = s.records()
+    page = report(tmp_path / "host.html", session=s).read_text()
+    titles = [t["attributes"].get("text") for t in models(page, "Title")]
+    assert "<title>Host memory report (no CUDA device)</title>" in page
+    assert titles == ["Host memory over the session (no CUDA device: this process's RSS, sampled)"]
+    assert "GPU memory over" not in page
+    assert "GPU memory report" not in page
+    assert "Not measured: GPU memory." in html.unescape(page)
+    table = ledger_table(records, host_mode=True)
+    assert [c.title for c in table.columns][3:6] == [
+        "Δ host RSS",
+        "peak host RSS (sampled, at least)",
+        "host RSS after",
+    ]
+    data = table.source.data
+    assert "peak" not in data
+    assert "delta" not in data
+    assert data["rss_delta"][0] >= 60 * MiB  # the bytearray, in host memory
+    assert data["rss_peak"] == [r.host_rss_peak for r in records]
+    fig = timeline_figure(s.timeline, records, 0)
+    (band,) = [r for r in fig.renderers if type(r.glyph).__name__ == "Quad"]
+    assert band.data_source.data["delta"][0] >= 60 * MiB
 
 
 def test_snapshot_report_matches_the_views(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from bokeh.embed import file_html
+from bokeh.models import CustomJSTickFormatter
 from bokeh.resources import INLINE
 
 from gpumem_widget.reporting.segments import MIN_BAR, bokeh_reserved_over_time, bokeh_segment_map
@@ -33,8 +34,12 @@ def test_segment_map_and_reserved_render_offline() -> None:
     assert drawn == pytest.approx(sum(max(MIN_BAR, s["size"] / widest) for s in view["segments"]))
     assert "waste" in quads["kind"]
     assert HOSTILE in quads["site"]  # hover fields are text for Bokeh's tooltips
+    reserved = bokeh_reserved_over_time(reserved_over_time_view(snap, 0, width=400))
+    # Bytes in byte units ("1.86 GiB"), as every other chart: not Bokeh's "2.000e+9".
+    assert isinstance(reserved.yaxis[0].formatter, CustomJSTickFormatter)
+    assert "GiB" in reserved.yaxis[0].formatter.code
     page = file_html(
-        [layout, bokeh_reserved_over_time(reserved_over_time_view(snap, 0, width=400))],
+        [layout, reserved],
         resources=INLINE,
         title="segments",
     )

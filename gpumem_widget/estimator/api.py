@@ -302,7 +302,10 @@ def available_bytes(est: r.Estimate, device: int | str | torch.device | None = N
     """Memory a training step may use on a CUDA device (the model's by default): free + cached by
     PyTorch + what the estimated model already holds there (it is part of the estimate's total)."""
     if not torch.cuda.is_available():
-        raise EstimateError("no CUDA device here: pass the free memory to fits() yourself")
+        raise EstimateError(
+            "no CUDA device here to ask for free memory: pass the bytes a training step may "
+            "use to fits() yourself, e.g. est.fits(80 * 2**30) (`%gpumem estimate` takes --free)"
+        )
     if device is None:
         device = est.device_index
     free, _total = torch.cuda.mem_get_info(device)

@@ -144,12 +144,18 @@ def _configure_cell(p: argparse.ArgumentParser) -> None:
 
 
 def _cell(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
-    """Run the cell's body while recording, then show what it allocated."""
-    from gpumem_widget.snapshot import CellRecording, recording
+    """Run the cell's body while recording, then show what it allocated. Where recording is
+    impossible (no CUDA), the body still runs, unrecorded, and the magic says so first."""
+    from gpumem_widget.snapshot import CellRecording, recording, recording_unavailable_reason
 
     if cell is None:
         raise UsageError("%gpumem cell: use it as a cell magic, `%%gpumem cell [options]`")
     shell = session.shell
+    why_not = recording_unavailable_reason()
+    if why_not is not None:
+        print(f"gpumem: %%gpumem records nothing here ({why_not}); the cell runs unrecorded")
+        shell.ex(shell.transform_cell(cell))
+        return None
     count = session.tracker.running_cell
     taken: CellRecording | None = None
     try:
@@ -246,7 +252,8 @@ FEATURE_COMMANDS: tuple[Command, ...] = (
         description="Run the cell while recording the allocator's history, then show the "
         "snapshot in the widget's Snapshot tab, sliced to this cell. The snapshot is taken even "
         "when the cell raises (an out-of-memory error included). Recording that was already on "
-        "stays on. Needs CUDA.",
+        "stays on. Without CUDA the cell runs unrecorded, and says so.",
+        prog="%%gpumem [cell]",
     ),
     Command(
         "show-snapshot",
@@ -325,7 +332,13 @@ def _fragmentation(session: Session, args: argparse.Namespace, cell: str | None)
     from gpumem_widget.snapshot.advice import advise, settings_from_conf
     from gpumem_widget.snapshot.fragmentation import from_memory_stats
 
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    if not torch.cuda.is_available():
+        print(
+            "gpumem: no CUDA device here (host-memory mode): there is no CUDA caching "
+            "allocator, so nothing to fragment"
+        )
+        return
+    if not torch.cuda.is_initialized():
         print("gpumem: this kernel has not used CUDA yet; nothing is cached")
         return
     device = torch.cuda.current_device() if args.device is None else args.device

@@ -27,6 +27,8 @@ class _HelpShown(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse that reports through IPython instead of exiting the kernel."""
 
+    body_skipped = False  # set on the top parser when a cell body comes with the line
+
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
             print(message)
@@ -36,6 +38,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}\n(see `%gpumem --help`)")
 
 
+# A cell magic either runs the cell's body or refuses before anything, saying so.
+BODY_NOT_RUN = "the cell's body did not run"
+
+
 @dataclass(frozen=True)
 class Command:
     name: str
@@ -43,6 +49,8 @@ class Command:
     run: Callable[[Session, argparse.Namespace, str | None], Any]
     configure: Callable[[argparse.ArgumentParser], None] | None = None
     description: str | None = None
+    # The name its usage line shows, where it is not `%gpumem NAME` (the cell magic's).
+    prog: str | None = None
 
 
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
@@ -50,11 +58,20 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
         prog="%gpumem",
         description="GPU memory in this notebook: a live chart, a per-cell ledger, and tools "
         "for what holds memory. Without a subcommand, shows the widget.",
+        epilog=f"As a cell magic, `%%gpumem [options]` runs the cell and records what it "
+        f"allocates (`%gpumem {CELL_COMMAND} --help`); every other COMMAND is a line magic.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for c in commands:
-        p = sub.add_parser(c.name, help=c.help, description=c.description or c.help)
+        # argparse %-formats help strings (so `%%gpumem` would print as `%gpumem`): escape them.
+        p = sub.add_parser(
+            c.name,
+            help=c.help.replace("%", "%%"),
+            description=c.description or c.help,
+        )
+        if c.prog is not None:
+            p.prog = c.prog
         if c.configure is not None:
             c.configure(p)
     return parser
@@ -63,6 +80,9 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
 def run_magic(
     session: Session | None, commands: Sequence[Command], line: str, cell: str | None = None
 ) -> Any:
+    """Parse `line` and run its subcommand. With a cell body (`%%gpumem ...`), only the cell
+    command runs the body; anything else refuses before doing anything and says the body did
+    not run, so a cell's code is never dropped silently."""
     parser = build_parser(commands)
     words = shlex.split(line)
     names = {c.name for c in commands}
@@ -71,10 +91,24 @@ def run_magic(
     try:
         args = parser.parse_args(words)
     except _HelpShown:
+        if cell is not None:
+            print(f"({BODY_NOT_RUN}: only the help was shown)")
         return None
+    except UsageError as e:
+        if cell is None:
+            raise
+        raise UsageError(f"{e}\n({BODY_NOT_RUN})") from None
     name = args.command or "show"
     if session is None:
-        raise UsageError("gpumem_widget is not loaded: run `%load_ext gpumem_widget` first")
+        raise UsageError(
+            "gpumem_widget is not loaded: run `%load_ext gpumem_widget` first"
+            + (f" ({BODY_NOT_RUN})" if cell is not None else "")
+        )
+    if cell is not None and name != CELL_COMMAND:
+        raise UsageError(
+            f"%%gpumem {name}: only `%%gpumem [options]` (recording the cell) takes a cell body, "
+            f"so {BODY_NOT_RUN}. Put `%gpumem {name}` on a line of its own above the code."
+        )
     command = next(c for c in commands if c.name == name)
     return command.run(session, args, cell)
 

@@ -7,6 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+import torch
+
 from gpumem_widget.estimator.api import available_bytes, estimate
 from gpumem_widget.estimator.errors import EstimateError
 from gpumem_widget.estimator.optimizer_rules import RULES
@@ -110,5 +112,10 @@ def estimate_from_args(
     )
     if args.fits is None:
         return est, None
+    if args.free is None and not torch.cuda.is_available():
+        raise EstimateError(
+            "--fits needs the memory a training step may use, and there is no CUDA device here "
+            "to ask: give it with --free (e.g. --free 80GB)"
+        )
     free = args.free if args.free is not None else available_bytes(est)
     return est, est.fits(free, margin=args.margin, axis=args.fits)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 SnapshotSource = str | os.PathLike[str] | Snapshot
 DEFAULT_TITLE = "GPU memory report"
+HOST_TITLE = "Host memory report (no CUDA device)"
 
 
 def report(
@@ -42,7 +43,13 @@ def report(
         if session is not None
         else None
     )
-    html = render(title=title or DEFAULT_TITLE, session=data, snapshots=loaded, progress=progress)
+    host_only = data is not None and data.num_devices == 0 and not loaded
+    html = render(
+        title=title or (HOST_TITLE if host_only else DEFAULT_TITLE),
+        session=data,
+        snapshots=loaded,
+        progress=progress,
+    )
     out = Path(path)
     out.write_text(html, encoding="utf-8")
     return out
@@ -55,4 +62,4 @@ def _labeled(i: int, item: SnapshotSource | tuple[str, SnapshotSource]) -> tuple
     return label, open_snapshot(src)
 
 
-__all__ = ["DEFAULT_TITLE", "SnapshotSource", "report"]
+__all__ = ["DEFAULT_TITLE", "HOST_TITLE", "SnapshotSource", "report"]

@@ -35,6 +35,10 @@ from gpumem_widget.version import __version__
 from gpumem_widget.wire.protocol import unpack_table
 
 Progress = Callable[[str], None]
+HOST_MODE_NOTE = (
+    "No CUDA device: host-memory mode. Measured: this process's resident set size (RSS), "
+    "sampled, so a cell's peak is at least the figure shown. Not measured: GPU memory."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ def render(
             div("<h2>Session</h2>"),
             timeline_figure(session.timeline, session.records, session.num_devices),
             div(f"<h3>Ledger: {len(session.records)} cells</h3>"),
-            ledger_table(session.records),
+            ledger_table(session.records, host_mode=session.num_devices == 0),
         ]
         windows = [(r.execution_count, r.started, r.started + r.duration) for r in session.records]
     panels: list[list[Any]] = []
@@ -101,10 +105,11 @@ def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[s
         names = ", ".join(label for label, _ in snapshots)
         sources.append(f"{len(snapshots)} snapshot{'s' if len(snapshots) > 1 else ''} ({names})")
     made = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    host = f"<p>{HOST_MODE_NOTE}</p>" if session is not None and session.num_devices == 0 else ""
     return div(
         f"<h1>{esc(title)}</h1><p>From {esc(' and '.join(sources) or 'nothing')}; made "
         f"{esc(made)} by gpumem_widget {esc(__version__)}. Drag to pan, scroll to zoom, click "
-        "a legend entry to hide it; times are UTC.</p>"
+        f"a legend entry to hide it; times are UTC.</p>{host}"
     )
 
 

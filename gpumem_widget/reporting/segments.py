@@ -17,7 +17,7 @@ from bokeh.models.annotations import Legend, LegendItem, Span
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
-from gpumem_widget.reporting.style import human_bytes
+from gpumem_widget.reporting.style import bytes_ticks, human_bytes
 from gpumem_widget.wire.protocol import unpack_table
 
 COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
@@ -207,6 +207,6 @@ def bokeh_reserved_over_time(view: dict[str, Any]) -> Any:
             ],
         )
     )
-    fig.yaxis.axis_label = "bytes"
+    fig.yaxis.formatter = bytes_ticks()  # "1.86 GiB", never "2.000e+9"
     fig.legend.location = "top_left"
     return fig

@@ -39,7 +39,13 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
     """Each device's allocator and NVML series and host RSS over the session; cells as bands."""
     columns = _read(timeline)
     data: dict[str, Any] = {"x": columns[protocol.TIME_COLUMN] * 1e3}  # BokehJS: milliseconds
-    p = time_figure("GPU memory over the session", datetime=True)
+    host_mode = num_devices == 0
+    p = time_figure(
+        "Host memory over the session (no CUDA device: this process's RSS, sampled)"
+        if host_mode
+        else "GPU memory over the session",
+        datetime=True,
+    )
     top = 0.0
     hover_fields: list[tuple[str, str]] = []
     lines = []
@@ -69,7 +75,7 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
         )
         r.visible = shown
         renderers.append(r)
-    bands = _bands(p, records, top * 1.05 or 1.0)
+    bands = _bands(p, records, top * 1.05 or 1.0, host_mode)
     as_bytes = bytes_hover()
     if renderers:
         p.add_tools(
@@ -88,8 +94,8 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
                 tooltips=[
                     ("cell", "[@count] @line"),
                     ("duration", "@duration{0.000} s"),
-                    ("Δ allocated", "@delta{custom}"),
-                    ("peak allocated", "@peak{custom}"),
+                    ("Δ host RSS" if host_mode else "Δ allocated", "@delta{custom}"),
+                    ("peak host RSS (sampled)" if host_mode else "peak allocated", "@peak{custom}"),
                     ("outcome", "@outcome"),
                 ],
                 formatters={"@delta": as_bytes, "@peak": as_bytes},
@@ -109,9 +115,28 @@ def _read(timeline: Timeline) -> dict[str, npt.NDArray[np.float64]]:
             return columns
 
 
-def _bands(p: Any, records: Sequence[CellRecord], top: float) -> Any:
+def _known(v: int | None) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _bands(p: Any, records: Sequence[CellRecord], top: float, host_mode: bool) -> Any:
+    """A band per cell; its hover says what the cell did to GPU memory (to host memory when
+    there is no CUDA device)."""
     if not records:
         return None
+    if host_mode:
+        delta = [
+            _known(
+                None
+                if r.host_rss_before is None or r.host_rss_after is None
+                else r.host_rss_after - r.host_rss_before
+            )
+            for r in records
+        ]
+        peak = [_known(r.host_rss_peak) for r in records]
+    else:
+        delta = [float(r.delta_allocated) for r in records]
+        peak = [float(r.peak_allocated) for r in records]
     source = ColumnDataSource(
         {
             "left": [r.started * 1e3 for r in records],
@@ -119,8 +144,8 @@ def _bands(p: Any, records: Sequence[CellRecord], top: float) -> Any:
             "count": [r.execution_count for r in records],
             "line": [first_line(r.source) for r in records],
             "duration": [r.duration for r in records],
-            "delta": [r.delta_allocated for r in records],
-            "peak": [r.peak_allocated for r in records],
+            "delta": delta,
+            "peak": peak,
             "outcome": [
                 "out of memory" if r.oom else f"raised {r.error}" if r.error else "ok"
                 for r in records

@@ -69,6 +69,15 @@ def _torch() -> Any:
     return torch
 
 
+def recording_unavailable_reason() -> str | None:
+    """Why memory history cannot be recorded here, or None when it can."""
+    try:
+        _torch()
+    except RecordingUnavailable as e:
+        return str(e)
+    return None
+
+
 def recording_state() -> Recording | None:
     """How recording was started through this module, or None when it is off."""
     return _state.current

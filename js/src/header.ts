@@ -48,7 +48,10 @@ export class Header {
 
     const notes = document.createElement("ul");
     notes.className = "gpumem-problems";
+    if (status.mode === "host") notes.append(item(hostModeText(status), "mode"));
     for (const [name, reader] of Object.entries(status.readers)) {
+      // In host mode the line above says why there are no GPU readings; NVML has no device to read.
+      if (status.mode === "host" && (name === "torch" || name === "nvml")) continue;
       if (!reader.ok) notes.append(item(`${name} unavailable${reader.reason ? `: ${reader.reason}` : ""}`, "reader"));
     }
     for (const hint of status.hints) notes.append(item(hint, "hint"));
@@ -95,6 +98,12 @@ export function processSummary(procs: readonly ProcessUse[]): string {
 function processLine(p: ProcessUse): string {
   const who = p.self ? "this kernel" : (p.name ?? "(name not visible)");
   return `pid ${p.pid}  ${p.used === null ? "n/a" : formatBytes(p.used)}  ${who}`;
+}
+
+/** Host mode, honestly: why (the kernel's words), what is measured and what is not. */
+export function hostModeText(status: Status): string {
+  const why = status.readers["torch"]?.reason ?? "no CUDA device: host-memory mode";
+  return `${why}. Measured: this process's host memory (RSS), sampled, so a cell's peak is at least the figure shown. Not measured: GPU memory.`;
 }
 
 function samplerText(status: Status): string {

@@ -164,6 +164,22 @@ describe("header", () => {
     expect(header.el.querySelector(".gpumem-mode")?.textContent).toBe("host memory");
     expect(header.el.textContent).toContain("sampler stopped");
   });
+
+  it("says in host mode what is measured and what is not, in place of the GPU readers' failures", () => {
+    const header = new Header();
+    const readers = {
+      torch: { ok: false, reason: "no CUDA device: host-memory mode" },
+      nvml: { ok: false, reason: "NVML could not start: NVMLError_LibraryNotFound" },
+      host: { ok: true, reason: null },
+    };
+    header.update([], parseStatus({ mode: "host", sampler: "running", readers }, []), []);
+    const items = [...header.el.querySelectorAll("li")].map((li) => [li.dataset["kind"], li.textContent]);
+    expect(items).toEqual([
+      ["mode", "no CUDA device: host-memory mode. Measured: this process's host memory (RSS), sampled, so a cell's peak is at least the figure shown. Not measured: GPU memory."],
+    ]);
+    expect(header.el.textContent).not.toContain("torch unavailable");
+    expect(header.el.textContent).not.toContain("is_available");
+  });
 });
 
 describe("with several devices", () => {

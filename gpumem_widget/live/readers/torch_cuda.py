@@ -25,6 +25,8 @@ class AllocatorStats(NamedTuple):
 
 
 ZERO_STATS = AllocatorStats(0, 0, 0, 0, 0, 0, 0, 0, 0)
+# Why there are no GPU readings on a machine without CUDA (torch.cuda.is_available() is False).
+NO_CUDA = "no CUDA device: host-memory mode"
 
 
 def stats_from_nested(s: dict[str, Any]) -> AllocatorStats:
@@ -65,12 +67,12 @@ class TorchCudaReader:
         try:
             import torch
         except ImportError:
-            self.reason = "torch is not installed"
+            self.reason = "torch is not installed: host-memory mode"
             return
         self._torch: Any = torch
         try:
             if not torch.cuda.is_available():
-                self.reason = "torch.cuda.is_available() is False: host-memory mode"
+                self.reason = NO_CUDA
                 return
             self.devices = tuple(_device_info(torch, i) for i in range(torch.cuda.device_count()))
         except Exception as e:  # a broken driver must not break the extension
