@@ -1,7 +1,8 @@
 """gpumem_widget: GPU memory made visible in Jupyter.
 
 `%load_ext gpumem_widget` shows a live memory chart with a band per cell and a per-cell ledger
-of exact deltas and peaks. Programmatic access: `gpumem_widget.ledger()`.
+of exact deltas and peaks. Programmatic access: `gpumem_widget.ledger()`; past kernels of this
+notebook, kept on disk: `gpumem_widget.history()`.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from gpumem_widget.extension import (
     current_session,
     load_ipython_extension,
     unload_ipython_extension,
 )
+from gpumem_widget.live.history import PastSession, PastSessions
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
 from gpumem_widget.snapshot.load import Source
@@ -91,6 +93,39 @@ def export_ledger(
     return export.export_ledger(path, format, records=records if records is not None else ledger())
 
 
+@overload
+def history(session: None = None, notebook: str | None = None) -> PastSessions: ...
+@overload
+def history(session: str | int, notebook: str | None = None) -> LedgerRecords: ...
+def history(
+    session: str | int | None = None, notebook: str | None = None
+) -> PastSessions | LedgerRecords:
+    """The on-disk ledger (`%gpumem history`): without `session`, the notebook's past kernel
+    sessions, newest first (`.to_pandas()`: one row each); with one (an id prefix, or -1 the
+    newest, -2 the one before), that session's cell records. `notebook`: this one by default,
+    ``"*"`` for every notebook. Raises FileNotFoundError when there is no history file."""
+    from gpumem_widget.live.history import HistorySettings, notebook_key, open_store
+
+    live = current_session()
+    if live is not None:
+        live.history.wait_written(2.0)
+        settings, here, me = live.history.settings, live.history.notebook, live.history.identity
+    else:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        settings, me = HistorySettings.from_env(), None
+        here = notebook_key(getattr(shell, "user_ns", None))
+    which = None if notebook == "*" else (notebook or here)
+    store = open_store(settings)
+    try:
+        if session is None:
+            return store.sessions(which, me)
+        return store.cells(store.find_session(str(session), which, me).id)[0]
+    finally:
+        store.close()
+
+
 def show_snapshot(src: Source | Snapshot) -> Snapshot:
     """Open a snapshot (a `_dump_snapshot` file, its bytes, a `_snapshot()` dict, or a
     `Snapshot`) in the widget's Snapshot tab; without the extension loaded, just open it.
@@ -128,6 +163,8 @@ __all__ = [
     "Estimate",
     "EstimateError",
     "LedgerRecords",
+    "PastSession",
+    "PastSessions",
     "Snapshot",
     "SnapshotLoadError",
     "__version__",
@@ -137,6 +174,7 @@ __all__ = [
     "estimate",
     "export_ledger",
     "export_memory_viz",
+    "history",
     "ledger",
     "load_ipython_extension",
     "open_snapshot",

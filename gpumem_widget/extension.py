@@ -17,8 +17,11 @@ _session: Session | None = None
 
 def commands() -> tuple[Command, ...]:
     from gpumem_widget.magics.commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
+    from gpumem_widget.magics.history import HISTORY_COMMANDS
 
-    return CORE_COMMANDS + FEATURE_COMMANDS + REPORT_COMMANDS + ALLOCATOR_COMMANDS
+    return (
+        CORE_COMMANDS + FEATURE_COMMANDS + REPORT_COMMANDS + ALLOCATOR_COMMANDS + HISTORY_COMMANDS
+    )
 
 
 def current_session() -> Session | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,7 +12,17 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import RecordedAllocator, recorded_readers
 
+from gpumem_widget.live.history import ENV_PATH as HISTORY_ENV
 from gpumem_widget.live.session import Session
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test (and every kernel a test starts) writes its on-disk history to a folder of its
+    own, never the user's data directory."""
+    if HISTORY_ENV not in os.environ:
+        folder = tempfile.mkdtemp(prefix="gpumem-history-")
+        os.environ[HISTORY_ENV] = os.path.join(folder, "history.sqlite3")
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _cuda_devices() -> int:

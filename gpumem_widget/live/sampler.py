@@ -78,6 +78,11 @@ class Sampler:
         self._last_publish = 0.0
         self._last_sample = 0.0  # monotonic
         self._deadline = 0.0  # monotonic time the thread will next wake by itself
+        # Given the running cell's per-column maxima about every `checkpoint_interval` s (the
+        # on-disk history keeps them, so a kernel killed mid-cell still says how high it went).
+        self.checkpoint: Callable[[npt.NDArray[np.float64] | None], None] | None = None
+        self.checkpoint_interval = 1.0
+        self._last_checkpoint = 0.0
 
     @property
     def state(self) -> str:
@@ -160,6 +165,7 @@ class Sampler:
                 try:
                     self.sample()
                     failures = 0
+                    self._maybe_checkpoint()
                 except Exception as e:
                     failures += 1
                     self._note_error("sampler", e)
@@ -180,6 +186,15 @@ class Sampler:
                 self._deadline = time.monotonic() + wait
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _maybe_checkpoint(self) -> None:
+        if self.checkpoint is None or not self.busy:
+            return
+        if self._last_sample - self._last_checkpoint >= self.checkpoint_interval:
+            self._last_checkpoint = self._last_sample
+            with self._lock:
+                cell_max = self._cell_max  # replaced, never changed in place: safe to hand over
+            self.checkpoint(cell_max)
 
     def _note_error(self, where: str, e: Exception) -> None:
         """Keep the first error for the widget's status; log each one."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import IPython
 
 from gpumem_widget.live import notes
+from gpumem_widget.live.history import History, start_history
 from gpumem_widget.live.ledger import Ledger, LedgerRecords
 from gpumem_widget.live.publisher import Publisher
 from gpumem_widget.live.readers import Readers
@@ -74,6 +76,8 @@ class Session:
         busy_interval: float = 0.05,
         idle_interval: float = 1.0,
         peak_mode: PeakMode = "exact",
+        *,
+        history: History | None = None,
     ) -> None:
         self.shell = shell
         self.readers = readers if readers is not None else Readers.open()
@@ -101,6 +105,11 @@ class Session:
             idle_interval=idle_interval,
         )
         self.tracker = CellTracker(self.readers, self.sampler, peak_mode)
+        self.history = history or start_history(
+            getattr(shell, "user_ns", None), self.mode, self.widget.devices
+        )
+        # Through the session: `%gpumem history --on` replaces the history.
+        self.sampler.checkpoint = lambda row: self.history.checkpoint(row)  # noqa: PLW0108
         self.drilldown = Drilldown(self.widget, self.ledger_windows)
         self.oom = _install_oom_recorder() if self.readers.torch.available else None
         self.estimate_check = notes.EstimateCheck()
@@ -109,6 +118,8 @@ class Session:
             ("estimate", self.estimate_check),
             ("postmortem", self.postmortems),
             ("leaks", notes.LeakCheck(self.ledger.recent_runs)),
+            # The same source's peak in the previous run of this notebook (on-disk history).
+            ("history", lambda cell: self.history.compare(cell.record)),
         )
         self.error: str | None = None
         self.widget.status = self.status()
@@ -149,6 +160,7 @@ class Session:
             "peak_mode": self.tracker.peak_mode,
             "readers": readers,
             "error": self.error or self.sampler.error,
+            "history": self.history.state(),
             "running_cell": self.tracker.running_cell,
             "running_started": self.tracker.running_started,
             "processes": processes,
@@ -195,11 +207,12 @@ class Session:
     def pre_run_cell(self, info: Any) -> None:
         if self.oom is not None:
             self.oom.drain()  # events from between cells belong to no cell
+        count = self._upcoming_count(info)
+        source = str(getattr(info, "raw_cell", "") or "")
         self.tracker.start(
-            execution_count=self._upcoming_count(info),
-            source=str(getattr(info, "raw_cell", "") or ""),
-            cell_id=getattr(info, "cell_id", None),
+            execution_count=count, source=source, cell_id=getattr(info, "cell_id", None)
         )
+        self.history.cell_started(count, source, time.time())
 
     @guarded
     def post_run_cell(self, result: Any) -> None:
@@ -222,6 +235,7 @@ class Session:
         if cell_notes:
             record = dataclasses.replace(record, notes=cell_notes)
         self.ledger.append(record)
+        self.history.cell_finished(record)
 
     def _upcoming_count(self, info: Any) -> int:
         """The running cell's number, as far as pre_run_cell can tell (post_run_cell confirms)."""
@@ -244,6 +258,7 @@ class Session:
         if self.oom is not None:
             self.oom.active = False  # PyTorch cannot detach an observer: silence it
         self.sampler.stop()
+        self.history.close()
         self.readers.close()
         layout = self.widget.layout  # a child widget with its own comm: close it too
         self.widget.close()

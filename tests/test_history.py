@@ -1,0 +1,465 @@
+"""The on-disk ledger (`live/history.py`, `%gpumem history`) in a real IPython shell.
+
+Cells run through the real hooks; what they leave is read back from the SQLite file, by the
+magic, by `gpumem_widget.history()`, and by plain sqlite3. The file's faults are real too: a
+file of garbage, a database with overwritten pages, a directory the kernel may not write, a lock
+held by another connection. The kernel-level cases (SIGKILL mid-cell, two notebooks at once)
+are in test_history_kernel.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from recorded_cuda import recorded_readers
+
+import gpumem_widget
+from gpumem_widget.live import history as history_mod
+from gpumem_widget.live.history import History, HistorySettings, Store, notebook_key
+from gpumem_widget.live.session import Session
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GiB = 2**30
+MiB = 2**20
+
+
+@pytest.fixture
+def db(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """This test's own history file (through the environment, as users set it)."""
+    path = tmp_path / "data" / "history.sqlite3"
+    monkeypatch.setenv(history_mod.ENV_PATH, str(path))
+    monkeypatch.setenv("JPY_SESSION_NAME", f"nb-{tmp_path.name}.ipynb")
+    return path
+
+
+@pytest.fixture
+def ip() -> Iterator[Any]:
+    shell = InteractiveShell.instance()
+    yield shell
+    shell.run_line_magic("unload_ext", "gpumem_widget")
+
+
+def run(shell: Any, code: str) -> str:
+    """Run a cell as a front end does (counted, in history); what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = shell.run_cell(code, store_history=True)
+    assert result.error_before_exec is None, result.error_before_exec
+    return out.getvalue()
+
+
+def cuda_session(shell: Any) -> Session:
+    """A session whose CUDA allocator replays real H200 data (`gpu.alloc(n)` in cells)."""
+    s = Session(shell=shell, readers=recorded_readers(), idle_interval=0.05)
+    shell.events.register("pre_run_cell", s.pre_run_cell)
+    shell.events.register("post_run_cell", s.post_run_cell)
+    shell.user_ns["gpu"] = s.readers.torch
+    s.start()
+    return s
+
+
+def end(shell: Any, s: Session) -> None:
+    shell.events.unregister("pre_run_cell", s.pre_run_cell)
+    shell.events.unregister("post_run_cell", s.post_run_cell)
+    s.stop()
+
+
+def rows(path: pathlib.Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as c:
+        return c.execute(sql, args).fetchall()
+
+
+# Written, read back --------------------------------------------------------------------------
+def test_every_finished_cell_is_on_disk_and_reads_back_equal(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    s = gpumem_widget.current_session()
+    assert s is not None
+    run(ip, "x = 1")
+    run(ip, "y = [0] * 10**6")
+    run(ip, "raise ValueError('from the user')")
+    assert s.history.wait_written()
+    stored = gpumem_widget.history(-1)
+    live = gpumem_widget.ledger()
+    assert [r.execution_count for r in stored] == [r.execution_count for r in live]
+    assert list(stored) == list(live)  # every field, the full source, the notes
+    assert stored[-1].error == "ValueError"
+    sessions = gpumem_widget.history()
+    assert sessions[0].this_kernel
+    assert sessions[0].outcome == "running"
+    assert sessions[0].notebook == os.environ["JPY_SESSION_NAME"]
+    assert sessions[0].cells == 3
+    df = sessions.to_pandas()
+    assert df.loc[sessions[0].id, "cells"] == 3
+    assert s.status()["history"]["on"] is True
+
+
+def test_the_file_is_user_only(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "x = 1")
+    s = gpumem_widget.current_session()
+    assert s is not None
+    assert s.history.wait_written()
+    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    wal = db.with_name(db.name + "-wal")
+    assert wal.exists()  # WAL mode, and SQLite made its side files as private as the file
+    assert stat.S_IMODE(wal.stat().st_mode) == 0o600
+    assert rows(db, "PRAGMA journal_mode") == [("wal",)]
+
+
+def test_unload_ends_the_session_cleanly(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "x = 1")
+    ip.run_line_magic("unload_ext", "gpumem_widget")
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "x = 2")
+    newest, older = gpumem_widget.history()[:2]
+    assert newest.outcome == "running"
+    assert older.outcome == "clean"
+    assert older.ended is not None
+    assert older.how_it_ended().startswith("clean at ")
+
+
+def test_the_magic_lists_sessions_and_shows_one(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "first_cell = 1")
+    run(ip, "second_cell = 2")
+    out = run(ip, "%gpumem history")
+    assert f"history of {os.environ['JPY_SESSION_NAME']}" in out
+    assert str(db) in out
+    me = gpumem_widget.history()[0]
+    line = next(ln for ln in out.splitlines() if ln.startswith(me.short_id))
+    assert "still running (this kernel)" in line
+    shown = run(ip, f"%gpumem history {me.short_id}")
+    assert "first_cell = 1" in shown
+    assert "second_cell = 2" in shown
+    newest = run(ip, "%gpumem history -1")  # the newest session: this one
+    assert newest.startswith(f"session {me.short_id} of ")
+    assert "first_cell = 1" in newest
+
+
+def test_every_option_answers_help(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    out = run(ip, "%gpumem history --help")
+    for option in ("--all", "--clear", "--off", "--on", "--threshold", "--min-mib", "session"):
+        assert option in out
+    assert history_mod.ENV_PATH in out.replace("\n", " ")
+
+
+def test_clear_deletes_this_notebooks_history_and_writing_goes_on(
+    db: pathlib.Path, ip: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JPY_SESSION_NAME", "other.ipynb")
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "kept = 1")
+    ip.run_line_magic("unload_ext", "gpumem_widget")
+    monkeypatch.setenv("JPY_SESSION_NAME", "mine.ipynb")
+    for _ in range(2):
+        ip.run_line_magic("load_ext", "gpumem_widget")
+        run(ip, "doomed = 1")
+        ip.run_line_magic("unload_ext", "gpumem_widget")
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "doomed = 2")
+    out = run(ip, "%gpumem history --clear")
+    assert "deleted 3 sessions (3 cells) of mine.ipynb" in out
+    assert rows(db, "SELECT count(*) FROM cells WHERE source LIKE 'doomed%'") == [(0,)]
+    assert rows(db, "SELECT count(*) FROM cells WHERE source = 'kept = 1'") == [(1,)]
+    run(ip, "after = 1")  # this kernel writes on, into a session row it makes again
+    s = gpumem_widget.current_session()
+    assert s is not None
+    assert s.history.wait_written()
+    sessions = gpumem_widget.history()
+    assert [(x.this_kernel, x.cells) for x in sessions] == [(True, 2)]  # the clear cell and this
+
+
+def test_off_and_on(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "before = 1")
+    assert "history off" in run(ip, "%gpumem history --off")
+    run(ip, "while_off = 1")
+    s = gpumem_widget.current_session()
+    assert s is not None
+    assert s.status()["history"]["on"] is False
+    assert "turned off" in s.status()["history"]["reason"]
+    assert "history on" in run(ip, "%gpumem history --on")
+    run(ip, "after = 1")
+    assert s.history.wait_written()
+    sources = [r[0] for r in rows(db, "SELECT source FROM cells ORDER BY started")]
+    assert "while_off = 1" not in sources
+    assert sources[0] == "before = 1"
+    assert sources[-1] == "after = 1"
+
+
+def test_env_off_writes_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, ip: Any
+) -> None:
+    monkeypatch.setenv(history_mod.ENV_PATH, "off")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter"))
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "x = 1")
+    s = gpumem_widget.current_session()
+    assert s is not None
+    assert s.status()["history"] == {
+        "on": False,
+        "path": None,
+        "reason": f"turned off ({history_mod.ENV_PATH}=off)",
+        "message": None,
+        "session": s.history.identity.id,
+    }
+    assert not [t for t in __import__("threading").enumerate() if t.name == "gpumem-history"]
+    assert list(tmp_path.rglob("*.sqlite3")) == []
+
+
+def test_default_path_is_jupyters_data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUPYTER_DATA_DIR", "/somewhere/jupyter")
+    settings = HistorySettings.from_env({})
+    assert settings.path == pathlib.Path("/somewhere/jupyter/gpumem_widget/history.sqlite3")
+    bad = HistorySettings.from_env({history_mod.ENV_MAX_MB: "lots"})
+    assert bad.max_bytes == 256 * MiB
+    assert bad.problems == (f"{history_mod.ENV_MAX_MB}='lots' is not a number >= 0; using 256",)
+
+
+def test_notebook_key(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert notebook_key({}) == f"ipython:{tmp_path}"
+    assert notebook_key({"__session__": "/abs/nb.ipynb"}) == "/abs/nb.ipynb"
+    # A server-relative path of a notebook in the kernel's folder becomes its full path.
+    (tmp_path / "Untitled.ipynb").write_text("{}")
+    assert notebook_key({"__session__": "sub/Untitled.ipynb"}) == str(tmp_path / "Untitled.ipynb")
+    monkeypatch.setenv("JPY_SESSION_NAME", "env.ipynb")
+    assert notebook_key({}) == "env.ipynb"
+    assert notebook_key({"__vsc_ipynb_file__": "/code/nb.ipynb"}) == "/code/nb.ipynb"
+
+
+# Across runs ---------------------------------------------------------------------------------
+def test_a_rerun_shows_the_previous_peak_and_marks_a_regression(db: pathlib.Path) -> None:
+    shell = InteractiveShell.instance()
+    cell = "gpu.alloc(n); gpu.free(n)"
+    shell.user_ns["n"] = 1 * GiB
+    first = cuda_session(shell)
+    try:
+        run(shell, cell)
+        run(shell, "steady = 1")
+        first_peak = first.records()[0].peak_allocated
+    finally:
+        end(shell, first)
+    shell.user_ns["n"] = 3 * GiB
+    second = cuda_session(shell)
+    try:
+        run(shell, "steady = 1")
+        run(shell, cell)
+        run(shell, "never_ran_before = 1")
+        steady, grown, new = second.records()
+    finally:
+        end(shell, second)
+    note = grown.notes["history"]
+    assert note["previous_peak"] == first_peak
+    assert note["peak"] == grown.peak_allocated == first_peak + 2 * GiB
+    assert note["metric"] == "allocated"
+    assert note["regression"] is True
+    assert note["previous_session"] == first.history.identity.id
+    assert steady.notes["history"]["regression"] is False
+    assert "history" not in new.notes
+    # The ledger the browser gets carries it (the widget shows both peaks and the marker).
+    assert grown.to_wire()["notes"]["history"] == note
+
+
+def test_regression_threshold_is_a_setting(db: pathlib.Path) -> None:
+    shell = InteractiveShell.instance()
+    cell = "gpu.alloc(n); gpu.free(n)"
+    shell.user_ns["n"] = 1 * GiB
+    first = cuda_session(shell)
+    try:
+        run(shell, cell)
+    finally:
+        end(shell, first)
+    base = first.records()[0].peak_allocated
+    shell.user_ns["n"] = 1 * GiB + 100 * MiB  # +100 MiB: past 64 MiB, far below 20 %
+    second = cuda_session(shell)
+    try:
+        run(shell, cell)
+        assert second.records()[0].notes["history"]["regression"] is False
+        second.history.settings = HistorySettings.from_env(
+            {history_mod.ENV_PATH: str(db), history_mod.ENV_REGRESSION_PCT: "1"}
+        )
+        run(shell, cell)
+        note = second.records()[1].notes["history"]
+        assert note["regression"] is True
+        assert note["change"] == pytest.approx(100 * MiB / base)
+    finally:
+        end(shell, second)
+
+
+# Faults --------------------------------------------------------------------------------------
+def test_a_garbage_file_is_moved_aside_and_a_new_one_started(db: pathlib.Path, ip: Any) -> None:
+    db.parent.mkdir(parents=True)
+    db.write_bytes(b"this is not a database, just bytes " * 200)
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "x = 1")
+    s = gpumem_widget.current_session()
+    assert s is not None
+    assert s.history.wait_written()
+    aside = list(db.parent.glob("history.sqlite3.corrupt-*"))
+    assert len(aside) == 1
+    assert aside[0].read_bytes().startswith(b"this is not a database")
+    state = s.status()["history"]
+    assert state["on"] is True
+    assert f"moved it to {aside[0]}" in state["message"]
+    assert rows(db, "SELECT source FROM cells") == [("x = 1",)]
+
+
+def test_a_database_with_overwritten_pages_is_moved_aside(db: pathlib.Path) -> None:
+    shell = InteractiveShell.instance()
+    s = cuda_session(shell)
+    try:
+        for i in range(40):
+            run(shell, f"cell_{i} = {'x' * 2000!r}")
+    finally:
+        end(shell, s)
+    data = bytearray(db.read_bytes())
+    assert len(data) > 16 * 4096
+    data[6 * 4096 : 12 * 4096] = b"\xa5" * (6 * 4096)  # some b-tree pages, not the header
+    db.write_bytes(bytes(data))
+    s = cuda_session(shell)
+    try:
+        run(shell, "after = 1")
+        assert s.history.wait_written()
+        assert s.history.on, s.history.reason
+        assert "unreadable" in (s.history.message or "")
+    finally:
+        end(shell, s)
+    assert len(list(db.parent.glob("history.sqlite3.corrupt-*"))) == 1
+    assert rows(db, "SELECT source FROM cells") == [("after = 1",)]
+
+
+def test_a_lock_held_too_long_turns_history_off_and_cells_run(db: pathlib.Path) -> None:
+    Store.open(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    shell = InteractiveShell.instance()
+    try:
+        t0 = time.monotonic()
+        s = cuda_session(shell)
+        try:
+            out = run(shell, "print('the cell ran')")
+            assert out == "the cell ran\n"
+            assert time.monotonic() - t0 < history_mod.LOCK_TIMEOUT_S  # it did not wait
+            deadline = time.monotonic() + 10
+            while s.history.on and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "is locked by another process" in (s.history.reason or "")
+            assert "locked" in s.status()["history"]["reason"]
+            assert len(s.records()) == 1
+        finally:
+            end(shell, s)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+READ_ONLY_SCRIPT = """
+import contextlib, io, json, os
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "gpumem_widget")
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    for code in ("x = 21", "print(x * 2)", "%gpumem history"):
+        r = ip.run_cell(code, store_history=True)
+        assert r.success, r
+import gpumem_widget, time
+s = gpumem_widget.current_session()
+deadline = time.monotonic() + 10
+while s.history.on and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"stdout": out.getvalue(), "status": s.status()["history"],
+                  "cells": len(gpumem_widget.ledger())}))
+ip.run_line_magic("unload_ext", "gpumem_widget")
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permissions")
+def test_a_read_only_directory_turns_history_off_and_cells_run(tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    cmd = [sys.executable, "-c", textwrap.dedent(READ_ONLY_SCRIPT)]
+    if os.geteuid() == 0:  # root writes anywhere: drop the capabilities that let it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: permissions cannot be tested")
+        cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        history_mod.ENV_PATH: str(folder / "history.sqlite3"),
+    }
+    try:
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:
+        folder.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["stdout"].startswith("42\n")
+    assert "no history yet" in result["stdout"]
+    assert result["cells"] == 3
+    assert result["status"]["on"] is False
+    assert f"cannot write {folder / 'history.sqlite3'}" in result["status"]["reason"]
+    assert list(folder.iterdir()) == []
+
+
+# Retention -----------------------------------------------------------------------------------
+def test_the_size_cap_drops_the_oldest_sessions_first(db: pathlib.Path) -> None:
+    settings = HistorySettings(path=db, max_bytes=256 * 1024)
+    for i in range(8):
+        h = History(settings, "cap.ipynb", "host")
+        big = f"session_{i} = {'y' * 60_000!r}"
+        record = _record(big)
+        h.cell_finished(record)
+        assert h.wait_written()
+        h.close()
+    with contextlib.closing(Store.open(db)) as store:
+        left = store.sessions("cap.ipynb")
+        assert store.size() <= 256 * 1024 * 1.1
+    kept = [s.id for s in left]
+    assert 1 <= len(kept) < 8
+    assert rows(db, "SELECT source FROM cells ORDER BY started")[-1][0].startswith("session_7")
+    firsts = rows(db, "SELECT source FROM cells")
+    assert not any(src.startswith("session_0 ") for (src,) in firsts)
+
+
+def _record(source: str) -> Any:
+    from gpumem_widget.live.ledger import CellRecord
+
+    return CellRecord(
+        execution_count=1,
+        cell_id=None,
+        source=source,
+        started=time.time(),
+        duration=0.01,
+        error=None,
+        oom=False,
+        devices=(),
+        host_rss_before=1,
+        host_rss_after=2,
+        host_rss_peak=3,
+    )
