@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import gpumem_widget
-from gpumem_widget.live.ledger import WIRE_BLOCK
+from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
 from gpumem_widget.live.session import Session
 from gpumem_widget.wire import protocol
 
@@ -229,12 +229,30 @@ def test_each_update_carries_only_the_newest_records(ip: Any) -> None:
     s = gpumem_widget.current_session()
     assert s is not None
     ip.run_line_magic("gpumem", "reset")
-    for i in range(WIRE_BLOCK + 5):
+    n = WINDOW_RECORDS + 3 * WIRE_BLOCK + 5
+    for i in range(n):
         ip.run_cell(f"v = {i}", store_history=True)
     records = gpumem_widget.ledger()
-    wait_for(lambda: len(shown_cells(s)) == len(records))
-    assert len(s.widget.cells) == WIRE_BLOCK  # one whole block, sent once
-    assert [c["source"] for c in shown_cells(s)] == [r.source for r in records]
-    assert len(s.widget.cells_tail) == len(records) - WIRE_BLOCK  # the rest: small updates
+    assert len(records) == n
+    wait_for(lambda: s.widget.ledger_extent.get("total") == n)
+    extent = s.widget.ledger_extent
+    # A window: whole blocks, at most WINDOW_RECORDS, then the newest few; the rest by page.
+    assert len(s.widget.cells) == WINDOW_RECORDS
+    assert len(s.widget.cells_tail) == n % WIRE_BLOCK
+    assert extent["first"] == n - len(shown_cells(s))
+    assert [c["source"] for c in shown_cells(s)] == [r.source for r in records[extent["first"] :]]
+    # The band table: one row per record, from the first, in whole BAND_BLOCKs.
+    bands = protocol.unpack_table(s.widget.cell_bands)
+    counts = [r.execution_count for r in records]
+    assert list(bands["execution_count"]) == counts[: len(bands["execution_count"])]
+    # Older records come by page, from the kernel's ledger.
+    page = s.pages.answer({"type": "cells_page", "before": extent["first"], "limit": 20})
+    assert page["first"] == extent["first"] - 20
+    assert [c["source"] for c in page["records"]] == [
+        r.source for r in records[extent["first"] - 20 : extent["first"]]
+    ]
+    one = s.pages.answer({"type": "cells_page", "execution_count": counts[3], "limit": 1})
+    assert (one["first"], [c["execution_count"] for c in one["records"]]) == (3, [counts[3]])
     ip.run_line_magic("gpumem", "reset")
     wait_for(lambda: s.widget.cells == [] and len(s.widget.cells_tail) <= 1)
+    assert s.widget.ledger_extent["epoch"] == extent["epoch"] + 1

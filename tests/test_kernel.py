@@ -452,3 +452,25 @@ def test_unload_stops_the_sampler(lifecycle: Lifecycle) -> None:
     assert lifecycle.reloaded_comm_id in closed, "the widget was not closed"
     empty = {"pre_run_cell": [], "post_run_cell": [], "threads": [], "magic": False}
     assert lifecycle.after_unload == empty
+
+
+def test_older_records_come_by_page(loaded: Loaded) -> None:
+    """The browser asks for a record outside its window with a custom message; the kernel
+    answers on iopub once no cell runs (what `ledger_store.ts` sends and reads)."""
+    k = loaded.kernel
+    ex = k.execute("paged = 1")
+    k.wait_for_record(loaded.comm_id, ex.count, k.log.index(ex.messages[0]))
+    start = len(k.log)
+    request = {"type": "cells_page", "execution_count": ex.count, "limit": 1}
+    msg = k.client.session.msg(
+        "comm_msg", {"comm_id": loaded.comm_id, "data": {"method": "custom", "content": request}}
+    )
+    k.client.shell_channel.send(msg)
+
+    def is_page(r: Received) -> bool:
+        data = r.content.get("data", {}) if r.type == "comm_msg" else {}
+        return data.get("method") == "custom" and data["content"].get("type") == "cells_page"
+
+    reply = k.log[k.wait_for("a cells_page reply", is_page, start)].content["data"]["content"]
+    assert [c["source"] for c in reply["records"]] == ["paged = 1"], reply
+    assert reply["first"] >= 0

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from gpumem_widget.wire import protocol
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,7 +24,17 @@ if TYPE_CHECKING:
 # The browser shows the first lines of a cell; the full source stays in the Python records.
 WIRE_SOURCE_CHARS = 4000
 RECENT_RUNS = 8  # per source: enough for the leak check's streak of re-runs
-WIRE_BLOCK = 32  # records per block of the `cells` trait (see `Ledger.wire_split`)
+# What the browser holds (see `Ledger.window`): the newest records, in blocks of WIRE_BLOCK (the
+# `cells` trait changes once a block, `cells_tail` carries the rest), at most WINDOW_RECORDS and
+# WINDOW_BYTES of JSON in `cells`; and a band per cell for the chart, at most MAX_BANDS, the
+# table resent once every BAND_BLOCK cells. Per cell, the bytes sent stay flat and the saved
+# widget state stays well under 1 MB at any session length (benchmarks/bench_session.py).
+WIRE_BLOCK = 16
+WINDOW_RECORDS = 128
+WINDOW_BYTES = 200_000
+BAND_BLOCK = 128
+MAX_BANDS = 8192
+PAGE_RECORDS = 200  # most records one page request returns
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,31 +168,111 @@ class LedgerRecords(Sequence[CellRecord]):
         return df.set_index("execution_count") if len(df) else df
 
 
+@dataclass(frozen=True, slots=True)
+class WireWindow:
+    """What the browser holds of the ledger: the newest records in two parts, and the bands.
+
+    ``base`` is the records ``[first, cut)`` (whole blocks; it changes once a block), ``tail`` the
+    records ``[cut, total)``; ``bands_first``/``bands_cut`` bound the band table's rows. Older
+    records stay in the kernel: the browser asks for them by page (`Ledger.page`)."""
+
+    total: int
+    first: int
+    cut: int
+    base: list[dict[str, Any]]
+    tail: list[dict[str, Any]]
+    bands_first: int
+    bands_cut: int
+    epoch: int
+
+    def extent(self) -> dict[str, int]:
+        """The `ledger_extent` trait: how much of the ledger the widget carries."""
+        return {
+            "total": self.total,
+            "first": self.first,
+            "bands_first": self.bands_first,
+            "epoch": self.epoch,
+        }
+
+
+# Band outcomes, as the `cell_bands` table's `outcome` column holds them.
+OUTCOME_OK, OUTCOME_ERROR, OUTCOME_OOM, OUTCOME_INTERRUPTED = 0, 1, 2, 3
+
+
+def outcome_code(record: CellRecord) -> int:
+    if record.oom:
+        return OUTCOME_OOM
+    if record.error == "KeyboardInterrupt":
+        return OUTCOME_INTERRUPTED
+    return OUTCOME_ERROR if record.error is not None else OUTCOME_OK
+
+
+class _Bands:
+    """One row per record (start, duration, execution count, outcome), in growing arrays, so a
+    band table of any range is a slice, never a loop over records."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._cols = {name: np.zeros(256, dtype=dt) for name, dt in _BAND_DTYPES.items()}
+
+    def append(self, record: CellRecord) -> None:
+        if self.n == len(self._cols[protocol.TIME_COLUMN]):
+            self._cols = {k: np.resize(v, 2 * len(v)) for k, v in self._cols.items()}
+        row = (record.started, record.duration, record.execution_count, outcome_code(record))
+        for col, value in zip(self._cols.values(), row, strict=True):
+            col[self.n] = value
+        self.n += 1
+
+    def table(self, start: int, stop: int) -> protocol.Table:
+        return protocol.pack_table(
+            list(_BAND_DTYPES), {k: v[start:stop] for k, v in self._cols.items()}
+        )
+
+
+_BAND_DTYPES = {
+    protocol.TIME_COLUMN: np.float64,  # the cell's start, unix seconds
+    "duration": np.float32,
+    "execution_count": np.float32,  # exact to 2**24
+    "outcome": np.float32,  # OUTCOME_*
+}
+
+
 class Ledger:
-    """Thread-safe append-only store of cell records (hooks write, the publisher reads)."""
+    """Thread-safe append-only store of cell records (hooks write, the publisher reads).
+
+    The hooks only append; the browser forms (`wire`), their sizes and the band rows are made
+    later, by whoever reads them (the publisher's thread), so a cell's hook cost stays flat."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._derive_lock = threading.Lock()  # one thread at a time derives the browser forms
         self._records: list[CellRecord] = []
         self._wire: list[dict[str, Any]] = []  # each record's browser form, made once
+        self._sizes: list[int] = []  # its JSON size in bytes
+        self._bands = _Bands()
+        self._index: dict[int, int] = {}  # execution count -> record index
         # The latest runs of each source, so per-cell checks never scan the whole ledger.
         self._by_source: dict[str, collections.deque[CellRecord]] = {}
         self.version = 0  # bumps on every change, so the publisher can tell when to resend
         self.epoch = 0  # bumps when records are removed (the browser's copy must be replaced)
 
+    def __len__(self) -> int:
+        return len(self._records)
+
     def append(self, record: CellRecord) -> None:
-        wire = record.to_wire()
         with self._lock:
             self._records.append(record)
-            self._wire.append(wire)
             runs = self._by_source.setdefault(record.source, collections.deque(maxlen=RECENT_RUNS))
             runs.append(record)
             self.version += 1
 
     def clear(self) -> None:
-        with self._lock:
+        with self._derive_lock, self._lock:
             self._records.clear()
             self._wire.clear()
+            self._sizes.clear()
+            self._bands = _Bands()
+            self._index.clear()
             self._by_source.clear()
             self.version += 1
             self.epoch += 1
@@ -187,16 +282,68 @@ class Ledger:
         with self._lock:
             return list(self._by_source.get(source, ()))
 
-    def wire(self) -> list[dict[str, Any]]:
+    def _derive(self) -> tuple[int, int]:
+        """Make the browser forms of records appended since the last call; (count, epoch).
+        Call with `_derive_lock` held."""
         with self._lock:
+            new = self._records[len(self._wire) :]
+            epoch = self.epoch
+        for record in new:
+            wire = record.to_wire()
+            self._sizes.append(len(json.dumps(wire, default=str)))
+            self._bands.append(record)
+            self._index[record.execution_count] = len(self._wire)
+            self._wire.append(wire)
+        return len(self._wire), epoch
+
+    def wire(self) -> list[dict[str, Any]]:
+        """Every record's browser form (tests, reports); the widget gets `window()`."""
+        with self._derive_lock:
+            self._derive()
             return list(self._wire)
 
-    def wire_split(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The browser forms as (base, tail): the base holds whole blocks of `WIRE_BLOCK` records
-        and changes once a block, the tail the newest few, so each cell's update stays small."""
-        with self._lock:
-            cut = len(self._wire) // WIRE_BLOCK * WIRE_BLOCK
-            return self._wire[:cut], self._wire[cut:]
+    def window(self) -> WireWindow:
+        """The newest records as the browser holds them, bounded in count and bytes."""
+        with self._derive_lock:
+            total, epoch = self._derive()
+            cut = total // WIRE_BLOCK * WIRE_BLOCK
+            first = max(0, cut - WINDOW_RECORDS)
+            # Whole blocks only, so the base still changes once a block.
+            while first < cut and sum(self._sizes[first:cut]) > WINDOW_BYTES:
+                first += WIRE_BLOCK
+            bands_cut = total // BAND_BLOCK * BAND_BLOCK
+            if bands_cut < first:  # the browser makes the newest bands from the window's records
+                bands_cut = cut
+            return WireWindow(
+                total=total,
+                first=first,
+                cut=cut,
+                base=self._wire[first:cut],
+                tail=self._wire[cut:total],
+                bands_first=max(0, bands_cut - MAX_BANDS),
+                bands_cut=bands_cut,
+                epoch=epoch,
+            )
+
+    def bands(self, start: int, stop: int) -> protocol.Table:
+        """The `cell_bands` table for records ``[start, stop)``."""
+        with self._derive_lock:
+            self._derive()
+            return self._bands.table(start, stop)
+
+    def page(self, before: int, limit: int) -> tuple[int, list[dict[str, Any]]]:
+        """Up to `limit` browser forms of the records before index `before`: (first, forms)."""
+        with self._derive_lock:
+            total, _ = self._derive()
+            stop = max(0, min(before, total))
+            first = max(0, stop - max(0, min(limit, PAGE_RECORDS)))
+            return first, self._wire[first:stop]
+
+    def find(self, execution_count: int) -> int | None:
+        """The record index of a cell, by its execution count."""
+        with self._derive_lock:
+            self._derive()
+            return self._index.get(execution_count)
 
     def records(self) -> LedgerRecords:
         with self._lock:

@@ -1,17 +1,21 @@
 """Moves what changed in the kernel-side state into the widget's traits, in one message.
 
 Called only from the sampler thread (see `sampler.py`), at most `protocol.MAX_PUBLISH_HZ` times
-a second; each trait is resent only when its source's version changed.
+a second; each trait is resent only when its source's version changed. The ledger goes out as a
+window (`Ledger.window`): the browser asks for older records by page (`LedgerPages`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpumem_widget.live.ledger import Ledger
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.wire.widget import GpuMemWidget
+
+log = logging.getLogger(__name__)
 
 
 class Publisher:
@@ -28,6 +32,12 @@ class Publisher:
         self.status = status
         self._seen: dict[str, object] = {}
 
+    def retarget(self, widget: GpuMemWidget) -> None:
+        """Publish to a new widget from now on, every trait afresh (`%gpumem show` after the
+        front end closed the old one)."""
+        self.widget = widget
+        self._seen = {}
+
     def _changed(self, key: str, version: object) -> bool:
         if self._seen.get(key) == version:
             return False
@@ -42,11 +52,59 @@ class Publisher:
                 self._seen.pop("tail", None)  # the tail restarts where the new base ends
             if self._changed("tail", self.timeline.version):
                 w.timeline_tail = self.timeline.tail_table()
-            if self._changed("cells", self.ledger.version):
-                base, tail = self.ledger.wire_split()
-                if self._changed("cells_base", (len(base), self.ledger.epoch)):
-                    w.cells = base
-                w.cells_tail = tail
+            if self._changed("cells", (self.ledger.version, self.ledger.epoch)):
+                view = self.ledger.window()
+                if self._changed("cells_base", (view.first, view.cut, view.epoch)):
+                    w.cells = view.base
+                w.cells_tail = view.tail
+                if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
+                    w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
+                w.ledger_extent = view.extent()
             status = self.status()
             if self._changed("status", repr(status)):
                 w.status = status
+
+
+class LedgerPages:
+    """Answers the browser's requests for records outside its window (custom messages, which
+    the kernel handles once no cell runs): ``{"type": "cells_page", "before": index, "limit":
+    n}`` or ``{"type": "cells_page", "execution_count": n}`` (the page that ends with that cell).
+    The reply is ``{"type": "cells_page", "epoch", "first", "records": [...]}``."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def __call__(self, widget: Any, content: Any, buffers: Sequence[Any]) -> None:
+        if not isinstance(content, Mapping) or content.get("type") != "cells_page":
+            return
+        try:
+            reply = self.answer(content)
+        except Exception as e:  # a bad request costs its own reply, never the kernel
+            log.warning("gpumem_widget ledger page: %s", e, exc_info=True)
+            reply = {"type": "cells_page", "error": f"{type(e).__name__}: {e}"}
+        widget.send(reply)
+
+    def answer(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        limit = request.get("limit", 100)
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise ValueError(f"limit must be an integer, got {limit!r}")
+        count = request.get("execution_count")
+        if count is not None:
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise ValueError(f"execution_count must be an integer, got {count!r}")
+            index = self.ledger.find(count)
+            if index is None:
+                raise ValueError(f"no cell [{count}] in the ledger")
+            before = index + 1
+        else:
+            asked = request.get("before")
+            if not isinstance(asked, int) or isinstance(asked, bool):
+                raise ValueError(f"before must be a record index, got {asked!r}")
+            before = asked
+        first, records = self.ledger.page(before, limit)
+        return {
+            "type": "cells_page",
+            "epoch": self.ledger.epoch,
+            "first": first,
+            "records": records,
+        }

@@ -136,6 +136,11 @@ class Sampler:
             self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
         return out
 
+    def poke(self) -> None:
+        """Wake the thread now (to publish to a new widget)."""
+        self._last_publish = 0.0
+        self._wake.set()
+
     def _poke(self, within: float) -> None:
         """Wake the thread unless it wakes within `within` s anyway: back-to-back cells then
         cost no thread switches."""

@@ -18,7 +18,7 @@ import IPython
 from gpumem_widget.live import notes
 from gpumem_widget.live.history import History, start_history
 from gpumem_widget.live.ledger import Ledger, LedgerRecords
-from gpumem_widget.live.publisher import Publisher
+from gpumem_widget.live.publisher import LedgerPages, Publisher
 from gpumem_widget.live.readers import Readers
 from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
@@ -54,6 +54,12 @@ def _install_oom_recorder() -> OomRecorder | None:
     return OomRecorder.install()
 
 
+def _close(widget: GpuMemWidget) -> None:
+    layout = widget.layout  # a child widget with its own comm: close it too
+    widget.close()
+    layout.close()
+
+
 def guarded(method: F) -> F:
     """Run a hook so that no exception escapes into the user's cell."""
 
@@ -84,23 +90,13 @@ class Session:
         n = self.readers.num_devices
         self.timeline = Timeline(protocol.timeline_columns(n))
         self.ledger = Ledger()
-        self.widget = GpuMemWidget(
-            num_devices=n,
-            devices=[
-                {
-                    "index": d.index,
-                    "name": d.name,
-                    "uuid": d.uuid,
-                    "total": d.total,
-                    "nvml": self.readers.nvml.has(d.index),
-                }
-                for d in self.readers.torch.devices
-            ],
-        )
+        self.pages = LedgerPages(self.ledger)
+        self.widget = self._new_widget()
+        self.publisher = Publisher(self.widget, self.timeline, self.ledger, self.status)
         self.sampler = Sampler(
             self.readers,
             self.timeline,
-            publish=Publisher(self.widget, self.timeline, self.ledger, self.status),
+            publish=self.publisher,
             busy_interval=busy_interval,
             idle_interval=idle_interval,
         )
@@ -123,6 +119,34 @@ class Session:
         )
         self.error: str | None = None
         self.widget.status = self.status()
+
+    def _new_widget(self) -> GpuMemWidget:
+        widget = GpuMemWidget(
+            num_devices=self.readers.num_devices,
+            devices=[
+                {
+                    "index": d.index,
+                    "name": d.name,
+                    "uuid": d.uuid,
+                    "total": d.total,
+                    "nvml": self.readers.nvml.has(d.index),
+                }
+                for d in self.readers.torch.devices
+            ],
+        )
+        widget.on_msg(self.pages)
+        return widget
+
+    def live_widget(self) -> GpuMemWidget:
+        """The widget to display: this one while a front end can show it, else a new one that
+        takes over (the front end closed the old one's comm)."""
+        if not self.widget.live:
+            old, self.widget = self.widget, self._new_widget()
+            self.drilldown.retarget(self.widget)
+            self.publisher.retarget(self.widget)
+            self.sampler.poke()
+            _close(old)
+        return self.widget
 
     @property
     def armed_estimate(self) -> Estimate | None:
@@ -260,9 +284,7 @@ class Session:
         self.sampler.stop()
         self.history.close()
         self.readers.close()
-        layout = self.widget.layout  # a child widget with its own comm: close it too
-        self.widget.close()
-        layout.close()
+        _close(self.widget)
 
     def records(self) -> LedgerRecords:
         return self.ledger.records()

@@ -119,7 +119,7 @@ def run_magic(
 def _show(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
     from IPython.display import display
 
-    display(session.widget)
+    display(session.live_widget())
 
 
 def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any:

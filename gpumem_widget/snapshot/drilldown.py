@@ -201,6 +201,17 @@ class Drilldown:
         self._pending: tuple[Mapping[str, Any], str] | None = None
         widget.on_msg(self._on_msg)
 
+    def retarget(self, widget: GpuMemWidget) -> None:
+        """Publish to a new widget (the old one was closed), with the current views."""
+        self.widget = widget
+        widget.on_msg(self._on_msg)
+        with self._lock:
+            current, pending = self._current, self._pending
+        if current is not None:
+            self.show(current.snap, current.source)
+        elif pending is not None:
+            widget.drilldown = {"pending": pending[1]}
+
     @property
     def snapshot(self) -> Snapshot | None:
         return self._current.snap if self._current is not None else None

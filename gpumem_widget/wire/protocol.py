@@ -16,10 +16,24 @@ Traits (all written by the kernel; the browser never writes them):
              "processes": {"<device>": [{"pid", "used", "self", "name"}]}}`` (``processes``: every
              process NVML lists per device, largest first; ``self`` marks this kernel;
              ``"hints"``: sentences worth the user's attention, e.g. a stray CUDA context)
-``cells`` + ``cells_tail``  the ledger records, oldest first: ``cells`` holds whole blocks of
-             ``ledger.WIRE_BLOCK`` records and changes once a block, ``cells_tail`` the newest
-             few (see ``ledger.CellRecord.to_wire``); the browser shows both, in order. Each has
-             ``notes``: what features add (``notes.py``), e.g. ``"estimate"``.
+``cells`` + ``cells_tail``  the newest ledger records (a window, not the whole ledger), oldest
+             first: ``cells`` holds whole blocks of ``ledger.WIRE_BLOCK`` records (at most
+             ``ledger.WINDOW_RECORDS``, ``ledger.WINDOW_BYTES`` of JSON) and changes once a
+             block, ``cells_tail`` the newest few (see ``ledger.CellRecord.to_wire``); the browser
+             shows both, in order. Each has ``notes``: what features add (``notes.py``).
+``ledger_extent``  ``{"total", "first", "bands_first", "epoch"}``: the kernel's ledger holds
+             ``total`` records; ``cells[0]`` is record ``first`` (the ``first`` older ones are
+             not in the widget state: the browser asks for pages, below); ``cell_bands`` starts
+             at record ``bands_first``; ``epoch`` bumps when the ledger is cleared.
+``cell_bands``  packed table (below) with one row per record from ``bands_first`` on, in whole
+             blocks of ``ledger.BAND_BLOCK`` (at most ``ledger.MAX_BANDS``): ``t`` (the cell's
+             start), ``duration`` (s), ``execution_count``, ``outcome`` (0 ok, 1 error, 2 out of
+             memory, 3 interrupted). The chart's bands; records after the table's last row come
+             from ``cells``/``cells_tail``.
+Custom messages (browser → kernel, answered once no cell runs): ``{"type": "cells_page",
+             "before": index, "limit": n}`` or ``{"type": "cells_page", "execution_count": n}``;
+             the kernel answers ``{"type": "cells_page", "epoch", "first", "records"}`` or
+             ``{"type": "cells_page", "error"}`` (`publisher.LedgerPages`).
 ``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds
              older, possibly decimated samples and changes rarely; the tail holds the samples since
              and changes up to ``MAX_PUBLISH_HZ`` times a second. The chart is base + tail.
@@ -73,6 +87,7 @@ DEVICE_FIELDS: Final = (
 )
 
 Table = dict[str, Any]
+BAND_COLUMNS: Final = (TIME_COLUMN, "duration", "execution_count", "outcome")
 
 
 def device_column(device: int, field: str) -> str:

@@ -30,7 +30,16 @@ export class FakeModel {
     else this.handlers.get(event)?.delete(cb);
   }
   save_changes() {}
-  send() {}
+  /** Custom messages to the kernel: `answer` (when set) plays the kernel, replying a moment later. */
+  send(msg) {
+    this.sent = [...(this.sent ?? []), msg];
+    const reply = this.answer?.(msg);
+    if (reply) setTimeout(() => this.trigger("msg:custom", reply), 10);
+  }
+  /** Fire an event as Backbone's trigger does (custom messages, comm_live_update). */
+  trigger(event, ...args) {
+    for (const cb of this.handlers.get(event) ?? []) cb(...args);
+  }
   listenerCount() {
     let n = 0;
     for (const set of this.handlers.values()) n += set.size;

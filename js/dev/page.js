@@ -13,7 +13,7 @@ function emptyTail() {
 }
 
 /** A fresh widget on `samples` samples spread over `span` seconds (default: 100 per second). */
-function mount({ samples = 20000, span = samples / 100, devices = 1, cells = 12, width = null, target = "stage" } = {}) {
+function mount({ samples = 20000, span = samples / 100, devices = 1, cells = 12, width = null, target = "stage", windowed = null } = {}) {
   unmount();
   dev.running = null;
   dev.devices = devices;
@@ -31,10 +31,33 @@ function mount({ samples = 20000, span = samples / 100, devices = 1, cells = 12,
     timeline_base: packTable(cols, data),
     timeline_tail: packTable(cols, dev.tail),
   });
+  if (windowed !== null) windowLedger(windowed);
   const el = document.getElementById(target);
   el.style.width = width ? `${width}px` : "";
   dev.cleanups.push(widget.render({ model: dev.model, el }));
   return dev.model;
+}
+
+/** Play the kernel's ledger window (publisher.py): the newest `size` records in `cells`, a band
+ * per cell in `cell_bands`, and pages of older records answered on request (LedgerPages). */
+function windowLedger(size) {
+  const all = dev.cells;
+  const first = Math.max(0, all.length - size);
+  const outcome = (c) => (c.oom ? 2 : c.error === "KeyboardInterrupt" ? 3 : c.error ? 1 : 0);
+  dev.model.state.cells = all.slice(first);
+  dev.model.state.ledger_extent = { total: all.length, first, bands_first: 0, epoch: 0 };
+  dev.model.state.cell_bands = packTable(["t", "duration", "execution_count", "outcome"], {
+    t: all.map((c) => c.started),
+    duration: all.map((c) => c.duration),
+    execution_count: all.map((c) => c.execution_count),
+    outcome: all.map(outcome),
+  });
+  dev.model.answer = (msg) => {
+    if (msg.type !== "cells_page") return null;
+    const before = msg.execution_count != null ? all.findIndex((c) => c.execution_count === msg.execution_count) + 1 : msg.before;
+    const start = Math.max(0, before - msg.limit);
+    return { type: "cells_page", epoch: 0, first: start, records: all.slice(start, before) };
+  };
 }
 
 function addView(target = "stage2") {

@@ -4,7 +4,9 @@
 
 import { formatBytes, formatDelta, formatDuration, formatPercent, sourcePreview } from "./format";
 import { estimateError } from "./notes";
-import type { CellRecord, Status } from "./protocol";
+import { outcome, type CellRecord, type Outcome, type Status } from "./protocol";
+
+export { outcome, type Outcome };
 
 export type Mode = Status["mode"];
 /** The device the view shows: an index, or null for all of them. */
@@ -42,15 +44,9 @@ export function summarize(cell: CellRecord, mode: Mode, device: DeviceChoice = n
   return { delta, peak, peakExact, deltaReserved };
 }
 
-export type Outcome = "ok" | "error" | "oom";
-
-export function outcome(cell: CellRecord): Outcome {
-  if (cell.oom) return "oom";
-  return cell.error !== null ? "error" : "ok";
-}
-
 export function outcomeLabel(cell: CellRecord): string {
   if (cell.oom) return "out of memory";
+  if (cell.error === "KeyboardInterrupt") return "interrupted";
   return cell.error !== null ? `raised ${cell.error}` : "";
 }
 

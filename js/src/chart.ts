@@ -12,7 +12,7 @@ import uPlot from "uplot";
 import { outcome, tooltipLines, type DeviceChoice, type Mode } from "./cells";
 import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
 import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "./format";
-import { deviceColumn, HOST_RSS_COLUMN, type CellRecord, type DeviceField, type DeviceInfo, type Timeline } from "./protocol";
+import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo, type Timeline } from "./protocol";
 import { readPalette, type Palette } from "./theme";
 
 interface SeriesSpec {
@@ -96,7 +96,8 @@ export class Chart {
   private mode: Mode = "host";
   private timeline: Timeline = { n: 0, t: new Float64Array(0), values: new Map() };
   private deviceChoice: DeviceChoice = null;
-  private cells: CellRecord[] = [];
+  private cells = new Map<number, CellRecord>(); // the records here, for hover text
+  private bandList: Band[] = []; // one per cell, in time order
   private estimates: EstimateLine[] = [];
   private bands = new Map<number, HTMLElement>();
   private readonly runningBand: HTMLElement;
@@ -194,41 +195,48 @@ export class Chart {
     this.invalidate();
   }
 
+  /** The records the widget holds (hover text, estimate lines). */
   setCells(cells: CellRecord[]): void {
-    this.cells = cells;
+    this.cells = new Map(cells.map((c) => [c.execution_count, c]));
     this.estimates = cells.flatMap((c): EstimateLine[] => {
       const est = c.notes.estimate;
       if (!est) return [];
       return [{ executionCount: c.execution_count, device: est.device, start: c.started, end: c.started + c.duration, predicted: est.comparison.predicted }];
     });
-    const keep = new Set<number>();
-    for (const cell of cells) {
-      const n = cell.execution_count;
-      keep.add(n);
-      let band = this.bands.get(n);
-      if (!band) {
-        band = div("gpumem-band");
-        band.dataset["executionCount"] = String(n);
-        band.textContent = `[${n}]`;
-        this.bands.set(n, band);
-        this.strip.insertBefore(band, this.runningBand);
-      }
-      band.dataset["outcome"] = outcome(cell);
-    }
-    for (const [n, band] of this.bands) {
-      if (!keep.has(n)) {
-        band.remove();
-        this.bands.delete(n);
-      }
-    }
     this.invalidate();
+  }
+
+  /** A band per cell, in time order (more than the records: see `ledger_store.ts`). */
+  setBands(bands: Band[]): void {
+    this.bandList = bands;
+    this.invalidate();
+  }
+
+  /** The bands that overlap [min, max]: cells run one after another, so starts ascend. */
+  private visibleBands(min: number, max: number): Band[] {
+    const bands = this.bandList;
+    let lo = 0;
+    let hi = bands.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if ((bands[mid] as Band).started < min) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo > 0) lo--; // the band that started before `min` may reach into the view
+    const out: Band[] = [];
+    for (let i = lo; i < bands.length; i++) {
+      const b = bands[i] as Band;
+      if (b.started > max) break;
+      if (b.started + b.duration >= min) out.push(b);
+    }
+    return out;
   }
 
   /** Highlight a cell; with `zoom`, show its time span (the user asked for that cell). */
   setSelected(n: number | null, zoom: boolean): void {
     this.selected = n;
     for (const [k, band] of this.bands) band.classList.toggle("gpumem-band--selected", k === n);
-    const cell = this.cells.find((c) => c.execution_count === n);
+    const cell = n === null ? undefined : this.bandList.find((c) => c.execution_count === n);
     if (zoom && cell) {
       const pad = Math.max(cell.duration * 0.15, 0.25);
       this.setFollow(false, false);
@@ -287,7 +295,7 @@ export class Chart {
 
   /** The running cell's span: from its start to the newest sample (its "now"), if any. */
   private runningSpan(): Range | null {
-    if (!this.running || this.cells.some((c) => c.execution_count === this.running?.executionCount)) return null;
+    if (!this.running || this.bandList.slice(-4).some((c) => c.execution_count === this.running?.executionCount)) return null;
     const { started } = this.running;
     return { min: started, max: Math.max(started, this.dataExtent()?.max ?? started) };
   }
@@ -608,12 +616,9 @@ export class Chart {
     if (panelEl.dataset["estimates"] !== list) panelEl.dataset["estimates"] = list;
   }
 
-  private cellAt(x: number): CellRecord | undefined {
-    for (let i = this.cells.length - 1; i >= 0; i--) {
-      const c = this.cells[i] as CellRecord;
-      if (x >= c.started && x <= c.started + c.duration) return c;
-    }
-    return undefined;
+  private cellAt(x: number): Band | undefined {
+    const here = this.visibleBands(x, x);
+    return here[here.length - 1];
   }
 
   private paintBands(u: uPlot): void {
@@ -621,18 +626,17 @@ export class Chart {
     if (!p) return;
     const { ctx, bbox } = u;
     const { min, max } = this.shown;
-    for (const cell of this.cells) {
+    for (const cell of this.visibleBands(min, max)) {
       const end = cell.started + cell.duration;
-      if (end < min || cell.started > max) continue;
       const x0 = Math.max(bbox.left, u.valToPos(cell.started, "x", true));
       const x1 = Math.min(bbox.left + bbox.width, u.valToPos(end, "x", true));
-      const kind = outcome(cell);
+      const kind = cell.outcome;
       ctx.fillStyle =
         cell.execution_count === this.selected
           ? p.bandSelected
           : kind === "oom"
             ? p.bandOom
-            : kind === "error"
+            : kind === "error" || kind === "interrupted"
               ? p.bandError
               : cell.execution_count % 2 === 0
                 ? p.band
@@ -671,14 +675,30 @@ export class Chart {
     const { min, max } = this.shown;
     const width = plot.bbox.width / uPlot.pxRatio;
     this.strip.style.width = `${width}px`;
-    for (const cell of this.cells) {
-      const band = this.bands.get(cell.execution_count);
-      if (!band) continue;
-      const end = cell.started + cell.duration;
-      if (end < min || cell.started > max) {
-        band.hidden = true;
-        continue;
+    // One element per band on screen, reused by execution count; with more than MAX_STRIP_BANDS
+    // on screen they are slivers: the canvas draws them, the strip shows none.
+    const visible = this.visibleBands(min, max);
+    const shown = visible.length <= MAX_STRIP_BANDS ? visible : [];
+    const keep = new Set(shown.map((b) => b.execution_count));
+    for (const [n, el] of this.bands) {
+      if (!keep.has(n)) {
+        el.remove();
+        this.bands.delete(n);
       }
+    }
+    for (const cell of shown) {
+      const n = cell.execution_count;
+      let band = this.bands.get(n);
+      if (!band) {
+        band = div("gpumem-band");
+        band.dataset["executionCount"] = String(n);
+        band.textContent = `[${n}]`;
+        band.classList.toggle("gpumem-band--selected", n === this.selected);
+        this.bands.set(n, band);
+        this.strip.insertBefore(band, this.runningBand);
+      }
+      band.dataset["outcome"] = cell.outcome;
+      const end = cell.started + cell.duration;
       const left = Math.max(0, plot.valToPos(cell.started, "x"));
       const right = Math.min(width, plot.valToPos(end, "x"));
       const w = Math.max(2, right - left);
@@ -705,14 +725,17 @@ export class Chart {
     const band = (e.target as Element).closest<HTMLElement>(".gpumem-band");
     const n = Number(band?.dataset["executionCount"]);
     const running = band === this.runningBand ? this.runningSpan() : null;
-    const cell = band && !running ? this.cells.find((c) => c.execution_count === n) : undefined;
-    if (!cell && !running) {
+    const cell = band && !running ? this.cells.get(n) : undefined;
+    const bare = band && !running && !cell ? this.bandList.find((b) => b.execution_count === n) : undefined;
+    if (!cell && !running && !bare) {
       this.hideTooltip();
       return;
     }
     const lines = cell
       ? tooltipLines(cell, this.mode, this.deviceChoice)
-      : [`[${n}]  running`, `started ${formatClock(running?.min ?? 0)}, ${formatDuration((running?.max ?? 0) - (running?.min ?? 0))} so far`];
+      : bare
+        ? [`[${n}]  ${formatDuration(bare.duration)}  ${bare.outcome === "ok" ? "" : bare.outcome}`.trimEnd(), "an older cell: click to load its record"]
+        : [`[${n}]  running`, `started ${formatClock(running?.min ?? 0)}, ${formatDuration((running?.max ?? 0) - (running?.min ?? 0))} so far`];
     this.tooltip.replaceChildren(
       ...lines.map((line, i) => {
         const el = div(i === 0 ? "gpumem-tooltip-head" : i === lines.length - 1 ? "gpumem-tooltip-figures" : "gpumem-tooltip-source");
@@ -720,7 +743,7 @@ export class Chart {
         return el;
       }),
     );
-    this.tooltip.dataset["outcome"] = cell ? outcome(cell) : "running";
+    this.tooltip.dataset["outcome"] = cell ? outcome(cell) : bare ? bare.outcome : "running";
     this.tooltip.hidden = false;
     const rootBox = this.opts.root.getBoundingClientRect();
     const maxLeft = Math.max(0, rootBox.width - this.tooltip.offsetWidth - 4);
@@ -761,6 +784,8 @@ export class Chart {
     }
   }
 }
+
+const MAX_STRIP_BANDS = 400;
 
 /** The y axis top: the data with headroom, rounded to a tick; the capacity once data nears it. */
 export function yTop(dataMax: number, capacity: number | null): number {

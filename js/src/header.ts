@@ -17,17 +17,19 @@ export class Header {
     this.el.className = "gpumem-header";
   }
 
-  update(devices: readonly DeviceInfo[], status: Status, problems: readonly string[]): void {
+  /** `kernelGone`: the model's comm closed (a restart, a shutdown): nothing updates it now. */
+  update(devices: readonly DeviceInfo[], status: Status, problems: readonly string[], kernelGone = false): void {
     const top = document.createElement("div");
     top.className = "gpumem-header-top";
     const title = span("gpumem-title", "GPU memory");
     const mode = span("gpumem-mode", status.mode === "cuda" ? "CUDA" : "host memory");
     mode.dataset["mode"] = status.mode;
     mode.title = status.mode === "cuda" ? "Sampling the PyTorch CUDA allocator and NVML" : "No CUDA device: showing this process's host memory (RSS)";
-    const sampler = span("gpumem-sampler", samplerText(status));
-    sampler.dataset["state"] = status.sampler ?? "none";
+    const sampler = span("gpumem-sampler", kernelGone ? "kernel gone: the last state it sent" : samplerText(status));
+    sampler.dataset["state"] = kernelGone ? "gone" : (status.sampler ?? "none");
+    if (kernelGone) sampler.title = "The kernel restarted or shut down; run %gpumem show (or %load_ext gpumem_widget) for a live widget";
     top.append(title, mode, sampler);
-    if (status.running_cell !== null) {
+    if (status.running_cell !== null && !kernelGone) {
       const since = status.running_started !== null ? ` since ${formatClock(status.running_started)}` : "";
       top.append(span("gpumem-running", `running [${status.running_cell}]${since}`));
     }

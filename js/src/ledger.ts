@@ -65,8 +65,12 @@ export class Ledger {
   private sortKey: SortKey = "execution_count";
   private descending = true; // newest first until the user sorts
   private selected: number | null = null;
+  private readonly footer: HTMLElement;
+  private readonly footerText: HTMLElement;
+  private readonly olderButton: HTMLButtonElement;
 
-  constructor(onSelect: (executionCount: number) => void) {
+  /** `onOlder`: ask for the next older page of records (the kernel keeps them all). */
+  constructor(onSelect: (executionCount: number) => void, onOlder: () => void = () => undefined) {
     this.onSelect = onSelect;
     this.el = document.createElement("div");
     this.el.className = "gpumem-ledger";
@@ -76,7 +80,21 @@ export class Ledger {
     thead.append(this.head);
     this.body = document.createElement("tbody");
     table.append(thead, this.body);
-    this.el.append(table);
+    this.footer = document.createElement("div");
+    this.footer.className = "gpumem-ledger-more";
+    this.footer.hidden = true;
+    this.footerText = document.createElement("span");
+    this.olderButton = document.createElement("button");
+    this.olderButton.type = "button";
+    this.olderButton.textContent = "Load older cells";
+    this.olderButton.addEventListener("click", () => onOlder());
+    this.footer.append(this.footerText, " ", this.olderButton);
+    this.el.append(table, this.footer);
+    // Scrolled to the bottom (the oldest rows, newest first): fetch the next older page.
+    this.el.addEventListener("scroll", () => {
+      const nearEnd = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 4;
+      if (nearEnd && !this.footer.hidden && !this.olderButton.hidden && !this.olderButton.disabled) onOlder();
+    });
 
     this.body.addEventListener("click", (e) => {
       const row = (e.target as Element).closest<HTMLTableRowElement>("tr[data-execution-count]");
@@ -94,6 +112,19 @@ export class Ledger {
     this.scope = scope;
     if (scopeChanged) this.renderHead();
     this.renderBody();
+  }
+
+  /** What the table does not show: `missing` older records the kernel keeps (of `total`);
+   * `canAsk`: a kernel is there to ask; `asking`: a page was asked for and has not come. */
+  setMore(missing: number, total: number, canAsk: boolean, asking: boolean): void {
+    this.footer.hidden = missing === 0;
+    this.footer.dataset["missing"] = String(missing);
+    this.footerText.textContent = canAsk
+      ? `${missing.toLocaleString("en-US")} older of ${total.toLocaleString("en-US")} cells are in the kernel's ledger.`
+      : `${missing.toLocaleString("en-US")} older of ${total.toLocaleString("en-US")} cells are not in this widget's saved state (the kernel that held them is gone).`;
+    this.olderButton.hidden = !canAsk;
+    this.olderButton.disabled = asking;
+    this.olderButton.textContent = asking ? "Loading\u2026 (the kernel answers once no cell runs)" : "Load older cells";
   }
 
   setSelected(n: number | null): void {
@@ -177,7 +208,7 @@ export class Ledger {
     if (label) {
       const badge = document.createElement("span");
       badge.className = "gpumem-badge";
-      badge.textContent = cell.oom ? "OOM" : "error";
+      badge.textContent = cell.oom ? "OOM" : cell.error === "KeyboardInterrupt" ? "interrupted" : "error";
       badge.title = label;
       num.append(" ", badge);
     }

@@ -37,6 +37,8 @@ export type Traits = {
   status: unknown;
   cells: unknown;
   cells_tail: unknown;
+  cell_bands: unknown;
+  ledger_extent: unknown;
   timeline_base: unknown;
   timeline_tail: unknown;
 };
@@ -414,4 +416,87 @@ export class TimelineStore {
 export function joinCells(base: unknown, tail: unknown): unknown {
   if (!Array.isArray(base) || tail == null) return base;
   return Array.isArray(tail) ? [...base, ...tail] : tail;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ledger as a window: the kernel keeps every record; the widget carries the newest ones
+// (`cells` + `cells_tail`), a compact band per cell (`cell_bands`), and says what it does not
+// carry (`ledger_extent`). Older records come by page, on request (`cells_page` messages).
+
+export interface LedgerExtent {
+  total: number; // records in the kernel's ledger
+  first: number; // the record index of cells[0]: this many older records are not carried
+  bands_first: number; // the record index of cell_bands' first row
+  epoch: number; // bumps when the ledger is cleared
+}
+
+/** `ledger_extent`; from a kernel that had none, the window is the whole ledger. */
+export function parseExtent(raw: unknown, windowLength: number): LedgerExtent {
+  if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return { total: windowLength, first: 0, bands_first: 0, epoch: 0 };
+  if (!isObject(raw)) throw new ProtocolError(`ledger_extent: expected an object, got ${describe(raw)}`);
+  const index = (key: string): number => {
+    const v = field(raw, key, "ledger_extent", isNumber, "a record index");
+    if (!Number.isInteger(v) || v < 0) throw new ProtocolError(`ledger_extent.${key}: expected a record index, got ${describe(v)}`);
+    return v;
+  };
+  const extent = { total: index("total"), first: index("first"), bands_first: index("bands_first"), epoch: index("epoch") };
+  if (extent.first + windowLength !== extent.total) {
+    throw new ProtocolError(`ledger_extent: ${extent.total} records, but the window holds ${windowLength} from record ${extent.first}`);
+  }
+  return extent;
+}
+
+export type Outcome = "ok" | "error" | "oom" | "interrupted";
+const OUTCOMES: readonly Outcome[] = ["ok", "error", "oom", "interrupted"]; // the wire's codes 0..3
+
+export function outcome(cell: Pick<CellRecord, "oom" | "error">): Outcome {
+  if (cell.oom) return "oom";
+  if (cell.error === "KeyboardInterrupt") return "interrupted";
+  return cell.error !== null ? "error" : "ok";
+}
+
+/** What the chart needs of a cell to draw its band. */
+export interface Band {
+  execution_count: number;
+  started: number; // unix seconds
+  duration: number; // seconds
+  outcome: Outcome;
+}
+
+export function bandOf(cell: CellRecord): Band {
+  return { execution_count: cell.execution_count, started: cell.started, duration: cell.duration, outcome: outcome(cell) };
+}
+
+/** `cell_bands`: one band per row. */
+export function decodeBands(raw: unknown): Band[] {
+  const table = decodeTable(raw, "cell_bands");
+  if (table.n === 0) return [];
+  const col = (name: string): Column => {
+    const c = table.columns.get(name);
+    if (!c) throw new ProtocolError(`cell_bands: no "${name}" column`);
+    return c;
+  };
+  const [t, duration, count, code] = [col(TIME_COLUMN), col("duration"), col("execution_count"), col("outcome")];
+  const bands: Band[] = new Array<Band>(table.n);
+  for (let i = 0; i < table.n; i++) {
+    bands[i] = {
+      execution_count: count[i] as number,
+      started: t[i] as number,
+      duration: duration[i] as number,
+      outcome: OUTCOMES[code[i] as number] ?? "error",
+    };
+  }
+  return bands;
+}
+
+export type CellsPage = { epoch: number; first: number; records: CellRecord[]; problems: string[] } | { error: string };
+
+/** A `cells_page` reply; null for any other custom message. */
+export function parseCellsPage(raw: unknown): CellsPage | null {
+  if (!isObject(raw) || raw["type"] !== "cells_page") return null;
+  if (isString(raw["error"])) return { error: raw["error"] };
+  const epoch = field(raw, "epoch", "cells_page", isNumber, "a number");
+  const first = field(raw, "first", "cells_page", isNumber, "a record index");
+  const { cells, problems } = parseCells(raw["records"]);
+  return { epoch, first, records: cells, problems };
 }

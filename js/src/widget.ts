@@ -13,9 +13,13 @@ import { DeviceSelect } from "./device_select";
 import { renderDrilldown } from "./drilldown";
 import { Header } from "./header";
 import { Ledger } from "./ledger";
+import { cellRequest, LedgerStore } from "./ledger_store";
 import {
+  decodeBands,
   decodeTable,
   parseCells,
+  parseCellsPage,
+  parseExtent,
   parseDevices,
   parseStatus,
   ProtocolError,
@@ -29,7 +33,7 @@ import {
 import { watchTheme } from "./theme";
 
 type TraitName = keyof Traits;
-const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "timeline_base", "timeline_tail"];
+const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "cell_bands", "ledger_extent", "timeline_base", "timeline_tail"];
 
 class WidgetView {
   private readonly model: AnyModel<Traits>;
@@ -50,6 +54,10 @@ class WidgetView {
   private devices: DeviceInfo[] = [];
   private status: Status;
   private cells: CellRecord[] = [];
+  private readonly ledgerStore = new LedgerStore();
+  private asking = false; // a page was asked for and has not come
+  private wanted: number | null = null; // a selected cell whose record was asked for
+  private kernelGone = false; // the model's comm closed: nothing will answer or update
   private selected: number | null = null;
   private deviceChoice: DeviceChoice = null;
   private problemsChanged = true;
@@ -66,7 +74,10 @@ class WidgetView {
       onSelectCell: (n) => this.select(n),
       toolbarStart: this.deviceSelect.el,
     });
-    this.ledger = new Ledger((n) => this.select(n));
+    this.ledger = new Ledger(
+      (n) => this.select(n),
+      () => this.askOlder(),
+    );
     this.details = new Details(() => this.select(null));
 
     const memoryPanel = document.createElement("div");
@@ -83,11 +94,26 @@ class WidgetView {
     for (const name of TRAITS) {
       const onChange = (): void => {
         // The ledger arrives in two traits (whole blocks, then the newest few): one list here.
-        this.stale.add(name === "cells_tail" ? "cells" : name);
+        this.stale.add(name === "cells_tail" || name === "cell_bands" || name === "ledger_extent" ? "cells" : name);
         this.requestFrame();
       };
       model.on(`change:${name}`, onChange);
       this.listeners.push([`change:${name}`, onChange]);
+    }
+    // The ledger travels in three traits: one refresh for all of them.
+    const onMessage = (content: unknown): void => this.onMessage(content);
+    model.on("msg:custom", onMessage);
+    this.listeners.push(["msg:custom", onMessage as () => void]);
+    // The kernel went away (a restart, a shutdown) or closed the widget: say so.
+    const onGone = (): void => {
+      this.kernelGone = true;
+      this.stale.add("status"); // the header, and no running band
+      this.stale.add("cells"); // the ledger's footer: no kernel to ask
+      this.requestFrame();
+    };
+    for (const event of ["comm:close", "comm_live_update"]) {
+      model.on(event, onGone);
+      this.listeners.push([event, onGone]);
     }
     this.stopWatchingTheme = watchTheme(() => this.chart.themeChanged());
     this.requestFrame();
@@ -117,6 +143,7 @@ class WidgetView {
     if (layout) {
       this.attempt("devices", () => (this.devices = parseDevices(this.model.get("devices"))));
       this.status = parseStatus(this.model.get("status"), this.devices);
+      if (this.kernelGone) this.status = { ...this.status, running_cell: null, running_started: null };
       if (!this.devices.some((d) => d.index === this.deviceChoice)) this.deviceChoice = null;
       this.deviceSelect.update(this.devices, this.status.mode, this.deviceChoice);
       this.chart.setLayout(this.devices, this.status.mode, this.deviceChoice);
@@ -124,9 +151,10 @@ class WidgetView {
     }
     if (stale.has("cells")) {
       const { cells, problems } = parseCells(joinCells(this.model.get("cells"), this.model.get("cells_tail")));
-      this.cells = cells;
       this.setProblem("cells", problems.length > 0 ? `${problems.length} cell record(s) left out: ${problems[0]}` : null);
-      this.chart.setCells(cells);
+      this.attempt("ledger_extent", () => this.ledgerStore.setWindow(parseExtent(this.model.get("ledger_extent"), cells.length), cells));
+      this.attempt("cell_bands", () => this.ledgerStore.setBands(decodeBands(this.model.get("cell_bands"))));
+      this.refreshCells();
     }
     // The status changes at every cell's edges: only a new mode (or a second device, or the chosen
     // device gone) changes the ledger's columns.
@@ -145,7 +173,7 @@ class WidgetView {
     if (timeline) this.chart.setTimeline(this.store.timeline);
     if (layout || stale.has("cells") || this.problemsChanged) {
       this.problemsChanged = false;
-      this.header.update(this.devices, this.status, [...this.problems.values()]);
+      this.header.update(this.devices, this.status, [...this.problems.values()], this.kernelGone);
     }
     this.chart.draw();
   }
@@ -173,6 +201,46 @@ class WidgetView {
 
   private updateLedger(): void {
     this.ledger.update(this.cells, this.status.mode, this.deviceChoice, this.devices.length > 1);
+    this.ledger.setMore(this.ledgerStore.olderMissing, this.ledgerStore.total, !this.kernelGone, this.asking);
+  }
+
+  /** The records and bands changed (a trait, or a page came). */
+  private refreshCells(): void {
+    this.cells = this.ledgerStore.cells;
+    this.chart.setCells(this.cells);
+    this.chart.setBands(this.ledgerStore.bands);
+  }
+
+  private askOlder(): void {
+    const request = this.ledgerStore.olderRequest();
+    if (request === null || this.asking || this.kernelGone) return;
+    this.asking = true;
+    this.model.send(request);
+    this.updateLedger();
+  }
+
+  private onMessage(content: unknown): void {
+    let page;
+    try {
+      page = parseCellsPage(content);
+    } catch (e) {
+      if (!(e instanceof ProtocolError)) throw e;
+      this.setProblem("cells_page", e.message);
+      this.requestFrame();
+      return;
+    }
+    if (page === null) return; // another feature's message
+    this.asking = false;
+    if ("error" in page) {
+      this.setProblem("cells_page", page.error);
+    } else {
+      this.setProblem("cells_page", page.problems.length > 0 ? `${page.problems.length} record(s) left out: ${page.problems[0]}` : null);
+      if (this.ledgerStore.addPage(page)) this.refreshCells();
+    }
+    this.updateLedger();
+    if (this.wanted !== null && this.wanted === this.selected) this.refreshDetails();
+    this.wanted = null;
+    this.requestFrame();
   }
 
   private chooseDevice(choice: DeviceChoice): void {
@@ -189,9 +257,15 @@ class WidgetView {
   }
 
   private refreshDetails(): void {
-    const cell = this.cells.find((c) => c.execution_count === this.selected);
+    const n = this.selected;
+    const cell = n === null ? undefined : this.ledgerStore.find(n);
     if (cell) this.details.show(cell, this.devices, this.status.mode);
     else this.details.hide();
+    // A band of an older cell: its record is in the kernel; ask for it (once).
+    if (!cell && n !== null && this.wanted !== n && !this.kernelGone) {
+      this.wanted = n;
+      this.model.send(cellRequest(n));
+    }
   }
 
   private tabs(panels: HTMLElement[]): HTMLElement {

@@ -22,7 +22,7 @@ interface DevWindow {
     addView(): void;
     unmount(): void;
     publishTail(k?: number): number;
-    model: { set(name: string, value: unknown): void; listenerCount(): number };
+    model: { set(name: string, value: unknown): void; listenerCount(): number; trigger(event: string, ...args: unknown[]): void; sent?: Record<string, unknown>[] };
   };
 }
 
@@ -284,6 +284,41 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
     expect(await details.locator('[data-note="postmortem"]').innerText()).toContain("What to do, most useful first");
     await page.locator(".gpumem-device-select select").selectOption("1");
     await expect.poll(() => page.locator(".gpumem-panel[data-device]").evaluateAll((els) => els.map((e) => [(e as HTMLElement).dataset["device"], (e as HTMLElement).dataset["estimates"]]))).toEqual([["1", ""]]);
+  });
+
+  it("holds a window of the ledger: a band per cell, older rows by page, an old band's record on request", async () => {
+    await mount({ samples: 20_000, devices: 1, cells: 380, windowed: 100 });
+    const rows = page.locator(".gpumem-ledger tbody tr[data-execution-count]");
+    await expect.poll(() => rows.count()).toBe(100);
+    const footer = page.locator(".gpumem-ledger-more");
+    expect(await footer.getAttribute("data-missing")).toBe("280");
+    expect(await footer.innerText()).toContain("280 older of 380 cells");
+    // Every cell has a band, from the compact table, the oldest too.
+    await page.click(".gpumem-toolbar button:has-text('Show all')");
+    await page.locator('.gpumem-band[data-execution-count="1"]').waitFor({ state: "attached" });
+    await footer.locator("button").click();
+    await expect.poll(() => rows.count()).toBe(300);
+    expect(await footer.getAttribute("data-missing")).toBe("80");
+    // Selecting the band of a cell no page brought asks for it, and its details open when it comes.
+    await page.locator('.gpumem-band[data-execution-count="1"]').dispatchEvent("click");
+    await page.locator('.gpumem-details[data-execution-count="1"]').waitFor();
+    const sent = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.sent ?? []);
+    expect(sent).toEqual([
+      { type: "cells_page", before: 280, limit: 200 },
+      { type: "cells_page", execution_count: 1, limit: 20 },
+    ]);
+  });
+
+  it("says the kernel went away when the model's comm does", async () => {
+    await mount({ samples: 2000, devices: 1, cells: 300, windowed: 100 });
+    const sampler = page.locator(".gpumem-sampler");
+    expect(await sampler.innerText()).toContain("sampler running");
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.trigger("comm_live_update"));
+    await expect.poll(() => sampler.getAttribute("data-state")).toBe("gone");
+    expect(await sampler.innerText()).toContain("kernel gone");
+    const footer = page.locator(".gpumem-ledger-more");
+    expect(await footer.innerText()).toContain("not in this widget's saved state");
+    expect(await footer.locator("button").isHidden()).toBe(true);
   });
 
   it("made no request off this machine and raised no page error", () => {
