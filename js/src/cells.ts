@@ -3,7 +3,7 @@
 // is the sum and its peak the largest.
 
 import { formatBytes, formatDelta, formatDuration, formatPercent, sourcePreview } from "./format";
-import { estimateError } from "./notes";
+import { estimateError, type PreviousRun } from "./notes";
 import { outcome, type CellRecord, type Outcome, type Status } from "./protocol";
 
 export { outcome, type Outcome };
@@ -109,7 +109,7 @@ export function firstCodeLine(source: string): string {
 }
 
 export interface NoteMarker {
-  kind: "estimate" | "leak";
+  kind: "estimate" | "leak" | "history";
   text: string;
   title: string;
   warn: boolean; // worth the user's attention: an estimate off by more than its tolerance, a leak
@@ -128,8 +128,28 @@ export function noteMarkers(cell: CellRecord): NoteMarker[] {
       warn: !c.within_tolerance,
     });
   }
+  const prev = cell.notes.history;
+  if (prev?.regression) {
+    markers.push({
+      kind: "history",
+      text: prev.change !== null ? `\u25b2 ${formatPercent(prev.change)} vs last run` : "\u25b2 vs last run",
+      title: previousRunText(prev),
+      warn: true,
+    });
+  }
   if (cell.notes.leaks.length > 0) {
     markers.push({ kind: "leak", text: "\u26a0 leak", title: cell.notes.leaks.map((h) => h.message).join("\n\n"), warn: true });
   }
   return markers;
+}
+
+/** "peak 3.40 GiB, last run 2.10 GiB (+61.9%, cell [12]): a regression (beyond +20% and 64.00 MiB)". */
+export function previousRunText(prev: PreviousRun): string {
+  const what = prev.metric === "host_rss" ? "host RSS peak" : "peak";
+  const change = prev.change !== null ? `${formatPercent(prev.change)}, ` : "";
+  const where = prev.previous_execution_count !== null ? `cell [${prev.previous_execution_count}]` : "the same source";
+  const verdict = prev.regression
+    ? `: a regression (beyond ${formatPercent(prev.threshold_ratio)} and ${formatBytes(prev.threshold_bytes)})`
+    : "";
+  return `${what} ${formatBytes(prev.peak)}, last run ${formatBytes(prev.previous_peak)} (${change}${where})${verdict}`;
 }

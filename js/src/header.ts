@@ -57,6 +57,9 @@ export class Header {
       if (!reader.ok) notes.append(item(`${name} unavailable${reader.reason ? `: ${reader.reason}` : ""}`, "reader"));
     }
     for (const hint of status.hints) notes.append(item(hint, "hint"));
+    const history = status.history;
+    if (history && !history.on && history.reason) notes.append(item(`history off: ${history.reason}`, "history"));
+    if (history?.message) notes.append(item(`history: ${history.message}`, "history"));
     if (status.error) notes.append(item(status.error, "error"));
     for (const p of problems) notes.append(item(`display: ${p}`, "display"));
 

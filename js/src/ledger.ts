@@ -2,10 +2,11 @@
 // cell cost the most" is one click. Rows carry data-execution-count; selecting one (click, Enter)
 // asks the widget to select that cell. With several devices the figures are the chosen device's,
 // or across all of them the sum of the changes and the largest peak (the column titles say which).
-// Markers before the source flag what features noted: an estimate's error, a leak hint.
+// Markers before the source flag what features noted: an estimate's error, a leak hint, a peak
+// above the previous run's; the peak column shows the previous run's peak beside this one.
 
-import { firstCodeLine, formatPeak, noteMarkers, outcome, outcomeLabel, sortCells, summarize, type DeviceChoice, type Mode, type SortKey } from "./cells";
-import { formatDelta, formatDuration } from "./format";
+import { firstCodeLine, formatPeak, noteMarkers, outcome, outcomeLabel, previousRunText, sortCells, summarize, type DeviceChoice, type Mode, type SortKey } from "./cells";
+import { formatBytes, formatDelta, formatDuration } from "./format";
 import type { CellRecord } from "./protocol";
 
 /** What the figure columns cover: the mode, and in CUDA mode the device choice. */
@@ -232,6 +233,18 @@ export class Ledger {
       td("gpumem-col-num", formatPeak(s)),
       ...(mode === "cuda" ? [td("gpumem-col-num gpumem-col-reserved", formatDelta(s.deltaReserved))] : []),
     ];
+    // The same source's peak in the previous run, beside this one (the figure the note compares:
+    // the busiest device's, or host RSS, so not shown for one device picked out of several).
+    const prev = cell.notes.history;
+    const peakCell = figures[1];
+    if (prev && peakCell && (prev.metric === "host_rss") === (mode === "host") && (device === null || !multiDevice)) {
+      const was = document.createElement("span");
+      was.className = "gpumem-prev";
+      if (prev.regression) was.dataset["warn"] = "";
+      was.textContent = `was ${formatBytes(prev.previous_peak)}`;
+      was.title = previousRunText(prev);
+      peakCell.append(was);
+    }
     // Across several devices, each device's own figure is one hover away.
     if (mode === "cuda" && multiDevice && device === null && cell.devices.length > 1) {
       const perDevice = (pick: (d: CellRecord["devices"][number]) => string): string =>

@@ -1,6 +1,7 @@
 // What features add to a cell's record (`cells[i].notes`, keyed by feature): mirrors
 // gpumem_widget/notes.py and the to_wire() of estimate/result.py (Estimate, Comparison),
-// postmortem.py (PostMortem) and leaks.py (LeakHint). Change both sides together.
+// postmortem.py (PostMortem) and leaks.py (LeakHint), and History.compare in live/history.py
+// (PreviousRun). Change both sides together.
 //
 // A note this version cannot read, or a feature it does not know, is kept as it came (`other`)
 // and shown as text, so a newer kernel's features still show something.
@@ -146,6 +147,20 @@ export interface LeakHint {
   execution_counts: number[];
 }
 
+/** The same source's peak in the previous run of this notebook (the on-disk history). */
+export interface PreviousRun {
+  metric: "allocated" | "host_rss"; // which peak: allocated (CUDA, busiest device) or host RSS
+  peak: number;
+  previous_peak: number;
+  previous_execution_count: number | null;
+  previous_session: string;
+  previous_started: number | null; // unix seconds: when that run's kernel started
+  change: number | null; // (peak - previous_peak) / previous_peak
+  regression: boolean; // beyond both thresholds
+  threshold_ratio: number;
+  threshold_bytes: number;
+}
+
 export interface OtherNote {
   key: string;
   value: unknown;
@@ -156,15 +171,16 @@ export interface CellNotes {
   estimate: EstimateNote | null;
   postmortem: PostMortem | null;
   leaks: LeakHint[];
+  history: PreviousRun | null;
   other: OtherNote[];
 }
 
 /** Shared by every record without notes, so frozen throughout. */
-export const NO_NOTES: CellNotes = Object.freeze({ estimate: null, postmortem: null, leaks: Object.freeze([]), other: Object.freeze([]) }) as unknown as CellNotes;
+export const NO_NOTES: CellNotes = Object.freeze({ estimate: null, postmortem: null, leaks: Object.freeze([]), history: null, other: Object.freeze([]) }) as unknown as CellNotes;
 
 export function parseNotes(raw: unknown): CellNotes {
   if (!isObject(raw) || Object.keys(raw).length === 0) return NO_NOTES;
-  const notes: CellNotes = { estimate: null, postmortem: null, leaks: [], other: [] };
+  const notes: CellNotes = { estimate: null, postmortem: null, leaks: [], history: null, other: [] };
   for (const [key, value] of Object.entries(raw)) {
     try {
       switch (key) {
@@ -176,6 +192,9 @@ export function parseNotes(raw: unknown): CellNotes {
           break;
         case "leaks":
           notes.leaks = parseLeaks(value);
+          break;
+        case "history":
+          notes.history = parsePreviousRun(value);
           break;
         default:
           notes.other.push({ key, value, problem: null });
@@ -362,4 +381,22 @@ function parseLeaks(raw: unknown): LeakHint[] {
         }
       : null,
   );
+}
+
+function parsePreviousRun(raw: unknown): PreviousRun {
+  const what = "notes.history";
+  const h = object(raw, what);
+  const metric = h["metric"] === "host_rss" ? "host_rss" : "allocated";
+  return {
+    metric,
+    peak: field(h, "peak", what, isNumber, "a number"),
+    previous_peak: field(h, "previous_peak", what, isNumber, "a number"),
+    previous_execution_count: num(h, "previous_execution_count"),
+    previous_session: str(h, "previous_session"),
+    previous_started: num(h, "previous_started"),
+    change: num(h, "change"),
+    regression: optional(h, "regression", isBool, false),
+    threshold_ratio: optional(h, "threshold_ratio", isNumber, 0.2),
+    threshold_bytes: optional(h, "threshold_bytes", isNumber, 64 * 2 ** 20),
+  };
 }

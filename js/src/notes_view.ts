@@ -1,9 +1,10 @@
 // The details panel's sections for a cell's notes, all as text: the estimate beside the measured
 // peak (with its terms), the OOM post-mortem (figures per device, what holds the memory, what to
-// do), leak hints, and any other note as its JSON.
+// do), leak hints, the previous run's peak, and any other note as its JSON.
 
-import { formatBytes, formatPercent } from "./format";
-import { estimateError, type CellNotes, type EstimateNote, type Holder, type LeakHint, type OomDevice, type OtherNote, type PostMortem } from "./notes";
+import { previousRunText } from "./cells";
+import { formatBytes, formatClock, formatPercent } from "./format";
+import { estimateError, type CellNotes, type EstimateNote, type Holder, type LeakHint, type OomDevice, type OtherNote, type PostMortem, type PreviousRun } from "./notes";
 
 const OTHER_NOTE_CHARS = 4000;
 
@@ -12,6 +13,7 @@ export function noteSections(notes: CellNotes): HTMLElement[] {
   if (notes.estimate) sections.push(estimateSection(notes.estimate));
   if (notes.postmortem) sections.push(postMortemSection(notes.postmortem));
   if (notes.leaks.length > 0) sections.push(leaksSection(notes.leaks));
+  if (notes.history) sections.push(previousRunSection(notes.history));
   for (const other of notes.other) sections.push(otherSection(other));
   return sections;
 }
@@ -194,6 +196,16 @@ function holderLine(h: Holder): string {
 function leaksSection(hints: readonly LeakHint[]): HTMLElement {
   const section = noteSection("leaks", "Leak hints");
   section.append(list(hints.map((h) => `${h.device ? `${h.device}, ${formatBytes(h.bytes)}: ` : ""}${h.message}`)));
+  return section;
+}
+
+function previousRunSection(prev: PreviousRun): HTMLElement {
+  const section = noteSection("history", prev.regression ? "Above its previous run" : "Previous run");
+  const verdict = para("gpumem-note-verdict", previousRunText(prev));
+  verdict.dataset["within"] = String(!prev.regression);
+  section.append(verdict);
+  const when = prev.previous_started !== null ? `, a kernel started ${formatClock(prev.previous_started)}` : "";
+  section.append(para("gpumem-note-meta", `The same source ran in the previous session of this notebook (${prev.previous_session.slice(0, 8)}${when}); \`%gpumem history\` lists them.`));
   return section;
 }
 

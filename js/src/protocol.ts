@@ -87,6 +87,15 @@ export interface Status {
   session_peak: SessionPeak[];
   processes: Map<number, ProcessUse[]>; // by device index; absent where NVML has no list
   hints: string[]; // sentences for the user, e.g. a stray CUDA context on a device
+  history: HistoryState | null; // the on-disk ledger (gpumem_widget/live/history.py); null: not sent
+}
+
+/** Whether this kernel writes its ledger to disk, where, and why not. */
+export interface HistoryState {
+  on: boolean;
+  path: string | null;
+  reason: string | null; // why it is off
+  message: string | null; // worth telling once, e.g. a corrupt file moved aside
 }
 
 export interface DeviceCellUsage {
@@ -176,6 +185,17 @@ export function parseStatus(raw: unknown, devices: readonly DeviceInfo[]): Statu
     session_peak: peaks,
     processes: parseProcesses(s["processes"]),
     hints: Array.isArray(s["hints"]) ? s["hints"].filter((h): h is string => typeof h === "string") : [],
+    history: parseHistoryState(s["history"]),
+  };
+}
+
+function parseHistoryState(raw: unknown): HistoryState | null {
+  if (!isObject(raw)) return null;
+  return {
+    on: optional(raw, "on", isBool, false),
+    path: optional(raw, "path", isStringOrNull, null),
+    reason: optional(raw, "reason", isStringOrNull, null),
+    message: optional(raw, "message", isStringOrNull, null),
   };
 }
 
