@@ -22,6 +22,7 @@ from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
 from gpumem_widget.snapshot.load import Source
 from gpumem_widget.version import __version__
+from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
@@ -167,10 +168,13 @@ __all__ = [
     "PastSessions",
     "Snapshot",
     "SnapshotLoadError",
+    "WorkerCellUsage",
     "__version__",
+    "attach",
     "available_bytes",
     "compare_snapshots",
     "current_session",
+    "detach",
     "estimate",
     "export_ledger",
     "export_memory_viz",

@@ -18,9 +18,15 @@ _session: Session | None = None
 def commands() -> tuple[Command, ...]:
     from gpumem_widget.magics.commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
     from gpumem_widget.magics.history import HISTORY_COMMANDS
+    from gpumem_widget.magics.workers import WORKER_COMMANDS
 
     return (
-        CORE_COMMANDS + FEATURE_COMMANDS + REPORT_COMMANDS + ALLOCATOR_COMMANDS + HISTORY_COMMANDS
+        CORE_COMMANDS
+        + FEATURE_COMMANDS
+        + REPORT_COMMANDS
+        + ALLOCATOR_COMMANDS
+        + HISTORY_COMMANDS
+        + WORKER_COMMANDS
     )
 
 
@@ -42,6 +48,12 @@ def load_ipython_extension(ip: Any) -> None:
     ip.events.register("post_run_cell", session.post_run_cell)
     ip.register_magic_function(gpumem, magic_kind="line_cell", magic_name="gpumem")
     session.start()
+    try:
+        from gpumem_widget.workers.hub import listen
+
+        listen(session)  # workers this kernel spawns find it through the environment
+    except Exception as e:  # no pyzmq, no port: the notebook's own view goes on
+        session.report_error(f"workers: cannot listen: {type(e).__name__}: {e}")
     _session = session
     from IPython.display import display
 

@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
+from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import protocol
 
@@ -227,14 +228,18 @@ _CELL_NAMES = frozenset(f.name for f in dataclasses.fields(CellRecord)) - {
     "source",
     "devices",
     "notes",
+    "workers",
 }
 _DEVICE_NAMES = frozenset(f.name for f in dataclasses.fields(DeviceCellUsage))
+_WORKER_NAMES = frozenset(f.name for f in dataclasses.fields(WorkerCellUsage))
 
 
 def record_json(record: CellRecord) -> str:
     data: dict[str, Any] = {name: getattr(record, name) for name in _CELL_NAMES}
     data["devices"] = [{n: getattr(d, n) for n in _DEVICE_NAMES} for d in record.devices]
     data["notes"] = dict(record.notes)
+    if record.workers:
+        data["workers"] = [{n: getattr(w, n) for n in _WORKER_NAMES} for w in record.workers]
     return json.dumps(data, default=str, separators=(",", ":"))
 
 
@@ -245,10 +250,18 @@ def record_from(source: str, text: str) -> CellRecord:
         DeviceCellUsage(**{k: v for k, v in d.items() if k in _DEVICE_NAMES})
         for d in data.get("devices") or ()
     )
+    workers = tuple(
+        WorkerCellUsage(**{k: v for k, v in w.items() if k in _WORKER_NAMES})
+        for w in data.get("workers") or ()
+    )
     fields = {k: v for k, v in data.items() if k in _CELL_NAMES}
     notes = data.get("notes")
     return CellRecord(
-        source=source, devices=devices, notes=notes if isinstance(notes, dict) else {}, **fields
+        source=source,
+        devices=devices,
+        notes=notes if isinstance(notes, dict) else {},
+        workers=workers,
+        **fields,
     )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
+from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.wire import protocol
 
 if TYPE_CHECKING:
@@ -97,6 +98,8 @@ class CellRecord:
     # What features add about this cell (JSON-able, by feature): "estimate", "postmortem",
     # "leaks". See `notes.py`.
     notes: Mapping[str, Any] = field(default_factory=dict)
+    # Per worker process and device, when workers reported during the cell (`workers/`).
+    workers: tuple[WorkerCellUsage, ...] = ()
 
     @property
     def delta_allocated(self) -> int:
@@ -117,6 +120,8 @@ class CellRecord:
             out["source"] = self.source[:WIRE_SOURCE_CHARS] + "\n…"
         out["notes"] = dict(self.notes)
         out["devices"] = [d.to_wire() for d in self.devices]
+        if self.workers:  # absent without workers: most rows stay as small as before
+            out["workers"] = [w.to_wire() for w in self.workers]
         return out
 
     def flat(self) -> dict[str, Any]:
@@ -129,7 +134,9 @@ class CellRecord:
 
 
 _DEVICE_FIELDS = dataclasses.fields(DeviceCellUsage)
-_CELL_SCALARS = [f for f in dataclasses.fields(CellRecord) if f.name not in ("devices", "notes")]
+_CELL_SCALARS = [
+    f for f in dataclasses.fields(CellRecord) if f.name not in ("devices", "notes", "workers")
+]
 
 
 class LedgerRecords(Sequence[CellRecord]):

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpumem_widget.live.ledger import Ledger
 from gpumem_widget.live.timeline import Timeline
+from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class Publisher:
         self.ledger = ledger
         self.status = status
         self._seen: dict[str, object] = {}
+        self.workers: WorkerHubLike | None = None  # set while workers are listened for
 
     def retarget(self, widget: GpuMemWidget) -> None:
         """Publish to a new widget from now on, every trait afresh (`%gpumem show` after the
@@ -60,6 +62,8 @@ class Publisher:
                 if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
                     w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
                 w.ledger_extent = view.extent()
+            if self.workers is not None and self.workers.due():
+                w.workers = self.workers.wire()
             status = self.status()
             if self._changed("status", repr(status)):
                 w.status = status

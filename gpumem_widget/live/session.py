@@ -23,6 +23,7 @@ from gpumem_widget.live.readers import Readers
 from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.tracker import CellTracker, PeakMode
+from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.snapshot.drilldown import CellWindow, Drilldown
 from gpumem_widget.wire import protocol
 from gpumem_widget.wire.widget import GpuMemWidget
@@ -118,6 +119,8 @@ class Session:
             ("history", lambda cell: self.history.compare(cell.record)),
         )
         self.error: str | None = None
+        # Worker processes reporting here (`workers.hub.listen`; the extension starts it).
+        self.workers: WorkerHubLike | None = None
         self.widget.status = self.status()
 
     def _new_widget(self) -> GpuMemWidget:
@@ -237,6 +240,15 @@ class Session:
             execution_count=count, source=source, cell_id=getattr(info, "cell_id", None)
         )
         self.history.cell_started(count, source, time.time())
+        if self.workers is not None:
+            t = self.tracker
+            self.workers.cell_started(
+                t.running_cell or 0,
+                t.running_started,
+                t.peak_mode,
+                self.sampler.busy_interval,
+                self.sampler.idle_interval,
+            )
 
     @guarded
     def post_run_cell(self, result: Any) -> None:
@@ -258,6 +270,8 @@ class Session:
                 cell_notes[name] = note
         if cell_notes:
             record = dataclasses.replace(record, notes=cell_notes)
+        if self.workers is not None and (usage := self.workers.cell_finished()):
+            record = dataclasses.replace(record, workers=usage)
         self.ledger.append(record)
         self.history.cell_finished(record)
 
@@ -283,6 +297,8 @@ class Session:
             self.oom.active = False  # PyTorch cannot detach an observer: silence it
         self.sampler.stop()
         self.history.close()
+        if self.workers is not None:
+            self.workers.stop()
         self.readers.close()
         _close(self.widget)
 

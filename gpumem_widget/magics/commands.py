@@ -105,11 +105,21 @@ def _configure_record(p: argparse.ArgumentParser) -> None:
     from gpumem_widget.snapshot.record import configure_record
 
     configure_record(p)
+    p.add_argument(
+        "--workers",
+        action="store_true",
+        help="in every attached worker instead (`gpumem_widget.attach()`): `off` has each "
+        "write its snapshot and report the path",
+    )
 
 
 def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
     from gpumem_widget.snapshot import start_recording, stop_recording
 
+    if args.workers:
+        from gpumem_widget.magics.workers import record_workers
+
+        return record_workers(session, args.state == "on", args.stacks, args.max_entries)
     with _recording_unavailable("record"):
         if args.state == "on":
             rec = start_recording(args.stacks, args.max_entries, args.context)
@@ -121,6 +131,7 @@ def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any
         snap = stop_recording()
     if snap is not None:
         _publish(session, snap, time.strftime("recording stopped at %H:%M:%S"), args)
+    return None
 
 
 def _configure_snapshot(p: argparse.ArgumentParser) -> None:

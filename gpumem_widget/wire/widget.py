@@ -50,6 +50,7 @@ class GpuMemWidget(anywidget.AnyWidget):
     drilldown_view = traitlets.Dict().tag(sync=True)
     drilldown_search = traitlets.Dict().tag(sync=True)
     drilldown_compare = traitlets.Dict().tag(sync=True)
+    workers = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
 
     def __init__(self, num_devices: int = 0, **kwargs: Any) -> None:
         empty = protocol.empty_table(protocol.timeline_columns(num_devices))

@@ -1,0 +1,74 @@
+"""What the live layer knows of worker processes (`gpumem_widget.workers` does the rest): the
+per-rank figures a cell's ledger row carries, and what the hooks and the publisher call on the
+kernel's worker hub."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+WorkerState = Literal["live", "exited", "gone"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCellUsage:
+    """Bytes, per worker process and device (`device` None: a worker without CUDA, host only)."""
+
+    rank: int | None
+    local_rank: int | None
+    host: str
+    pid: int
+    state: WorkerState  # at the cell's end
+    # True: the worker's own figures at the cell's end (its answer to the cell's end, or its
+    # goodbye); False: its last sample during the cell (it did not answer in time).
+    final: bool
+    device: int | None  # the worker's device index
+    uuid: str | None  # maps the worker's device to the kernel's (torch's UUID)
+    allocated_before: int
+    allocated_after: int
+    reserved_before: int
+    reserved_after: int
+    peak_allocated: int
+    peak_reserved: int
+    peak_exact: bool  # False: a lower bound (see `messages.CellDevice`)
+    alloc_retries: int
+    ooms: int  # during the cell
+    rss_before: int | None
+    rss_after: int | None
+    rss_peak: int | None  # sampled: a lower bound
+
+    @property
+    def delta_allocated(self) -> int:
+        return self.allocated_after - self.allocated_before
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in _FIELDS}
+        out["delta_allocated"] = self.delta_allocated
+        return out
+
+
+_FIELDS = dataclasses.fields(WorkerCellUsage)
+
+
+class WorkerHubLike(Protocol):
+    """The kernel's worker hub (`workers.hub.WorkerHub`) as the session and publisher use it."""
+
+    def cell_started(
+        self,
+        n: int,
+        started: float | None,
+        peak_mode: Literal["exact", "passive"],
+        busy_interval: float,
+        idle_interval: float,
+    ) -> None: ...
+
+    def cell_finished(self) -> tuple[WorkerCellUsage, ...]: ...
+
+    def due(self) -> bool:
+        """Whether the browser's copy of the workers is stale."""
+        ...
+
+    def wire(self) -> dict[str, Any]: ...
+
+    def stop(self) -> None: ...

@@ -1,0 +1,529 @@
+"""The worker side: `gpumem_widget.attach()` reports this process's memory to its notebook.
+
+One daemon thread pushes compact signed samples (`messages.WorkerMessage`) to the kernel at the
+notebook sampler's rate, and follows the kernel's signed `Control` broadcasts: at a cell's start
+it resets the allocator's peak counters (or, in passive mode, remembers them), at its end it
+answers with the cell's exact figures, and it starts or stops recording the allocator's history.
+
+It never breaks the worker's training: every error is swallowed and counted (`Agent.errors`),
+a full send queue drops the sample, and with no notebook to report to `attach()` returns None
+after reading three environment variables (and, when they are set, one refused TCP connect).
+CUDA is never initialised here: devices are read only once the worker itself has used CUDA.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpumem_widget.workers.address import AddressError, WorkerAddress, host_port
+from gpumem_widget.workers.messages import (
+    CellDevice,
+    CellReport,
+    Control,
+    DeviceReading,
+    Identity,
+    Kind,
+    MessageError,
+    OomReport,
+    WorkerMessage,
+    decode_control,
+)
+from gpumem_widget.workers.signing import Signer
+
+if TYPE_CHECKING:
+    import zmq
+
+PROBE_TIMEOUT = 0.5  # seconds to learn whether the notebook listens at all
+SEND_QUEUE = 256  # samples held while the kernel is slow; older ones are then dropped
+BYE_LINGER_MS = 1000  # how long the last message may take to leave at exit
+DEFAULT_BUSY, DEFAULT_IDLE = 0.05, 1.0
+
+_agent: Agent | None = None
+_agent_lock = threading.Lock()
+# Addresses this process itself listens on (the kernel): attach() there would talk to itself.
+LISTENING_HERE: set[str] = set()
+
+
+def attach(address: WorkerAddress | None = None, probe: bool = True) -> Agent | None:
+    """Report this process's GPU memory to the notebook that started it (idempotent).
+
+    Reads the notebook's address and key from the environment (see `address.py`) unless given.
+    Returns the running `Agent`, or None when there is no notebook to report to: no variables,
+    a malformed address, nothing listening there, or an error of any kind (never raised)."""
+    global _agent
+    try:
+        with _agent_lock:
+            if _agent is not None and _agent.pid == os.getpid() and _agent.running:
+                return _agent
+            address = address if address is not None else WorkerAddress.from_env()
+            if address is None or address.samples in LISTENING_HERE:
+                return None
+            if probe and not _listening(address.samples):
+                return None
+            _agent = Agent(address)
+            _agent.start()
+            return _agent
+    except (AddressError, Exception):  # attach must never break the worker
+        return None
+
+
+def detach() -> None:
+    """Say goodbye (with the final figures) and stop reporting."""
+    global _agent
+    with _agent_lock:
+        agent, _agent = _agent, None
+    if agent is not None:
+        agent.stop()
+
+
+def _listening(address: str) -> bool:
+    """One TCP connect: refused at once on this host when no notebook listens."""
+    try:
+        host, port = host_port(address)
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
+            return True
+    except (OSError, AddressError):
+        return False
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None and int(value) >= 0 else None
+    except ValueError:
+        return None
+
+
+def identity() -> Identity:
+    return Identity(
+        host=socket.gethostname()[:255] or "localhost",
+        pid=os.getpid(),
+        rank=_env_int("RANK"),
+        local_rank=_env_int("LOCAL_RANK"),
+        world_size=_env_int("WORLD_SIZE"),
+    )
+
+
+def _process_started() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:
+        return time.time()
+
+
+class _Devices:
+    """This process's allocator, read without ever initialising CUDA or touching a device."""
+
+    def __init__(self) -> None:
+        self._torch: Any = None
+        self._uuids: dict[int, str | None] = {}
+        self._seen: set[int] = set()
+        self._nvml: Any = None
+        self._nvml_failed = False
+
+    def cuda(self) -> Any:
+        """torch, once this process has initialised CUDA itself; else None."""
+        if self._torch is None:
+            torch = sys.modules.get("torch")
+            if torch is None or not torch.cuda.is_initialized():
+                return None
+            self._torch = torch
+        return self._torch
+
+    def read(self) -> tuple[DeviceReading, ...]:
+        torch = self.cuda()
+        if torch is None:
+            return ()
+        from gpumem_widget.live.readers.torch_cuda import stats_from_nested
+
+        out = []
+        for d in range(torch.cuda.device_count()):
+            s = stats_from_nested(torch.cuda.memory.memory_stats_as_nested_dict(d))
+            if d not in self._seen and s.peak_reserved == 0:
+                continue  # never used here: not this worker's device
+            self._seen.add(d)
+            out.append(
+                DeviceReading(
+                    index=d,
+                    uuid=self._uuid(torch, d),
+                    allocated=s.allocated,
+                    reserved=s.reserved,
+                    peak_allocated=s.peak_allocated,
+                    peak_reserved=s.peak_reserved,
+                    alloc_retries=s.alloc_retries,
+                    ooms=s.ooms,
+                    nvml_used=self._nvml_used(d),
+                )
+            )
+        return tuple(out)
+
+    def reset_peaks(self, devices: tuple[DeviceReading, ...]) -> None:
+        torch = self.cuda()
+        if torch is not None:
+            for d in devices:
+                torch.cuda.reset_peak_memory_stats(d.index)
+
+    def _uuid(self, torch: Any, d: int) -> str | None:
+        if d not in self._uuids:
+            uuid = getattr(torch.cuda.get_device_properties(d), "uuid", None)
+            self._uuids[d] = str(uuid) if uuid is not None else None
+        return self._uuids[d]
+
+    def _nvml_used(self, d: int) -> int | None:
+        """This process's driver-level use of device `d` (NVML), None where unknown."""
+        if self._nvml_failed:
+            return None
+        try:
+            if self._nvml is None:
+                from gpumem_widget.live.readers.nvml import NvmlReader
+                from gpumem_widget.live.readers.torch_cuda import _device_info
+
+                torch = self._torch
+                infos = [_device_info(torch, i) for i in range(torch.cuda.device_count())]
+                self._nvml = NvmlReader(infos, pid=os.getpid())
+                if not self._nvml.available:
+                    self._nvml_failed = True
+                    return None
+            used: int | None = self._nvml.process_used(d)
+            return used
+        except Exception:
+            self._nvml_failed = True
+            return None
+
+
+class _Cell:
+    """What this worker measures across one notebook cell."""
+
+    def __init__(
+        self, n: int, exact: bool, base: tuple[DeviceReading, ...], rss: int | None
+    ) -> None:
+        self.n = n
+        self.exact = exact  # counters reset at the cell's start, or born inside it
+        self.base = {d.index: d for d in base}
+        self.rss_before = rss
+        self.rss_peak = rss
+        self.sampled: dict[int, int] = {}  # per device, the largest allocated seen (passive)
+
+    def observe(self, devices: tuple[DeviceReading, ...], rss: int | None) -> None:
+        for d in devices:
+            self.sampled[d.index] = max(self.sampled.get(d.index, 0), d.allocated)
+        if rss is not None:
+            self.rss_peak = rss if self.rss_peak is None else max(self.rss_peak, rss)
+
+    def report(self, devices: tuple[DeviceReading, ...], passive: bool) -> CellReport:
+        out = []
+        for d in devices:
+            b = self.base.get(d.index)
+            if b is None:  # first used during the cell: its counters are the cell's own
+                out.append(
+                    CellDevice(
+                        d.index,
+                        0,
+                        0,
+                        d.peak_allocated,
+                        d.peak_reserved,
+                        True,
+                        d.alloc_retries,
+                        d.ooms,
+                    )
+                )
+                continue
+            if passive and not self.exact:
+                # The counter only moved if this cell set a new high: then it is the cell's.
+                exact = d.peak_allocated > b.peak_allocated
+                peak = (
+                    d.peak_allocated
+                    if exact
+                    else max(b.allocated, d.allocated, self.sampled.get(d.index, 0))
+                )
+                peak_res = (
+                    d.peak_reserved
+                    if d.peak_reserved > b.peak_reserved
+                    else max(b.reserved, d.reserved)
+                )
+            else:
+                exact, peak, peak_res = self.exact, d.peak_allocated, d.peak_reserved
+            out.append(
+                CellDevice(
+                    d.index,
+                    b.allocated,
+                    b.reserved,
+                    peak,
+                    peak_res,
+                    exact,
+                    d.alloc_retries - b.alloc_retries,
+                    d.ooms - b.ooms,
+                )
+            )
+        return CellReport(self.n, tuple(out), self.rss_before, self.rss_peak)
+
+
+class Agent:
+    """One per process; `attach()` makes it. Its thread owns the sockets (zmq sockets are not
+    thread-safe): other threads (the OOM observer, exit) send through `_send`, under a lock."""
+
+    def __init__(self, address: WorkerAddress) -> None:
+        import zmq
+
+        self.address = address
+        self.pid = os.getpid()
+        self.who = identity()
+        self.errors = 0  # swallowed, never raised
+        self.dropped = 0  # samples the send queue had no room for
+        self.sent = 0
+        self.born = _process_started()
+        self._signer = Signer(address.key)
+        self._ctx = zmq.Context()
+        self._push: zmq.Socket[bytes] = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(address.samples)
+        self._sub: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.connect(address.control)
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # guards the cell and the last readings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self._control: Control | None = None
+        self._cell: _Cell | None = None
+        self._recording = False
+        self._devices = _Devices()
+        self._host = _host_reader()
+        self._oom_hooked = False
+        self.snapshots: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def interval(self) -> float:
+        c = self._control
+        if c is None:
+            return DEFAULT_IDLE
+        return c.busy_interval if c.cell is not None else c.idle_interval
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpumem-worker", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+        with contextlib.suppress(Exception):  # multiprocessing children skip atexit: this runs
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(self, self.stop, exitpriority=100)
+
+    def stop(self) -> None:
+        """Send the goodbye with the final figures, then close (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+        self._guard(lambda: self._emit("bye"))
+        with contextlib.suppress(Exception):
+            import zmq
+
+            self._push.setsockopt(zmq.LINGER, BYE_LINGER_MS)
+            self._push.close()
+            self._sub.close()
+            self._ctx.term()
+
+    def _guard(self, step: Any) -> None:
+        try:
+            step()
+        except Exception:
+            self.errors += 1
+
+    def _run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._sub, zmq.POLLIN)
+        self._guard(lambda: self._emit("hello"))
+        next_sample = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                timeout = max(next_sample - time.monotonic(), 0.0)
+                if poller.poll(int(timeout * 1000)) and self._receive():
+                    next_sample = time.monotonic()  # a cell's edge: a reading now
+                if time.monotonic() >= next_sample:
+                    self._hook_oom()
+                    self._emit("sample")
+                    next_sample = time.monotonic() + self.interval
+            except Exception:
+                self.errors += 1
+                self._stop.wait(min(self.interval * 4, 5.0))  # never spin on a broken socket
+
+    def _receive(self) -> bool:
+        """Apply the kernel's newest control state; whether the running cell changed."""
+        import zmq
+
+        changed = False
+        while True:
+            try:
+                frames = self._sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return changed
+            if len(frames) != 2 or not self._signer.verify(frames[0], frames[1]):
+                self.errors += 1  # not our kernel's: ignored
+                continue
+            try:
+                control = decode_control(frames[1])
+            except MessageError:
+                self.errors += 1
+                continue
+            if self._control is not None and control.seq <= self._control.seq:
+                continue  # an old state
+            was = self._control.cell if self._control is not None else None
+            self._apply(control)
+            changed = changed or control.cell != was
+
+    def _apply(self, control: Control) -> None:
+        first = self._control is None
+        before = self._control
+        self._control = control
+        was = self._cell.n if self._cell is not None else None
+        if was is not None and was != control.cell:
+            self._emit("ack")  # the cell ended: its final figures
+            with self._state_lock:
+                self._cell = None
+        if control.cell is not None and control.cell != was:
+            self._begin(control, joined_late=first)
+        self._hook_oom()
+        want = control.record is not None
+        if want != self._recording or (
+            want and before is not None and before.record != control.record
+        ):
+            self._guard(lambda: self._set_recording(control))
+
+    def _begin(self, control: Control, joined_late: bool) -> None:
+        """A cell started: remember where this worker stood, and reset its peak counters."""
+        assert control.cell is not None
+        started = control.cell_started if control.cell_started is not None else time.time()
+        born_inside = self.born >= started - 0.5
+        devices = self._devices.read()
+        rss = self._host()
+        if born_inside:
+            # Every byte this process ever allocated belongs to the cell: nothing to reset.
+            cell = _Cell(control.cell, True, (), None)
+        else:
+            if control.peak_mode == "exact":
+                self._devices.reset_peaks(devices)
+                devices = self._devices.read()
+            cell = _Cell(
+                control.cell, not joined_late and control.peak_mode == "exact", devices, rss
+            )
+        cell.observe(devices, rss)
+        with self._state_lock:
+            self._cell = cell
+
+    def _emit(self, kind: Kind, oom: OomReport | None = None, path: str | None = None) -> None:
+        """Read this process now and send one message of `kind` (any thread)."""
+        import zmq
+
+        devices = self._devices.read()
+        rss = self._host()
+        control = self._control
+        with self._state_lock:
+            cell = self._cell
+            report = None
+            if cell is not None:
+                cell.observe(devices, rss)
+                report = cell.report(
+                    devices, control is not None and control.peak_mode == "passive"
+                )
+        with self._send_lock:
+            self._seq += 1
+            msg = WorkerMessage(
+                kind=kind,
+                who=self.who,
+                seq=self._seq,
+                t=time.time(),
+                devices=devices,
+                rss=rss,
+                cell=report,
+                oom=oom,
+                path=path,
+                errors=self.errors,
+                control_seq=control.seq if control is not None else 0,
+                born=self.born,
+            )
+            try:
+                self._push.send_multipart(self._signer.frames(msg.encode()), zmq.NOBLOCK)
+                self.sent += 1
+            except zmq.Again:
+                self.dropped += 1
+
+    # OOMs and recording ------------------------------------------------------------------
+    def _hook_oom(self) -> None:
+        """Attach PyTorch's OOM observer once this process has initialised CUDA."""
+        torch = self._devices.cuda()
+        if self._oom_hooked or torch is None:
+            return
+        attach_observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        self._oom_hooked = True
+        if attach_observer is not None:
+            attach_observer(self._on_oom)
+
+    def _on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
+        """Called by the allocator on the failing thread: report, dump if recording, return."""
+        try:
+            s = self._devices.read()
+            mine = next((d for d in s if d.index == device), None)
+            oom = OomReport(
+                device,
+                int(requested),
+                int(limit),
+                int(free),
+                mine.allocated if mine else 0,
+                mine.reserved if mine else 0,
+            )
+            self._emit("oom", oom=oom)
+            if self._recording:
+                self._dump("oom")
+        except Exception:
+            self.errors += 1
+
+    def _set_recording(self, control: Control) -> None:
+        from gpumem_widget.snapshot.record import start_recording, stop_recording
+
+        if control.record is not None:
+            start_recording(control.record.stacks, control.record.max_entries)
+            self._recording = True
+            return
+        self._recording = False
+        self._dump("recording", stop_recording)
+
+    def _dump(self, why: str, take: Any = None) -> None:
+        from gpumem_widget.snapshot.record import take_snapshot
+
+        snap = (take or take_snapshot)()
+        if snap is None or self._control is None:
+            return
+        rank = self.who.rank if self.who.rank is not None else "x"
+        name = f"rank{rank}-{self.who.host}-{self.pid}-{why}-{time.strftime('%H%M%S')}.pickle"
+        path = os.path.join(self._control.snapshot_dir, name)
+        os.makedirs(self._control.snapshot_dir, exist_ok=True)
+        with open(path, "wb") as f:
+            pickle.dump(snap, f)
+        self.snapshots.append(path)
+        self._emit("snapshot", path=path)
+
+
+def _host_reader() -> Any:
+    from gpumem_widget.live.readers.host import HostReader
+
+    return HostReader().rss
