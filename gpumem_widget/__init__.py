@@ -19,8 +19,6 @@ from gpumem_widget.extension import (
 )
 from gpumem_widget.live.history import PastSession, PastSessions
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
-from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
-from gpumem_widget.snapshot.load import Source
 from gpumem_widget.version import __version__
 from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
@@ -30,9 +28,16 @@ if TYPE_CHECKING:
     from gpumem_widget.live.session import Session
     from gpumem_widget.reporting import SnapshotSource
     from gpumem_widget.reporting.page import Progress
+    from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
+    from gpumem_widget.snapshot.load import Source
 
-# Imported on first use: `estimate` loads torch's dispatch machinery.
+# Imported on first use: `estimate` loads torch's dispatch machinery; snapshots their replay
+# and views (loading the extension stays fast).
 _LAZY = {
+    "Snapshot": "snapshot",
+    "SnapshotLoadError": "snapshot",
+    "export_memory_viz": "snapshot",
+    "open_snapshot": "snapshot",
     "Estimate": "estimator",
     "EstimateError": "estimator",
     "available_bytes": "estimator",
@@ -132,6 +137,8 @@ def show_snapshot(src: Source | Snapshot) -> Snapshot:
     `Snapshot`) in the widget's Snapshot tab; without the extension loaded, just open it.
 
     A bad file raises `SnapshotLoadError` and leaves the widget as it was."""
+    from gpumem_widget.snapshot import open_snapshot
+
     session = current_session()
     if session is None:
         return open_snapshot(src)
@@ -148,6 +155,7 @@ def compare_snapshots(
     at each one's peak by allocation site and by category (``delta`` is b - a), and both
     timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.
     Keyword arguments go to `snapshot.compare.compare_snapshots` (devices, axis, top)."""
+    from gpumem_widget.snapshot import open_snapshot
     from gpumem_widget.snapshot.compare import compare_snapshots as compare
     from gpumem_widget.snapshot.drilldown import describe_source
 

@@ -21,6 +21,7 @@ SEGMENT = 2 * 2**20  # the allocator reserves in 2 MiB (and larger) segments
 
 class RecordedAllocator:
     available = True
+    pending = False
     reason = None
     can_tag = True
 

@@ -26,11 +26,13 @@ class Publisher:
         timeline: Timeline,
         ledger: Ledger,
         status: Callable[[], dict[str, Any]],
+        devices: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.widget = widget
         self.timeline = timeline
         self.ledger = ledger
         self.status = status
+        self.devices = devices  # they appear once the notebook imports torch
         self._seen: dict[str, object] = {}
         self.workers: WorkerHubLike | None = None  # set while workers are listened for
 
@@ -49,6 +51,10 @@ class Publisher:
     def __call__(self) -> None:
         w = self.widget
         with w.hold_sync():
+            if self.devices is not None:
+                devices = self.devices()
+                if self._changed("devices", repr(devices)):
+                    w.devices = devices
             if self._changed("base", self.timeline.base_version):
                 w.timeline_base = self.timeline.base_table()
                 self._seen.pop("tail", None)  # the tail restarts where the new base ends

@@ -60,10 +60,16 @@ class Sampler:
         publish: Callable[[], None] | None = None,
         busy_interval: float = 0.05,
         idle_interval: float = 1.0,
+        *,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
         self.readers = readers
         self.timeline = timeline
         self._publish = publish
+        self._on_tick = on_tick  # called before each sample (the session attaches torch there)
+        # Held while a row is read and stored, and while publishing: the layout (the devices,
+        # so the columns) changes only under it, when the notebook has imported torch.
+        self.layout_lock = threading.RLock()
         self.busy_interval = busy_interval
         self.idle_interval = idle_interval
         self.busy = False
@@ -149,7 +155,20 @@ class Sampler:
 
     def sample(self) -> npt.NDArray[np.float64]:
         """Take one sample now."""
-        return self.record(read_row(self.readers))
+        with self.layout_lock:
+            return self.record(read_row(self.readers))
+
+    def relayout(self, old: Sequence[str], new: Sequence[str]) -> None:
+        """The columns changed (under `layout_lock`): keep this cell's maxima by column name."""
+        with self._lock:
+            if self._cell_max is None:
+                return
+            moved = np.full(len(new), np.nan)
+            where = {c: i for i, c in enumerate(old)}
+            for i, c in enumerate(new):
+                if c in where:
+                    moved[i] = self._cell_max[where[c]]
+            self._cell_max = moved
 
     def record(self, row: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """Store a sample (the hooks pass the ones they read at a cell's edges)."""
@@ -166,6 +185,11 @@ class Sampler:
             interval = self.busy_interval if self.busy else self.idle_interval
             # Woken early (a cell started or ended): sample only when due, so cells that
             # follow each other quickly cost the thread nothing.
+            if self._on_tick is not None:
+                try:
+                    self._on_tick()
+                except Exception as e:
+                    self._note_error("sampler", e)
             if not self.paused and time.monotonic() - self._last_sample >= interval:
                 try:
                     self.sample()
@@ -216,5 +240,6 @@ class Sampler:
         if since < period:
             return period - since
         self._last_publish = time.monotonic()
-        self._publish()
+        with self.layout_lock:
+            self._publish()
         return None

@@ -19,7 +19,7 @@ from gpumem_widget.live import notes
 from gpumem_widget.live.history import History, start_history
 from gpumem_widget.live.ledger import Ledger, LedgerRecords
 from gpumem_widget.live.publisher import LedgerPages, Publisher
-from gpumem_widget.live.readers import Readers
+from gpumem_widget.live.readers import Readers, imported_torch
 from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.tracker import CellTracker, PeakMode
@@ -93,13 +93,16 @@ class Session:
         self.ledger = Ledger()
         self.pages = LedgerPages(self.ledger)
         self.widget = self._new_widget()
-        self.publisher = Publisher(self.widget, self.timeline, self.ledger, self.status)
+        self.publisher = Publisher(
+            self.widget, self.timeline, self.ledger, self.status, self.devices
+        )
         self.sampler = Sampler(
             self.readers,
             self.timeline,
             publish=self.publisher,
             busy_interval=busy_interval,
             idle_interval=idle_interval,
+            on_tick=self.attach_torch,
         )
         self.tracker = CellTracker(self.readers, self.sampler, peak_mode)
         self.history = history or start_history(
@@ -124,19 +127,7 @@ class Session:
         self.widget.status = self.status()
 
     def _new_widget(self) -> GpuMemWidget:
-        widget = GpuMemWidget(
-            num_devices=self.readers.num_devices,
-            devices=[
-                {
-                    "index": d.index,
-                    "name": d.name,
-                    "uuid": d.uuid,
-                    "total": d.total,
-                    "nvml": self.readers.nvml.has(d.index),
-                }
-                for d in self.readers.torch.devices
-            ],
-        )
+        widget = GpuMemWidget(num_devices=self.readers.num_devices, devices=self.devices())
         widget.on_msg(self.pages)
         return widget
 
@@ -163,6 +154,38 @@ class Session:
     @property
     def last_postmortem(self) -> PostMortem | None:
         return self.postmortems.last
+
+    def devices(self) -> list[dict[str, Any]]:
+        """The `devices` trait: one entry per CUDA device torch sees."""
+        return [
+            {
+                "index": d.index,
+                "name": d.name,
+                "uuid": d.uuid,
+                "total": d.total,
+                "nvml": self.readers.nvml.has(d.index),
+            }
+            for d in self.readers.torch.devices
+        ]
+
+    def attach_torch(self) -> None:
+        """Once the notebook has imported torch, read the GPU from then on: open the torch
+        reader and lay out a column set per device (loading never imports torch: seconds).
+        Called by the sampler thread and at each cell's edges; cheap while nothing changed."""
+        if not self.readers.torch.pending or imported_torch() is None:
+            return
+        with self.sampler.layout_lock:
+            old = list(self.timeline.columns)
+            if not self.readers.attach_torch():
+                return  # attached meanwhile, by the other thread
+            new = protocol.timeline_columns(self.readers.num_devices)
+            if new != old:
+                self.timeline.set_columns(new)
+                self.sampler.relayout(old, new)
+                self.tracker.relayout()
+            if self.readers.torch.available and self.oom is None:
+                self.oom = _install_oom_recorder()
+                self.postmortems.oom = self.oom
 
     @property
     def mode(self) -> str:
@@ -232,6 +255,7 @@ class Session:
     # IPython hooks ------------------------------------------------------------------------
     @guarded
     def pre_run_cell(self, info: Any) -> None:
+        self.attach_torch()  # torch imported between cells (by another extension, say)
         if self.oom is not None:
             self.oom.drain()  # events from between cells belong to no cell
         count = self._upcoming_count(info)
@@ -253,6 +277,7 @@ class Session:
     @guarded
     def post_run_cell(self, result: Any) -> None:
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        self.attach_torch()  # this cell imported torch: its record has the GPU too
         record = self.tracker.finish(
             error, execution_count=getattr(result, "execution_count", None)
         )

@@ -70,6 +70,21 @@ class Timeline:
         self._base_n = self._n  # every published row moved: resend everything as the base
         self._base_version += 1
 
+    def set_columns(self, columns: Sequence[str]) -> None:
+        """Change the layout in place (devices appeared: the notebook imported torch). Columns
+        kept keep their samples; new ones are NaN before now. Everything is resent."""
+        with self._lock:
+            rows = np.full((self.capacity, len(columns)), np.nan)
+            for i, name in enumerate(columns):
+                if name in self._col:
+                    rows[: self._n, i] = self._rows[: self._n, self._col[name]]
+            self.columns = list(columns)
+            self._col = {c: i for i, c in enumerate(self.columns)}
+            self._rows = rows
+            self._base_n = self._n
+            self._base_version += 1
+            self._version += 1
+
     def clear(self) -> None:
         with self._lock:
             self._rows[:] = np.nan

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage
 from gpumem_widget.live.readers import AllocatorStats, Readers
+from gpumem_widget.live.readers.torch_cuda import ZERO_STATS, imported_torch
 from gpumem_widget.live.sampler import Sampler, read_row
 from gpumem_widget.wire import protocol
 
@@ -59,7 +60,17 @@ class CellTracker:
         """The running cell's start (unix seconds), so the chart can draw its band live."""
         return self._current.started if self._current else None
 
+    def relayout(self) -> None:
+        """Devices appeared (the notebook imported torch; under the sampler's layout lock)."""
+        n = self.readers.num_devices
+        self.session_peaks += [SessionPeak() for _ in range(n - len(self.session_peaks))]
+        self._cols = {c: i for i, c in enumerate(protocol.timeline_columns(n))}
+
     def start(self, execution_count: int, source: str, cell_id: str | None = None) -> None:
+        with self.sampler.layout_lock:
+            self._start(execution_count, source, cell_id)
+
+    def _start(self, execution_count: int, source: str, cell_id: str | None) -> None:
         stats = [self.readers.torch.stats(d) for d in range(self.readers.num_devices)]
         for d, s in enumerate(stats):
             # Whatever happened between cells still counts toward the session peak.
@@ -88,14 +99,22 @@ class CellTracker:
         start, self._current = self._current, None
         if start is None:
             return None
+        with self.sampler.layout_lock:
+            return self._finish(start, error, execution_count)
+
+    def _finish(
+        self, start: _CellStart, error: BaseException | None, execution_count: int | None
+    ) -> CellRecord:
         duration = time.perf_counter() - start.t0
         self.readers.torch.set_tag("")
-        after = [self.readers.torch.stats(d) for d in range(len(start.stats))]
+        after = [self.readers.torch.stats(d) for d in range(self.readers.num_devices)]
         row = self.sampler.record(read_row(self.readers, after))
         sampled = self.sampler.end_cell()
+        # A device that appeared during the cell (the cell imported torch): its allocator held
+        # nothing at the cell's start, and its peak counters count from then.
+        before = start.stats + [ZERO_STATS] * (len(after) - len(start.stats))
         devices = tuple(
-            self._device_usage(d, before, after[d], row, sampled)
-            for d, before in enumerate(start.stats)
+            self._device_usage(d, before[d], after[d], row, sampled) for d in range(len(after))
         )
         rss_after = self._value(row, protocol.HOST_RSS_COLUMN)
         return CellRecord(
@@ -182,10 +201,7 @@ def _max_known(*values: int | None) -> int | None:
 
 
 def _is_oom(error: BaseException | None) -> bool:
-    if error is None:
-        return False
-    try:
-        import torch
-    except ImportError:
+    torch = imported_torch()  # a cell that never imported torch cannot have run out of CUDA memory
+    if error is None or torch is None:
         return False
     return isinstance(error, torch.OutOfMemoryError)

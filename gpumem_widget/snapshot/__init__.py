@@ -7,49 +7,99 @@ for the drill-down panel; `export_memory_viz` writes the pickle PyTorch's memory
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
-from gpumem_widget.snapshot.aggregate import (
-    CATEGORIES,
-    active_memory_view,
-    alive_at,
-    categories,
-    cell_of_tag,
-    cell_slices,
-    known_pointers,
-)
-from gpumem_widget.snapshot.export import export_memory_viz
-from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES, SnapshotLoadError, Source, read_snapshot
-from gpumem_widget.snapshot.record import (
-    CellRecording,
-    RecordingUnavailable,
-    recording,
-    recording_unavailable_reason,
-    start_recording,
-    stop_recording,
-    take_snapshot,
-)
-from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
+if TYPE_CHECKING:
+    from gpumem_widget.snapshot.aggregate import (
+        CATEGORIES,
+        active_memory_view,
+        alive_at,
+        categories,
+        cell_of_tag,
+        cell_slices,
+        known_pointers,
+    )
+    from gpumem_widget.snapshot.export import export_memory_viz
+    from gpumem_widget.snapshot.load import (
+        DEFAULT_MAX_BYTES,
+        SnapshotLoadError,
+        Source,
+        read_snapshot,
+    )
+    from gpumem_widget.snapshot.record import (
+        CellRecording,
+        RecordingUnavailable,
+        recording,
+        recording_unavailable_reason,
+        start_recording,
+        stop_recording,
+        take_snapshot,
+    )
+    from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
+
+# Imported on first use: loading the extension must stay fast, and these (numpy-heavy replay
+# and views) are only needed once a snapshot is shown.
+_LAZY = {
+    "CATEGORIES": "aggregate",
+    "active_memory_view": "aggregate",
+    "alive_at": "aggregate",
+    "categories": "aggregate",
+    "cell_of_tag": "aggregate",
+    "cell_slices": "aggregate",
+    "known_pointers": "aggregate",
+    "export_memory_viz": "export",
+    "DEFAULT_MAX_BYTES": "load",
+    "SnapshotLoadError": "load",
+    "Source": "load",
+    "read_snapshot": "load",
+    "CellRecording": "record",
+    "RecordingUnavailable": "record",
+    "recording": "record",
+    "recording_unavailable_reason": "record",
+    "start_recording": "record",
+    "stop_recording": "record",
+    "take_snapshot": "record",
+    "DeviceReplay": "replay",
+    "Intervals": "replay",
+    "Oom": "replay",
+    "Origin": "replay",
+    "Snapshot": "replay",
+}
 
 
-def open_snapshot(src: Source | Snapshot, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_snapshot(src: Source | Snapshot, *, max_bytes: int | None = None) -> Snapshot:
     """Load a snapshot: a path (pickle, .gz, .xz), pickled bytes, or a `_snapshot()` dict.
 
     Files are read with an unpickler that resolves no globals; a truncated, corrupt, hostile,
     inconsistent (negative sizes) or non-snapshot input raises `SnapshotLoadError` (one line)
     and runs nothing.
     """
+    from gpumem_widget.snapshot.load import read_snapshot
+    from gpumem_widget.snapshot.replay import Snapshot
     from gpumem_widget.snapshot.validate import check_data
 
     if isinstance(src, Snapshot):
         return src
-    data = read_snapshot(src, max_bytes=max_bytes)
+    from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES
+
+    data = read_snapshot(src, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
     check_data(data, os.fspath(src) if isinstance(src, (str, os.PathLike)) else "snapshot")
     return Snapshot(data)
 
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_MAX_BYTES",
     "CellRecording",
     "DeviceReplay",
     "Intervals",
@@ -66,6 +116,7 @@ __all__ = [
     "export_memory_viz",
     "known_pointers",
     "open_snapshot",
+    "read_snapshot",
     "recording",
     "recording_unavailable_reason",
     "start_recording",

@@ -799,6 +799,8 @@ export function yTop(dataMax: number, capacity: number | null): number {
  * uPlot paths for one series of an envelope: a line through the maxima (uPlot's data) and a
  * band from them down to the minima, both a few vertices per pixel column, gaps left open.
  */
+const DOT_RADIUS = 2.5;
+
 function envelopePaths(lows: (seriesIdx: number) => (number | null)[] | undefined): uPlot.Series.PathBuilder {
   return (u, seriesIdx, idx0, idx1) => {
     const xs = u.data[0];
@@ -812,6 +814,13 @@ function envelopePaths(lows: (seriesIdx: number) => (number | null)[] | undefine
     const py = (v: number): number => u.valToPos(v, "y", true);
     const closeRun = (end: number): void => {
       if (runStart < 0 || !low || !highs) return;
+      if (end === runStart) {
+        // A lone sample (the very first one, or one between gaps) has no line to draw: a dot.
+        const x = px(xs[end] as number);
+        const y = py(highs[end] as number);
+        stroke.moveTo(x + DOT_RADIUS, y);
+        stroke.arc(x, y, DOT_RADIUS, 0, 2 * Math.PI);
+      }
       let differs = false;
       for (let i = runStart; i <= end && !differs; i++) differs = low[i] !== highs[i];
       if (differs) {

@@ -91,6 +91,25 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
     expect(await page.locator(".gpumem-chart").getAttribute("data-samples")).toBe("100003");
   });
 
+  it("draws the very first sample, alone, as a point", async () => {
+    await mount({ samples: 1, devices: 0, cells: 0 });
+    await page.waitForFunction(() => document.querySelector<HTMLElement>(".gpumem-chart")?.dataset["samples"] === "1");
+    // Pixels of the host RSS line's colour (#2e9e6b) on the host panel's canvas.
+    const inked = await page.evaluate(() => {
+      const canvas = document.querySelector<HTMLCanvasElement>(".gpumem-panel--host canvas");
+      const ctx = canvas?.getContext("2d");
+      if (!canvas || !ctx) return -1;
+      const px = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+      let n = 0;
+      for (let i = 0; i < px.length; i += 4) {
+        const [r, g, b] = [px[i] as number, px[i + 1] as number, px[i + 2] as number];
+        if (Math.abs(r - 46) < 40 && Math.abs(g - 158) < 40 && Math.abs(b - 107) < 40 && g > r + 50) n++;
+      }
+      return n;
+    });
+    expect(inked).toBeGreaterThan(5);
+  });
+
   it("keeps several views in sync, and a closed view stops listening", async () => {
     await mount({ samples: 2000, devices: 1, cells: 3 });
     const listeners = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.listenerCount());

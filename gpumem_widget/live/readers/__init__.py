@@ -6,27 +6,52 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gpumem_widget.live.readers.host import HostReader
 from gpumem_widget.live.readers.nvml import NvmlReader
-from gpumem_widget.live.readers.torch_cuda import AllocatorStats, DeviceInfo, TorchCudaReader
+from gpumem_widget.live.readers.torch_cuda import (
+    AllocatorStats,
+    DeviceInfo,
+    TorchCudaReader,
+    imported_torch,
+)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Readers:
     torch: TorchCudaReader
     nvml: NvmlReader
     host: HostReader
+    # What `attach_torch` opens once the notebook has imported torch (tests give a recording).
+    open_torch: Callable[[], TorchCudaReader] = field(default=TorchCudaReader, repr=False)
 
     @classmethod
-    def open(cls) -> Readers:
-        torch_reader = TorchCudaReader()
+    def open(cls, import_torch: bool = False) -> Readers:
+        """Every reader. Importing torch takes seconds, so unless asked to, or unless the
+        notebook already has, the torch reader waits for the notebook to import it."""
+        if import_torch or imported_torch() is not None:
+            torch_reader = TorchCudaReader()
+        else:
+            torch_reader = TorchCudaReader.waiting()
         return cls(torch_reader, NvmlReader(torch_reader.devices), HostReader())
 
     @property
     def num_devices(self) -> int:
         return len(self.torch.devices)
+
+    def attach_torch(self) -> bool:
+        """Once the notebook has imported torch, open the torch reader (and NVML for its
+        devices) in place. True when it did; the caller then relayouts what is per device."""
+        if not self.torch.pending or imported_torch() is None:
+            return False
+        torch_reader = self.open_torch()
+        if torch_reader.devices:
+            self.nvml.close()
+            self.nvml = NvmlReader(torch_reader.devices)
+        self.torch = torch_reader
+        return True
 
     def states(self) -> dict[str, dict[str, object]]:
         return {
@@ -45,4 +70,5 @@ __all__ = [
     "NvmlReader",
     "Readers",
     "TorchCudaReader",
+    "imported_torch",
 ]

@@ -46,6 +46,8 @@ class NvmlReader:
             self.reason = f"NVML device query failed: {_describe(e)}"
             return
         self.available = bool(self._handles)
+        if not devices:
+            self.reason = "no CUDA device to read"
         if unmatched:
             self.reason = "no NVML device matched CUDA device(s) " + ", ".join(map(str, unmatched))
         self._v2 = getattr(pynvml, "nvmlMemory_v2", None)

@@ -6,6 +6,7 @@ and never initialises CUDA or creates a context on a device the user has not tou
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -27,6 +28,20 @@ class AllocatorStats(NamedTuple):
 ZERO_STATS = AllocatorStats(0, 0, 0, 0, 0, 0, 0, 0, 0)
 # Why there are no GPU readings on a machine without CUDA (torch.cuda.is_available() is False).
 NO_CUDA = "no CUDA device: host-memory mode"
+# Until the notebook imports torch (which takes seconds), loading does not import it.
+NOT_IMPORTED = "torch is not imported yet: GPU memory is read once the notebook imports it"
+
+
+def imported_torch() -> Any | None:
+    """The torch module once something (the user's code) has fully imported it; never imports
+    it. None while it is absent or still being imported on another thread."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    spec = getattr(torch, "__spec__", None)
+    if getattr(spec, "_initializing", False) or not hasattr(torch, "cuda"):
+        return None  # half-imported: its module object exists before its code has run
+    return torch
 
 
 def stats_from_nested(s: dict[str, Any]) -> AllocatorStats:
@@ -60,6 +75,17 @@ class DeviceInfo:
 
 
 class TorchCudaReader:
+    # True while waiting for the notebook to import torch (`waiting()`); see `Readers.attach_torch`.
+    pending = False
+
+    @classmethod
+    def waiting(cls) -> TorchCudaReader:
+        """A reader with no devices yet that has not imported torch."""
+        reader = cls.__new__(cls)
+        reader.available, reader.reason, reader.devices = False, NOT_IMPORTED, ()
+        reader.pending = True
+        return reader
+
     def __init__(self) -> None:
         self.available = False
         self.reason: str | None = None
