@@ -5,14 +5,11 @@ search, and the comparison of two snapshots."""
 
 from __future__ import annotations
 
-import gzip
-import pickle
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from independent_replay import independent_site_peaks, raw
 
 from gpumem_widget.reporting.summary import summarize
 from gpumem_widget.snapshot import (
@@ -22,7 +19,6 @@ from gpumem_widget.snapshot import (
     categories,
     open_snapshot,
 )
-from gpumem_widget.snapshot.aggregate import BEFORE_RECORDING, NO_PYTHON_STACK
 from gpumem_widget.snapshot.attribution import site_of
 from gpumem_widget.snapshot.compare import compare_snapshots
 from gpumem_widget.snapshot.model import Frame
@@ -32,56 +28,6 @@ from gpumem_widget.wire.protocol import unpack_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 ALL = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
-
-
-def raw(name: str) -> dict[str, Any]:
-    with gzip.open(FIXTURES / f"{name}.pickle.gz") as f:
-        out: dict[str, Any] = pickle.load(f)  # the project's own recorded fixtures
-    return out
-
-
-def label_of(frames: list[dict[str, Any]]) -> str:
-    site = site_of([Frame(f["filename"], f["line"], f["name"]) for f in frames])
-    return site.label() if site else NO_PYTHON_STACK
-
-
-def independent_site_peaks(snapshot: dict[str, Any], device: int) -> dict[str, int]:
-    """Each site's highest live bytes, replaying the raw entries one by one (no numpy, nothing
-    shared with the project's replay but the site labels). Allocations alive at the start are
-    those freed without an alloc in the trace, and live blocks the trace never allocated."""
-    entries = snapshot["device_traces"][device]
-    level: dict[str, int] = defaultdict(int)
-    live: dict[int, tuple[str, int]] = {}
-    alive: set[int] = set()
-    for e in entries:  # allocations made before the trace began and freed in it
-        if e["action"] == "alloc":
-            alive.add(e["addr"])
-        elif e["action"] == "free_completed":
-            if e["addr"] in alive:
-                alive.discard(e["addr"])
-            else:
-                live[e["addr"]] = (BEFORE_RECORDING, e["size"])
-                level[BEFORE_RECORDING] += e["size"]
-    for seg in snapshot["segments"]:  # alive at the end, allocated before the trace
-        if seg.get("device", 0) != device:
-            continue
-        for b in seg["blocks"]:
-            if b["state"] != "inactive" and b["address"] not in alive:
-                frames = b.get("frames", [])
-                site = label_of(frames) if frames else BEFORE_RECORDING
-                live[b["address"]] = (site, b["requested_size"])
-                level[site] += b["requested_size"]
-    peaks = dict(level)
-    for e in entries:
-        if e["action"] == "alloc":
-            site = label_of(e.get("frames", []))
-            live[e["addr"]] = (site, e["size"])
-            level[site] += e["size"]
-            peaks[site] = max(peaks.get(site, 0), level[site])
-        elif e["action"] == "free_completed" and e["addr"] in live:
-            site, size = live.pop(e["addr"])
-            level[site] -= size
-    return {k: v for k, v in peaks.items() if v > 0}
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -256,6 +256,11 @@ class Drilldown:
         try:
             if kind == "alive_at":
                 self._alive_at(content.get("device"), content.get("t"), content.get("event"))
+                if isinstance(content.get("id"), int):  # each answer differs, so each arrives
+                    self.widget.drilldown_alive = {
+                        **self.widget.drilldown_alive,
+                        "id": content["id"],
+                    }
             elif kind == "view":
                 self._range(content)
             elif kind == "search":

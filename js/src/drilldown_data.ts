@@ -54,20 +54,45 @@ export interface Series {
   values: Float64Array;
 }
 
-/** A stacked view over time: active memory by site, or by category. */
+export interface Oom {
+  t: number; // position on the view's x axis
+  event: number;
+  time: number | null; // unix seconds
+  requested: number;
+  deviceFree: number;
+  tag: string;
+  cell: number | null;
+}
+
+export interface Idle {
+  x: number;
+  width: number;
+  seconds: number;
+}
+
+/** A stacked view over an x axis (event order or wall-clock): active memory by site, or by
+ * category. Each column is shown at its highest instant, the trace entry in `event`. */
 export interface Stacked {
+  axis: "event" | "time";
   unit: "s" | "entry";
   t0: number;
   t1: number;
-  t: Float64Array; // column start times
+  t: Float64Array; // column start positions
+  event: Float64Array; // the entry each column shows (its peak): what a click on it asks about
+  time: Float64Array | null; // unix seconds of that entry
   total: Float64Array;
   reserved: Float64Array | null;
+  reservedMax: Float64Array | null;
+  reservedMin: Float64Array | null;
   series: Series[]; // bottom first
-  peak: { bytes: number; t: number | null };
+  peak: { bytes: number; t: number | null; event: number; time: number | null };
+  peakReserved: number;
   entries: number;
   allocations: number;
   overflowed: boolean;
-  ooms: { t: number; requested: number }[];
+  warnings: string[];
+  idle: Idle[];
+  ooms: Oom[];
 }
 
 function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
@@ -84,23 +109,193 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
   });
   if (withOther && columns.has("other")) {
     const values = column(columns, "other", what);
-    series.push({ column: "other", label: "other", detail: "every smaller site", peak: values.reduce((a, b) => Math.max(a, b), 0), values });
+    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values });
   }
   const peak = field(raw, "peak", what, isObj, "an object");
   const ooms = optional(raw, "ooms", isArray, []);
+  const total = column(columns, "total", what);
   return {
+    axis: raw["axis"] === "time" ? "time" : "event",
     unit: raw["x_unit"] === "entry" ? "entry" : "s",
     t0: field(raw, "t0", what, isNumber, "a time"),
     t1: field(raw, "t1", what, isNumber, "a time"),
     t: column(columns, "t", what),
-    total: column(columns, "total", what),
+    event: columns.get("event") ?? new Float64Array(total.length).fill(-1),
+    time: columns.get("time") ?? null,
+    total,
     reserved: columns.get("reserved") ?? null,
+    reservedMax: columns.get("reserved_max") ?? null,
+    reservedMin: columns.get("reserved_min") ?? null,
     series,
-    peak: { bytes: optional(peak, "bytes", isNumber, 0), t: optional(peak, "t", isNumberOrNull, null) },
+    peak: {
+      bytes: optional(peak, "bytes", isNumber, 0),
+      t: optional(peak, "t", isNumberOrNull, null),
+      event: optional(peak, "event", isNumber, -1),
+      time: optional(peak, "time", isNumberOrNull, null),
+    },
+    peakReserved: optional(raw, "peak_reserved", isNumber, 0),
     entries: optional(raw, "entries", isNumber, 0),
     allocations: optional(raw, "allocations", isNumber, 0),
     overflowed: raw["overflowed"] === true,
-    ooms: ooms.filter(isObj).map((o) => ({ t: optional(o, "t", isNumber, 0), requested: optional(o, "requested", isNumber, 0) })),
+    warnings: optional(raw, "warnings", isArray, []).filter(isString),
+    idle: optional(raw, "idle", isArray, [])
+      .filter(isObj)
+      .map((g) => ({ x: optional(g, "x", isNumber, 0), width: optional(g, "width", isNumber, 0), seconds: optional(g, "seconds", isNumber, 0) })),
+    ooms: ooms.filter(isObj).map((o) => ({
+      t: optional(o, "t", isNumber, 0),
+      event: optional(o, "event", isNumber, -1),
+      time: optional(o, "time", isNumberOrNull, null),
+      requested: optional(o, "requested", isNumber, 0),
+      deviceFree: optional(o, "device_free", isNumber, 0),
+      tag: optional(o, "tag", isString, ""),
+      cell: optional(o, "cell", isNumberOrNull, null),
+    })),
+  };
+}
+
+export interface Band {
+  executionCount: number;
+  x0: number;
+  x1: number;
+}
+
+function parseBands(raw: unknown): Band[] {
+  return (isArray(raw) ? raw : []).filter(isObj).map((b) => ({
+    executionCount: optional(b, "execution_count", isNumber, 0),
+    x0: optional(b, "x0", isNumber, 0),
+    x1: optional(b, "x1", isNumber, 0),
+  }));
+}
+
+/** A zoomed range or another x axis, re-aggregated in the kernel (`drilldown_view`). */
+export interface RangeView {
+  id: number | null;
+  device: number;
+  axis: "event" | "time";
+  sites: Stacked;
+  categories: Stacked;
+  bands: Band[];
+}
+
+export function parseRangeView(raw: unknown): RangeView | null {
+  if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return null;
+  if (!isObject(raw)) throw new ProtocolError(`drilldown_view: expected an object, got ${describe(raw)}`);
+  return {
+    id: optional(raw, "id", isNumberOrNull, null),
+    device: field(raw, "device", "drilldown_view", isNumber, "a device index"),
+    axis: raw["axis"] === "time" ? "time" : "event",
+    sites: parseStacked(raw["sites"], "drilldown_view.sites", true),
+    categories: parseStacked(raw["categories"], "drilldown_view.categories", false),
+    bands: parseBands(raw["bands"]),
+  };
+}
+
+export interface SearchAllocation {
+  addr: number;
+  size: number;
+  site: string;
+  stack: string[];
+  startEvent: number;
+  endEvent: number;
+}
+
+export type SearchAnswer =
+  | { kind: "none" }
+  | { kind: "error"; query: string; message: string }
+  | { kind: "ready"; device: number; query: string; by: string; matches: number; bytesAllocated: number; peakBytes: number; frames: string[]; allocations: SearchAllocation[]; axis: "event" | "time"; t: Float64Array; matched: Float64Array };
+
+export function parseSearch(raw: unknown): SearchAnswer {
+  if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return { kind: "none" };
+  if (!isObject(raw)) throw new ProtocolError(`drilldown_search: expected an object, got ${describe(raw)}`);
+  const query = optional(raw, "query", isString, "");
+  if (isString(raw["error"])) return { kind: "error", query, message: raw["error"] };
+  const { columns } = decodeColumns(raw["table"], "drilldown_search.table");
+  return {
+    kind: "ready",
+    device: field(raw, "device", "drilldown_search", isNumber, "a device index"),
+    query,
+    by: optional(raw, "kind", isString, "frame"),
+    matches: optional(raw, "matches", isNumber, 0),
+    bytesAllocated: optional(raw, "bytes_allocated", isNumber, 0),
+    peakBytes: optional(raw, "peak_bytes", isNumber, 0),
+    frames: optional(raw, "frames", isArray, []).filter(isString),
+    allocations: optional(raw, "allocations", isArray, [])
+      .filter(isObj)
+      .map((a) => ({
+        addr: optional(a, "addr", isNumber, 0),
+        size: optional(a, "size", isNumber, 0),
+        site: optional(a, "site", isString, "?"),
+        stack: optional(a, "stack", isArray, []).filter(isString),
+        startEvent: optional(a, "start_event", isNumber, -1),
+        endEvent: optional(a, "end_event", isNumber, -1),
+      })),
+    axis: raw["axis"] === "time" ? "time" : "event",
+    t: column(columns, "t", "drilldown_search"),
+    matched: column(columns, "matched", "drilldown_search"),
+  };
+}
+
+export interface CompareRow {
+  label: string;
+  a: number;
+  b: number;
+  delta: number;
+}
+
+export interface CompareSide {
+  device: number;
+  entries: number;
+  peakBytes: number;
+  peakReserved: number;
+}
+
+export interface Compare {
+  labels: [string, string];
+  unit: "s" | "entry";
+  a: CompareSide;
+  b: CompareSide;
+  peakDelta: number;
+  bySite: CompareRow[];
+  byCategory: CompareRow[];
+  t0: number;
+  t1: number;
+  t: Float64Array;
+  aActive: Float64Array;
+  aReserved: Float64Array;
+  bActive: Float64Array;
+  bReserved: Float64Array;
+}
+
+function compareRows(raw: unknown): CompareRow[] {
+  return (isArray(raw) ? raw : []).filter(isObj).map((r) => ({ label: optional(r, "label", isString, "?"), a: optional(r, "a", isNumber, 0), b: optional(r, "b", isNumber, 0), delta: optional(r, "delta", isNumber, 0) }));
+}
+
+function compareSide(raw: unknown): CompareSide {
+  const o = isObject(raw) ? raw : {};
+  return { device: optional(o, "device", isNumber, 0), entries: optional(o, "entries", isNumber, 0), peakBytes: optional(o, "peak_bytes", isNumber, 0), peakReserved: optional(o, "peak_reserved", isNumber, 0) };
+}
+
+export function parseCompare(raw: unknown): Compare | null {
+  if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return null;
+  if (!isObject(raw)) throw new ProtocolError(`drilldown_compare: expected an object, got ${describe(raw)}`);
+  const { columns } = decodeColumns(raw["table"], "drilldown_compare.table");
+  const labels = optional(raw, "labels", isArray, []).filter(isString);
+  const what = "drilldown_compare";
+  return {
+    labels: [labels[0] ?? "A", labels[1] ?? "B"],
+    unit: raw["x_unit"] === "s" ? "s" : "entry",
+    a: compareSide(raw["a"]),
+    b: compareSide(raw["b"]),
+    peakDelta: optional(raw, "peak_delta", isNumber, 0),
+    bySite: compareRows(raw["by_site"]),
+    byCategory: compareRows(raw["by_category"]),
+    t0: optional(raw, "t0", isNumber, 0),
+    t1: optional(raw, "t1", isNumber, 1),
+    t: column(columns, "t", what),
+    aActive: column(columns, "a_active", what),
+    aReserved: column(columns, "a_reserved", what),
+    bActive: column(columns, "b_active", what),
+    bReserved: column(columns, "b_reserved", what),
   };
 }
 
@@ -148,14 +343,9 @@ function parseCellSlice(raw: unknown, what: string): CellSlice {
   };
 }
 
-/** Reserved (cached segments) beside active (live blocks) over time: each column's highest and
- * lowest, so the cache's growth and its gap to the live set show at any zoom. */
+/** Reserved (cached segments) beside active (live blocks): the figures the summary states; the
+ * chart draws reserved from the stacked view's own columns. */
 export interface ReservedOverTime {
-  t: Float64Array; // column start times
-  t1: number;
-  reserved: Float64Array;
-  reservedMin: Float64Array;
-  active: Float64Array;
   peakReserved: number;
   largestGap: number; // the most reserved beyond active at any instant
 }
@@ -163,14 +353,8 @@ export interface ReservedOverTime {
 function parseReserved(raw: unknown, what: string): ReservedOverTime | null {
   if (raw === undefined || raw === null) return null; // a kernel that does not send it
   if (!isObject(raw)) throw new ProtocolError(`${what}: expected a view, got ${describe(raw)}`);
-  const { columns } = decodeColumns(raw["table"], `${what}.table`);
   const gap = raw["largest_gap"];
   return {
-    t: column(columns, "t", what),
-    t1: field(raw, "t1", what, isNumber, "a time"),
-    reserved: column(columns, "reserved", what),
-    reservedMin: column(columns, "reserved_min", what),
-    active: column(columns, "active", what),
     peakReserved: field(raw, "peak_reserved", what, isNumber, "bytes"),
     largestGap: isObject(gap) ? optional(gap, "bytes", isNumber, 0) : 0,
   };
@@ -183,6 +367,7 @@ export interface DeviceOverview {
   reserved: ReservedOverTime | null;
   atPeak: SiteBytes[]; // bytes per category at the peak
   cells: CellSlice[];
+  bands: Band[]; // each cell's span on the event axis
 }
 
 export interface Overview {
@@ -213,6 +398,7 @@ export function parseDrilldown(raw: unknown): DrilldownState {
         .filter((e): e is [string, number] => isNumber(e[1]))
         .map(([label, bytes]) => ({ label, bytes })),
       cells: cells.map((c, k) => parseCellSlice(c, `${what}.cells[${k}]`)),
+      bands: parseBands(d["bands"]),
     };
   });
   return {
@@ -244,8 +430,18 @@ export interface Allocation {
   allocatedAt: number | null;
 }
 
+export interface Entry {
+  action: string;
+  size: number;
+  addr: number;
+  site: string | null;
+}
+
 export interface Alive {
   device: number;
+  event: number;
+  x: { event: number; time: number } | null; // the entry's position on each x axis
+  entry: Entry | null;
   t: number | null;
   total: number;
   count: number;
@@ -299,6 +495,16 @@ export function parseAlive(raw: unknown): AliveState {
     kind: "ready",
     alive: {
       device: field(raw, "device", "drilldown_alive", isNumber, "a device index"),
+      event: optional(raw, "event", isNumber, -1),
+      x: isObject(raw["x"]) ? { event: optional(raw["x"], "event", isNumber, -1), time: optional(raw["x"], "time", isNumber, 0) } : null,
+      entry: isObject(raw["entry"])
+        ? {
+            action: optional(raw["entry"], "action", isString, "?"),
+            size: optional(raw["entry"], "size", isNumber, 0),
+            addr: optional(raw["entry"], "addr", isNumber, 0),
+            site: optional(raw["entry"], "site", isStringOrNull, null),
+          }
+        : null,
       t: optional(raw, "t", isNumberOrNull, null),
       total: field(raw, "total_bytes", "drilldown_alive", isNumber, "bytes"),
       count: optional(raw, "count", isNumber, 0),

@@ -8,8 +8,8 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import type { AnyModel } from "@anywidget/types";
 import { renderDrilldown } from "../src/drilldown";
-import { columnAt } from "../src/drilldown_chart";
-import { decodeColumns, parseAlive, parseDrilldown } from "../src/drilldown_data";
+import { axisTop, columnAt, HEADROOM, oomText } from "../src/drilldown_chart";
+import { decodeColumns, parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/drilldown_data";
 
 interface Fixture {
   state: Record<string, unknown>;
@@ -29,6 +29,8 @@ interface Fixture {
     segments: number;
     allocated_blocks: number;
     figures: Record<string, number | boolean>;
+    compare: { peak_delta: number; sites: string[] };
+    site_peaks: number[];
   };
 }
 
@@ -116,18 +118,21 @@ describe("drill-down data", () => {
   it("decodes reserved beside active: never below it, peaking where the allocator did", () => {
     const parsed = parseDrilldown(received()["drilldown"]);
     if (parsed.kind !== "ready") throw new Error("not ready");
-    const r = parsed.overview.devices[0]?.reserved;
-    if (!r) throw new Error("no reserved view");
-    expect(Math.max(...r.reserved)).toBe(fixture.expected.peak_reserved);
+    const dev = parsed.overview.devices[0];
+    const r = dev?.reserved;
+    const s = dev?.sites;
+    if (!r || !s?.reservedMax || !s.reservedMin || !s.reserved) throw new Error("no reserved columns");
+    expect(Math.max(...s.reservedMax)).toBe(fixture.expected.peak_reserved);
     expect(r.peakReserved).toBe(fixture.expected.peak_reserved);
-    for (let k = 0; k < r.t.length; k++) {
-      expect(r.reserved[k]).toBeGreaterThanOrEqual(r.reservedMin[k] as number);
-      expect(r.reserved[k]).toBeGreaterThanOrEqual(r.active[k] as number); // column highs
+    for (let k = 0; k < s.t.length; k++) {
+      expect(s.reservedMax[k]).toBeGreaterThanOrEqual(s.reserved[k] as number);
+      expect(s.reserved[k]).toBeGreaterThanOrEqual(s.reservedMin[k] as number);
+      expect(s.reserved[k]).toBeGreaterThanOrEqual(s.total[k] as number); // at the column's peak
     }
     expect(r.largestGap).toBeGreaterThan(0);
-    expect(columnAt(r.t, r.t[3] as number)).toBe(3);
-    expect(columnAt(r.t, (r.t[0] as number) - 1)).toBe(-1);
-    expect(columnAt(r.t, r.t1)).toBe(r.t.length - 1);
+    expect(columnAt(s.t, s.t[3] as number)).toBe(3);
+    expect(columnAt(s.t, (s.t[0] as number) - 1)).toBe(-1);
+    expect(columnAt(s.t, s.t1)).toBe(s.t.length - 1);
   });
 
   it("rejects a malformed table with one clear error", () => {
@@ -159,9 +164,12 @@ describe("drill-down panel", () => {
     const { el, model, stop } = mount(received());
     const row = el.querySelector<HTMLElement>(`tr[data-cell='${fixture.expected.cells[0]}']`);
     row?.click();
-    expect(model.sent).toHaveLength(1);
-    expect(model.sent[0]).toMatchObject({ type: "alive_at", device: fixture.expected.device });
-    expect(typeof model.sent[0]?.["t"]).toBe("number");
+    const asked = model.sent.filter((m) => m["type"] === "alive_at");
+    expect(asked).toHaveLength(1);
+    expect(asked[0]).toMatchObject({ type: "alive_at", device: fixture.expected.device });
+    expect(typeof asked[0]?.["t"]).toBe("number");
+    // and the cell's span, zoomed in the kernel at screen resolution
+    expect(model.sent.filter((m) => m["type"] === "view")).toHaveLength(1);
     model.set("drilldown_alive", { error: `ValueError: ${HOSTILE}` });
     expect(el.textContent).toContain(HOSTILE); // as text, never as markup
     expect(el.querySelector("img")).toBeNull();
@@ -225,5 +233,80 @@ describe("drill-down panel", () => {
     model.set("drilldown", { devices: [{ device: 0, active: 3 }] });
     expect(el.textContent).toContain("Snapshot view unavailable");
     stop();
+  });
+
+  it("steps event by event from the answer shown, and says where a column's peak is", () => {
+    const { el, model, stop } = mount(received());
+    const heading = el.querySelector<HTMLElement>(".gpumem-drilldown-alive-heading");
+    const event = Number(heading?.dataset["event"]);
+    expect(heading?.textContent).toMatch(/^At the peak, entry /);
+    expect(Number(heading?.dataset["totalBytes"])).toBe(fixture.expected.alive_total);
+    el.querySelector<HTMLButtonElement>(".gpumem-drilldown-step[data-step='1']")?.click();
+    el.querySelector<HTMLButtonElement>(".gpumem-drilldown-step[data-step='-1']")?.click();
+    const steps = model.sent.filter((m) => m["type"] === "alive_at").map((m) => m["event"]);
+    expect(steps).toEqual([event + 1, event - 1]);
+    stop();
+  });
+
+  it("states each site's exact maximum in the legend, and labels nothing as 'other' at 0 B", () => {
+    const { el, stop } = mount(received());
+    const items = [...el.querySelectorAll<HTMLElement>(".gpumem-drilldown-body > .gpumem-drilldown-legend > .gpumem-drilldown-legend-item:not(.gpumem-drilldown-legend-reserved)")];
+    const peaks = items.filter((i) => i.dataset["site"] !== "other").map((i) => Number(i.dataset["peakBytes"]));
+    expect(peaks).toEqual(fixture.expected.site_peaks.filter((p) => p > 0));
+    expect(items.every((i) => Number(i.dataset["peakBytes"]) > 0)).toBe(true);
+    stop();
+  });
+
+  it("asks the kernel to re-aggregate the time axis, and draws its answer only if it is the latest", () => {
+    const { el, model, stop } = mount(received());
+    el.querySelector<HTMLButtonElement>(".gpumem-drilldown-axis[data-axis='time']")?.click();
+    const asked = model.sent.filter((m) => m["type"] === "view");
+    expect(asked).toHaveLength(1);
+    expect(asked[0]).toMatchObject({ type: "view", axis: "time", t0: null, t1: null });
+    expect(parseRangeView({})).toBeNull();
+    // An answer to an older request is ignored: the chart keeps the event axis.
+    const overview = parseDrilldown(model.state["drilldown"]);
+    if (overview.kind !== "ready") throw new Error("not ready");
+    const sites = (model.state["drilldown"] as { devices: { active: unknown; categories: unknown }[] }).devices[0];
+    model.set("drilldown_view", { id: 999, device: 0, axis: "time", sites: sites?.active, categories: sites?.categories, bands: [] });
+    expect(el.querySelector<HTMLElement>(".gpumem-drilldown-chart")?.dataset["axis"] ?? "event").toBe("event");
+    stop();
+  });
+
+  it("shows a comparison of two real snapshots: the peaks' change by site and category", () => {
+    const state = received();
+    const c = parseCompare(state["drilldown_compare"]);
+    expect(c?.peakDelta).toBe(fixture.expected.compare.peak_delta);
+    expect(c?.bySite.map((r) => r.label)).toEqual(fixture.expected.compare.sites);
+    for (const r of c?.bySite ?? []) expect(r.delta).toBe(r.b - r.a);
+    const { el, stop } = mount(state);
+    const section = el.querySelector<HTMLElement>(".gpumem-drilldown-compare");
+    expect(section?.hidden).toBe(false);
+    expect(section?.textContent).toContain("two_snapshots_first.pickle.gz (A)");
+    expect(el.querySelectorAll(".gpumem-drilldown-compare-sites tbody tr")).toHaveLength(fixture.expected.compare.sites.length);
+    expect(Number(el.querySelector<HTMLElement>(".gpumem-drilldown-compare-facts")?.dataset["peakDelta"])).toBe(fixture.expected.compare.peak_delta);
+    stop();
+  });
+
+  it("reports a search's error as text", () => {
+    expect(parseSearch({})).toEqual({ kind: "none" });
+    expect(parseSearch({ error: "a search needs 1 to 200 characters", query: "" })).toMatchObject({ kind: "error" });
+  });
+});
+
+describe("the chart's axis and labels", () => {
+  it("always puts the axis top above the highest value, with headroom", () => {
+    for (const max of [1, 1023, 1.56 * 2 ** 30, 1.78 * 2 ** 30, 15032385536, 2 ** 50, 0]) {
+      const { top, ticks } = axisTop(max);
+      expect(top).toBeGreaterThanOrEqual(max * HEADROOM);
+      expect(ticks[ticks.length - 1]).toBe(top);
+      expect(ticks.every((t, i) => i === 0 || t > (ticks[i - 1] as number))).toBe(true);
+    }
+  });
+
+  it("labels an OOM with the request, the free memory and the cell", () => {
+    const oom = { t: 1, event: 1, time: null, requested: 3 * 2 ** 30, deviceFree: 2 ** 30, tag: "cell:7", cell: 7 };
+    expect(oomText(oom)).toBe("OOM: requested 3.00 GiB, 1.00 GiB free \u00b7 cell [7]");
+    expect(oomText({ ...oom, cell: null, tag: "" })).toBe("OOM: requested 3.00 GiB, 1.00 GiB free");
   });
 });

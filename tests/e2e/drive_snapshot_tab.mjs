@@ -1,0 +1,243 @@
+// Draws the Snapshot tab for recorded snapshots in Debian's Chromium, against the real kernel
+// code behind snapshot_bridge.py, and records what a user sees: the axis, the tallest drawn
+// column in pixels, what a click on it answers, the legend's per-site maxima, OOM labels,
+// warnings, and the contrast of every text and button in light and dark themes; screenshots.
+// It asserts nothing: test_snapshot_tab.py does.
+//
+// Usage: node drive_snapshot_tab.mjs PLAN.json
+//   PLAN: {url, chromium, artifacts, result, scenarios: [name], shots: [{scenario, action, name}]}
+
+import { readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+import { BROWSER_ARGS, isLocal } from "./browser.mjs";
+
+const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
+const result = { blocked: [], pageErrors: [], scenarios: {}, contrast: [], shots: [], error: null };
+const TIMEOUT = 30000;
+const SERIES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8", "#bab0ac"];
+
+async function settle(page) {
+  await page.waitForFunction(() => window.snap.idle(), null, { timeout: TIMEOUT });
+  await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+}
+
+async function mount(page, scenario, theme) {
+  await page.evaluate(([s, t]) => window.snap.mount(s, t), [scenario, theme]);
+  await page.waitForSelector(".gpumem-drilldown-chart[data-y-max]", { timeout: TIMEOUT });
+  await page.waitForSelector(".gpumem-drilldown-alive-heading", { timeout: TIMEOUT });
+  await settle(page);
+}
+
+/** The topmost pixel of the stacked series (opaque, one of the series colours) in the plot. */
+async function tallest(page) {
+  return page.evaluate((colors) => {
+    const chart = document.querySelector(".gpumem-drilldown-chart");
+    const canvas = chart.querySelector("canvas");
+    const [left, top, w, h] = chart.dataset.plot.split(",").map(Number);
+    const ratio = canvas.width / canvas.clientWidth;
+    const img = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const rgb = colors.map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
+    const isSeries = (x, y) => {
+      const i = (y * canvas.width + x) * 4;
+      if (img[i + 3] !== 255) return false;
+      return rgb.some(([r, g, b]) => Math.abs(img[i] - r) <= 2 && Math.abs(img[i + 1] - g) <= 2 && Math.abs(img[i + 2] - b) <= 2);
+    };
+    let best = null;
+    for (let x = Math.ceil(left * ratio); x < Math.floor((left + w) * ratio); x++) {
+      for (let y = Math.floor(top * ratio); y < Math.ceil((top + h) * ratio); y++) {
+        if (isSeries(x, y)) {
+          if (!best || y < best.y) best = { x, y };
+          break;
+        }
+      }
+    }
+    if (!best) return null;
+    return { xCss: best.x / ratio, yCss: best.y / ratio, plot: { left, top, w, h }, yMax: Number(chart.dataset.yMax) };
+  }, SERIES);
+}
+
+/** Every visible text and every enabled control in the widget: its contrast with what is behind. */
+async function contrast(page, label) {
+  const found = await page.evaluate(() => {
+    const parse = (c) => {
+      const m = c.match(/rgba?\(([^)]+)\)/);
+      if (!m) return [0, 0, 0, 0];
+      const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number);
+      return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+    };
+    const over = (fg, bg) => [0, 1, 2].map((i) => fg[i] * fg[3] + bg[i] * (1 - fg[3])).concat(1);
+    const background = (el) => {
+      const layers = [];
+      for (let e = el; e; e = e.parentElement) {
+        const c = parse(getComputedStyle(e).backgroundColor);
+        if (c[3] > 0) layers.push(c);
+        if (c[3] >= 1) break;
+      }
+      let bg = [255, 255, 255, 1];
+      for (const c of layers.reverse()) bg = over(c, bg);
+      return bg;
+    };
+    const opacity = (el) => {
+      let o = 1;
+      for (let e = el; e; e = e.parentElement) o *= Number(getComputedStyle(e).opacity);
+      return o;
+    };
+    const lum = ([r, g, b]) => {
+      const f = (v) => ((v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+      return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+    };
+    const ratio = (a, b) => {
+      const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p);
+      return (x + 0.05) / (y + 0.05);
+    };
+    const root = document.querySelector(".gpumem-widget");
+    const out = [];
+    const check = (el, text, color) => {
+      const bg = background(el);
+      const fg = parse(color);
+      fg[3] *= opacity(el);
+      out.push({ text: text.slice(0, 60), tag: el.tagName.toLowerCase(), cls: String(el.className).slice(0, 60), ratio: ratio(over(fg, bg), bg), fg: color, bg: `rgb(${bg.slice(0, 3).map(Math.round).join(",")})` });
+    };
+    for (const el of root.querySelectorAll("*")) {
+      if (!el.getClientRects().length || el.closest("[hidden]")) continue;
+      if (el.disabled) continue; // WCAG 1.4.3 exempts inactive controls
+      const style = getComputedStyle(el);
+      if (style.visibility === "hidden") continue;
+      const own = [...el.childNodes].filter((n) => n.nodeType === 3 && n.textContent.trim()).map((n) => n.textContent.trim()).join(" ");
+      if (own) check(el, own, style.color);
+      else if (el.matches("button, select")) check(el, el.textContent || el.tagName, style.color);
+      if (el.matches("input[placeholder]") && !el.value) check(el, el.placeholder, getComputedStyle(el, "::placeholder").color);
+    }
+    return out;
+  });
+  for (const f of found) result.contrast.push({ ...f, where: label });
+  return found.length;
+}
+
+async function facts(page) {
+  return page.evaluate(() => {
+    const chart = document.querySelector(".gpumem-drilldown-chart");
+    const heading = document.querySelector(".gpumem-drilldown-alive-heading");
+    return {
+      yMax: Number(chart.dataset.yMax),
+      drawnMax: Number(chart.dataset.drawnMax),
+      axis: chart.dataset.axis,
+      range: chart.dataset.range ?? null,
+      legend: [...document.querySelectorAll(".gpumem-drilldown-body > .gpumem-drilldown-legend > .gpumem-drilldown-legend-item")].map((e) => ({ site: e.dataset.site ?? null, peak: Number(e.dataset.peakBytes), text: e.textContent })),
+      ooms: [...document.querySelectorAll(".gpumem-drilldown-oom")].map((e) => e.textContent),
+      idle: [...document.querySelectorAll(".gpumem-drilldown-idle")].map((e) => e.textContent),
+      warnings: [...document.querySelectorAll(".gpumem-drilldown-warnings li")].map((e) => e.textContent),
+      summary: document.querySelector(".gpumem-drilldown-summary").textContent,
+      alive: { text: heading.textContent, total: Number(heading.dataset.totalBytes), event: Number(heading.dataset.event) },
+    };
+  });
+}
+
+async function heading(page) {
+  return page.evaluate(() => {
+    const h = document.querySelector(".gpumem-drilldown-alive-heading");
+    return { text: h.textContent, total: Number(h.dataset.totalBytes), event: Number(h.dataset.event) };
+  });
+}
+
+const actions = {
+  async overview() {},
+  async time(page) {
+    await page.click(".gpumem-drilldown-axis[data-axis='time']");
+    await page.waitForSelector(".gpumem-drilldown-chart[data-axis='time']", { timeout: TIMEOUT });
+    await settle(page);
+  },
+  async zoom(page) {
+    const t = await tallest(page);
+    const box = await page.locator(".gpumem-drilldown-chart canvas").boundingBox();
+    const y = box.y + t.plot.top + t.plot.h / 2;
+    const from = Math.max(t.plot.left + 2, t.xCss - t.plot.w * 0.12);
+    const to = Math.min(t.plot.left + t.plot.w - 2, t.xCss + t.plot.w * 0.12);
+    const before = await page.evaluate(() => document.querySelector(".gpumem-drilldown-chart").dataset.range);
+    await page.mouse.move(box.x + from, y);
+    await page.mouse.down();
+    await page.mouse.move(box.x + (from + to) / 2, y, { steps: 4 });
+    await page.mouse.move(box.x + to, y, { steps: 4 });
+    await page.mouse.up();
+    await page.waitForFunction((b) => document.querySelector(".gpumem-drilldown-chart").dataset.range !== b && !document.querySelector(".gpumem-drilldown-body").dataset.pending, before, { timeout: TIMEOUT });
+    await settle(page);
+  },
+  async search(page) {
+    await page.fill(".gpumem-drilldown-query", plan.searchQuery);
+    await page.click(".gpumem-drilldown-go");
+    await page.waitForSelector(".gpumem-drilldown-search h4", { timeout: TIMEOUT });
+    await settle(page);
+  },
+  async compare(page) {
+    await page.waitForSelector(".gpumem-drilldown-compare:not([hidden]) canvas", { timeout: TIMEOUT });
+    await settle(page);
+  },
+};
+
+const browser = await chromium.launch({ executablePath: plan.chromium, headless: true, args: BROWSER_ARGS });
+try {
+  const context = await browser.newContext({ viewport: { width: 1040, height: 1400 }, deviceScaleFactor: 1 });
+  await context.route("**/*", (route) => {
+    const url = route.request().url();
+    if (!isLocal(url)) {
+      result.blocked.push(url);
+      return route.abort("blockedbyclient");
+    }
+    return route.continue();
+  });
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  page.on("pageerror", (e) => result.pageErrors.push(String(e)));
+  await page.goto(`${plan.url}/tests/e2e/snapshot_tab.html`);
+  await page.waitForFunction(() => "snap" in window);
+
+  for (const scenario of plan.scenarios) {
+    await mount(page, scenario, "light");
+    const r = { facts: await facts(page), tallest: await tallest(page) };
+    // Step one event back from the peak shown first, then click the tallest drawn column.
+    const stepBack = page.locator(".gpumem-drilldown-step[data-step='-1']");
+    if (await stepBack.isEnabled()) {
+      const before = await heading(page);
+      await stepBack.click();
+      await page.waitForFunction((e) => Number(document.querySelector(".gpumem-drilldown-alive-heading").dataset.event) !== e, before.event);
+      r.stepped = await heading(page);
+    }
+    r.peakMark = await page.evaluate(() => {
+      const m = document.querySelector(".gpumem-drilldown-peak");
+      return m ? { x: Number(m.dataset.x), bytes: Number(m.dataset.bytes), text: m.textContent } : null;
+    });
+    if (r.tallest && r.peakMark) {
+      // The tallest column: the one the chart marks as the peak (several columns can look
+      // equally tall to a pixel; the pixels checked above say the mark's height is the peak's).
+      const box = await page.locator(".gpumem-drilldown-chart canvas").boundingBox();
+      await page.mouse.click(box.x + r.peakMark.x, box.y + r.tallest.plot.top + r.tallest.plot.h - 3);
+      await page.waitForFunction(() => document.querySelector(".gpumem-drilldown-alive-heading").textContent.startsWith("Peak within this column"), null, { timeout: TIMEOUT });
+      r.clicked = await heading(page);
+    }
+    result.scenarios[scenario] = r;
+    for (const theme of ["light", "dark"]) {
+      await mount(page, scenario, theme);
+      await contrast(page, `${scenario} ${theme}`);
+    }
+  }
+
+  for (const shot of plan.shots) {
+    for (const theme of ["light", "dark"]) {
+      await mount(page, shot.scenario, theme);
+      await actions[shot.action](page);
+      const f = await facts(page);
+      await contrast(page, `${shot.name} ${theme}`);
+      const target = shot.action === "compare" ? ".gpumem-drilldown-compare" : ".gpumem-widget";
+      const box = await page.locator(target).boundingBox();
+      const path = join(plan.artifacts, `snapshot-${shot.name}-${theme}.png`);
+      await page.screenshot({ path, clip: { x: box.x, y: box.y, width: box.width, height: Math.min(box.height, shot.height ?? 640) } });
+      result.shots.push({ ...shot, theme, path, facts: f });
+    }
+  }
+} catch (e) {
+  result.error = String(e?.stack ?? e);
+} finally {
+  await browser.close();
+  await writeFile(plan.result, JSON.stringify(result, null, 2));
+}

@@ -1,0 +1,101 @@
+"""An independent replay of a recorded snapshot's raw trace, for tests to check the project's
+numbers against: plain Python over the pickle's entries, sharing nothing with the project's
+replay but the site labels (`attribution.site_of`)."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gpumem_widget.snapshot.aggregate import BEFORE_RECORDING, NO_PYTHON_STACK
+from gpumem_widget.snapshot.attribution import site_of
+from gpumem_widget.snapshot.model import Frame
+
+FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+def raw(name: str) -> dict[str, Any]:
+    with gzip.open(FIXTURES / f"{name}.pickle.gz") as f:
+        out: dict[str, Any] = pickle.load(f)  # the project's own recorded fixtures
+    return out
+
+
+def label_of(frames: list[dict[str, Any]]) -> str:
+    site = site_of([Frame(f["filename"], f["line"], f["name"]) for f in frames])
+    return site.label() if site else NO_PYTHON_STACK
+
+
+def independent_site_peaks(snapshot: dict[str, Any], device: int) -> dict[str, int]:
+    """Each site's highest live bytes, replaying the raw entries one by one (no numpy, nothing
+    shared with the project's replay but the site labels). Allocations alive at the start are
+    those freed without an alloc in the trace, and live blocks the trace never allocated."""
+    entries = snapshot["device_traces"][device]
+    level: dict[str, int] = defaultdict(int)
+    live: dict[int, tuple[str, int]] = {}
+    alive: set[int] = set()
+    for e in entries:  # allocations made before the trace began and freed in it
+        if e["action"] == "alloc":
+            alive.add(e["addr"])
+        elif e["action"] == "free_completed":
+            if e["addr"] in alive:
+                alive.discard(e["addr"])
+            else:
+                live[e["addr"]] = (BEFORE_RECORDING, e["size"])
+                level[BEFORE_RECORDING] += e["size"]
+    for seg in snapshot["segments"]:  # alive at the end, allocated before the trace
+        if seg.get("device", 0) != device:
+            continue
+        for b in seg["blocks"]:
+            if b["state"] != "inactive" and b["address"] not in alive:
+                frames = b.get("frames", [])
+                site = label_of(frames) if frames else BEFORE_RECORDING
+                live[b["address"]] = (site, b["requested_size"])
+                level[site] += b["requested_size"]
+    peaks = dict(level)
+    for e in entries:
+        if e["action"] == "alloc":
+            site = label_of(e.get("frames", []))
+            live[e["addr"]] = (site, e["size"])
+            level[site] += e["size"]
+            peaks[site] = max(peaks.get(site, 0), level[site])
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            site, size = live.pop(e["addr"])
+            level[site] -= size
+    return {k: v for k, v in peaks.items() if v > 0}
+
+
+def independent_peak(snapshot: dict[str, Any], device: int) -> tuple[int, int]:
+    """The highest active (requested) bytes and reserved bytes at any entry, replayed forward
+    from what was alive and reserved before the trace (the state at the snapshot minus what
+    the trace changed)."""
+    entries = snapshot["device_traces"][device]
+    segs = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+    active_end = sum(
+        b["requested_size"] for s in segs for b in s["blocks"] if b["state"] != "inactive"
+    )
+    reserved_end = sum(s["total_size"] for s in segs)
+    sizes: dict[int, int] = {}
+    deltas, rdeltas = [], []
+    for e in entries:
+        a, size = e["action"], e["size"]
+        if a == "alloc":
+            sizes[e["addr"]] = size
+            deltas.append(size)
+        elif a == "free_completed":
+            deltas.append(-sizes.pop(e["addr"], size))
+        else:
+            deltas.append(0)
+        grow = a in ("segment_alloc", "segment_map")
+        shrink = a in ("segment_free", "segment_unmap")
+        rdeltas.append(size if grow else -size if shrink else 0)
+    active = active_end - sum(deltas)
+    reserved = reserved_end - sum(rdeltas)
+    peak, peak_reserved = active, reserved
+    for d, r in zip(deltas, rdeltas, strict=True):
+        active += d
+        reserved += r
+        peak, peak_reserved = max(peak, active), max(peak_reserved, reserved)
+    return peak, peak_reserved
