@@ -35,3 +35,11 @@ def test_notebook_runs_top_to_bottom(path: pathlib.Path, monkeypatch: pytest.Mon
     state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     assert any(m["state"].get("_model_module") == "anywidget" for m in state.values())
     assert len(json.dumps(state)) < 1_000_000
+    # Every cell after the load has its record in the saved widget, the last ones included:
+    # each cell's row is sent by its own post-run hook, inside the cell's execution.
+    (widget,) = [m["state"] for m in state.values() if "cells_tail" in m["state"]]
+    saved = {c["execution_count"] for c in [*widget["cells"], *widget["cells_tail"]]}
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    loaded = next(c.execution_count for c in code if "%load_ext gpumem_widget" in c.source)
+    ran = {c.execution_count for c in code if c.execution_count > loaded}
+    assert ran <= saved, f"no saved record for cells {sorted(ran - saved)}"

@@ -1,7 +1,8 @@
 """Moves what changed in the kernel-side state into the widget's traits, in one message.
 
-Called only from the sampler thread (see `sampler.py`), at most `protocol.MAX_PUBLISH_HZ` times
-a second; each trait is resent only when its source's version changed. The ledger goes out as a
+Called from the sampler thread (see `sampler.py`), at most `protocol.MAX_PUBLISH_HZ` times a
+second, and for the ledger from the post-run hook too (`ledger_now`), both under the sampler's
+layout lock; each trait is resent only when its source's version changed. The ledger goes out as a
 window (`Ledger.window`): the browser asks for older records by page (`LedgerPages`).
 """
 
@@ -60,19 +61,30 @@ class Publisher:
                 self._seen.pop("tail", None)  # the tail restarts where the new base ends
             if self._changed("tail", self.timeline.version):
                 w.timeline_tail = self.timeline.tail_table()
-            if self._changed("cells", (self.ledger.version, self.ledger.epoch)):
-                view = self.ledger.window()
-                if self._changed("cells_base", (view.first, view.cut, view.epoch)):
-                    w.cells = view.base
-                w.cells_tail = view.tail
-                if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
-                    w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
-                w.ledger_extent = view.extent()
+            self._ledger(w)
             if self.workers is not None and self.workers.due():
                 w.workers = self.workers.wire()
             status = self.status()
             if self._changed("status", repr(status)):
                 w.status = status
+
+    def ledger_now(self) -> None:
+        """Send the ledger's traits now: from the post-run hook (under the sampler's layout lock,
+        so never interleaved with the thread's updates), inside the cell's execution, so a client
+        that keeps only the updates a cell caused (nbclient, nbconvert) saves every record."""
+        w = self.widget
+        with w.hold_sync():
+            self._ledger(w)
+
+    def _ledger(self, w: GpuMemWidget) -> None:
+        if self._changed("cells", (self.ledger.version, self.ledger.epoch)):
+            view = self.ledger.window()
+            if self._changed("cells_base", (view.first, view.cut, view.epoch)):
+                w.cells = view.base
+            w.cells_tail = view.tail
+            if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
+                w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
+            w.ledger_extent = view.extent()
 
 
 class LedgerPages:

@@ -298,6 +298,8 @@ class Session:
         if self.workers is not None and (usage := self.workers.cell_finished()):
             record = dataclasses.replace(record, workers=usage)
         self.ledger.append(record)
+        with self.sampler.layout_lock:
+            self.publisher.ledger_now()  # this cell's row goes out as part of the cell
         self.history.cell_finished(record)
 
     def _upcoming_count(self, info: Any) -> int:
