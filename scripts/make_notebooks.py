@@ -16,24 +16,32 @@ QUICKSTART = [
     new_markdown_cell(
         "# gpumem_widget quick start\n\n"
         "Load the extension: the widget below shows a live memory chart with a band for every "
-        "cell you run, and a ledger of what each cell allocated and peaked at. It works on any "
-        "machine: without CUDA it shows host memory (and says so in its header)."
+        "cell you run, and a ledger of what each cell allocated and peaked at.\n\n"
+        "It works on any machine, and says which mode it is in. **With CUDA** it reads PyTorch's "
+        "caching allocator and NVML: a cell's peak is exact (the allocator's own counter). "
+        "**Without CUDA** (host-memory mode) it measures this process's host memory, its "
+        "resident set size (RSS), by sampling (20 times a second while a cell runs): a cell's "
+        "peak is then at least the figure shown, a spike shorter than a sample can be missed, "
+        "and nothing about GPU memory is measured."
     ),
     new_code_cell("%load_ext gpumem_widget"),
     new_code_cell(
         "import torch\n"
-        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "\n"
+        'device = "cuda" if torch.cuda.is_available() else "cpu"\n'
         "weights = torch.randn(4096, 4096, device=device)  # 64 MiB kept\n"
         "device"
     ),
     new_markdown_cell(
         "A short training loop: the chart moves while the cell runs, and the ledger records "
-        "the cell's exact peak (the allocator's own counter, not a poll)."
+        "the cell's peak (on a GPU, exact; in host-memory mode, the sampled RSS)."
     ),
     new_code_cell(
         "import time\n"
-        "model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),\n"
-        "                            torch.nn.Linear(4096, 1024)).to(device)\n"
+        "\n"
+        "model = torch.nn.Sequential(\n"
+        "    torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)\n"
+        ").to(device)\n"
         "opt = torch.optim.AdamW(model.parameters())\n"
         "t0 = time.time()\n"
         "while time.time() - t0 < 3:\n"
@@ -43,12 +51,29 @@ QUICKSTART = [
         "    opt.step()\n"
         "    opt.zero_grad()"
     ),
-    new_markdown_cell("A short spike that a poller would miss; the ledger's peak catches it."),
+    new_markdown_cell(
+        "A 256 MiB spike, allocated and freed at once: a poller would miss it. On a GPU the "
+        "ledger's peak still has it (the allocator counted it). In host-memory mode it does "
+        "not: the RSS is only sampled, and an untouched CPU tensor takes no resident memory "
+        "anyway. The cell after it says what this machine measured."
+    ),
     new_code_cell("spike = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)\ndel spike"),
-    new_markdown_cell("Everything the widget shows is also available as data:"),
     new_code_cell(
         "import gpumem_widget\n"
-        "gpumem_widget.ledger().to_pandas()[['source', 'duration', 'host_rss_after']].tail()"
+        "\n"
+        "spike_cell = gpumem_widget.ledger()[-1]\n"
+        "if spike_cell.devices:\n"
+        '    print(f"peak allocated {spike_cell.peak_allocated / 2**20:.0f} MiB (exact)")\n'
+        "else:\n"
+        "    print(\n"
+        '        "no CUDA device: host-memory mode. The ledger has this process\'s RSS, "\n'
+        '        f"sampled: at least {spike_cell.host_rss_peak / 2**20:.0f} MiB during the cell "\n'
+        '        "(all of the process, not the spike); the spike itself is not measured here."\n'
+        "    )"
+    ),
+    new_markdown_cell("Everything the widget shows is also available as data:"),
+    new_code_cell(
+        'gpumem_widget.ledger().to_pandas()[["source", "duration", "host_rss_after"]].tail()'
     ),
     new_code_cell("%gpumem status"),
     new_code_cell("%gpumem --help"),
