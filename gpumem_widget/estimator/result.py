@@ -14,6 +14,7 @@ import numpy.typing as npt
 from gpumem_widget.estimator.errors import EstimateError
 from gpumem_widget.estimator.meta_run import MetaRun
 from gpumem_widget.units import format_bytes
+from gpumem_widget.wire import payloads
 
 # The tolerance the GPU tests hold the estimate to, and the default for calling a comparison good.
 TOLERANCE: Final = 0.10
@@ -43,7 +44,7 @@ class Term:
     # optimizer), or "meta run" (measured by running the model on the meta device).
     source: str
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Term:
         return {
             "key": self.key,
             "label": self.label,
@@ -65,7 +66,7 @@ class Phase:
     def bytes(self) -> int:
         return sum(self.parts.values())
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Phase:
         return {"name": self.name, "bytes": self.bytes, "parts": dict(self.parts), "at": self.at}
 
 
@@ -143,7 +144,7 @@ class Comparison:
     def within_tolerance(self) -> bool:
         return abs(self.error_bytes) <= self.tolerance * max(self.measured, 1)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Comparison:
         return {
             "predicted": self.predicted,
             "measured": self.measured,
@@ -344,7 +345,7 @@ class Estimate:
         other = max(0, allocated_before - self.between_steps)
         return self.compare(peak_allocated, other_bytes=other, tolerance=tolerance)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Estimate:
         """The JSON the browser gets: terms, phases, total (the line drawn on the chart)."""
         return {
             "model": self.model,

@@ -12,10 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from gpumem_widget.holders.variables import HoldersReport
 from gpumem_widget.units import format_bytes
+from gpumem_widget.wire import payloads
 
 MiB: Final = 2**20
 DEFAULT_MIN_RUNS: Final = 3
@@ -55,7 +56,7 @@ class LeakHint:
     bytes: int  # growth over the runs, or bytes only the output cache keeps
     execution_counts: tuple[int, ...]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.LeakHint:
         return {
             "kind": self.kind,
             "message": self.message,

@@ -36,6 +36,7 @@ import torch
 
 from gpumem_widget.holders.variables import Holder, HoldersReport
 from gpumem_widget.units import format_bytes
+from gpumem_widget.wire import payloads
 
 Source = Literal["observer", "message", "none"]
 
@@ -257,7 +258,7 @@ class DeviceOom:
             return None
         return max(0, self.this_process - self.reserved)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.DeviceOom:
         return {
             "device": self.device,
             "failed": self.failed,
@@ -291,7 +292,7 @@ class Suggestion:
     sufficient: bool | None = None  # recoverable covers the shortfall (None: not measurable)
     command: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Suggestion:
         return {
             "key": self.key,
             "title": self.title,
@@ -317,7 +318,7 @@ class PostMortem:
     def failed(self) -> DeviceOom | None:
         return next((d for d in self.devices if d.failed), None)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.PostMortem:
         return {
             "execution_count": self.execution_count,
             "error_type": self.error_type,

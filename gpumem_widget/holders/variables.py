@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 import torch
 
 from gpumem_widget.units import format_bytes
+from gpumem_widget.wire import payloads
 
 if TYPE_CHECKING:  # annotations only: no runtime dependency
     from typing_extensions import TypeIs
@@ -69,7 +70,7 @@ class TensorSummary:
     nbytes: int  # its storage's bytes (a view reports the storage it keeps alive)
     kind: Kind
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.TensorSummary:
         return {
             "path": self.path,
             "shape": list(self.shape),
@@ -109,7 +110,7 @@ class Holder:
     def label(self) -> str:
         return f"{self.name} ({', '.join(self.aliases)})" if self.aliases else self.name
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Holder:
         return {
             "name": self.name,
             "aliases": list(self.aliases),
@@ -164,7 +165,7 @@ class HoldersReport:
     def releasable_bytes(self) -> int:
         return sum(self.releasable_by_device.values())
 
-    def to_wire(self, limit: int = 50) -> dict[str, Any]:
+    def to_wire(self, limit: int = 50) -> payloads.Holders:
         return {
             "devices": list(self.devices),
             "total": dict(self.total_by_device),

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.units import format_bytes
-from gpumem_widget.wire import protocol
+from gpumem_widget.wire import payloads, protocol
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -759,7 +759,7 @@ class History:
     def on(self) -> bool:
         return self.reason is None
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> payloads.HistoryState:
         """For the widget's status: whether it is on, where, and why not."""
         return {
             "on": self.on,

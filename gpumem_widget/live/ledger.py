@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from gpumem_widget.live.workers import WorkerCellUsage
-from gpumem_widget.wire import protocol
+from gpumem_widget.wire import payloads, protocol
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,13 +66,26 @@ class DeviceCellUsage:
     def delta_reserved(self) -> int:
         return self.reserved_after - self.reserved_before
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.DeviceCellUsage:
         """Fields and derived figures (asdict would deep-copy, and costs more per cell)."""
-        out = {f.name: getattr(self, f.name) for f in _DEVICE_FIELDS}
-        out["delta_allocated"] = self.delta_allocated
-        out["delta_reserved"] = self.delta_reserved
-        out["outside_pytorch"] = self.outside_pytorch
-        return out
+        return {
+            "device": self.device,
+            "allocated_before": self.allocated_before,
+            "allocated_after": self.allocated_after,
+            "reserved_before": self.reserved_before,
+            "reserved_after": self.reserved_after,
+            "peak_allocated": self.peak_allocated,
+            "peak_reserved": self.peak_reserved,
+            "peak_exact": self.peak_exact,
+            "alloc_retries": self.alloc_retries,
+            "ooms": self.ooms,
+            "process_used_after": self.process_used_after,
+            "device_used_after": self.device_used_after,
+            "others_used_after": self.others_used_after,
+            "delta_allocated": self.delta_allocated,
+            "delta_reserved": self.delta_reserved,
+            "outside_pytorch": self.outside_pytorch,
+        }
 
     @property
     def outside_pytorch(self) -> int | None:
@@ -113,13 +126,25 @@ class CellRecord:
         """The cell's own fields (no devices, no notes)."""
         return {f.name: getattr(self, f.name) for f in _CELL_SCALARS}
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Cell:
         """The JSON the browser gets (`cells` trait), derived figures included."""
-        out = self._scalars()
-        if len(self.source) > WIRE_SOURCE_CHARS:
-            out["source"] = self.source[:WIRE_SOURCE_CHARS] + "\n…"
-        out["notes"] = dict(self.notes)
-        out["devices"] = [d.to_wire() for d in self.devices]
+        source = self.source
+        if len(source) > WIRE_SOURCE_CHARS:
+            source = source[:WIRE_SOURCE_CHARS] + "\n…"
+        out: payloads.Cell = {
+            "execution_count": self.execution_count,
+            "cell_id": self.cell_id,
+            "source": source,
+            "started": self.started,
+            "duration": self.duration,
+            "error": self.error,
+            "oom": self.oom,
+            "host_rss_before": self.host_rss_before,
+            "host_rss_after": self.host_rss_after,
+            "host_rss_peak": self.host_rss_peak,
+            "notes": dict(self.notes),
+            "devices": [d.to_wire() for d in self.devices],
+        }
         if self.workers:  # absent without workers: most rows stay as small as before
             out["workers"] = [w.to_wire() for w in self.workers]
         return out
@@ -133,7 +158,6 @@ class CellRecord:
         return row
 
 
-_DEVICE_FIELDS = dataclasses.fields(DeviceCellUsage)
 _CELL_SCALARS = [
     f for f in dataclasses.fields(CellRecord) if f.name not in ("devices", "notes", "workers")
 ]
@@ -186,13 +210,13 @@ class WireWindow:
     total: int
     first: int
     cut: int
-    base: list[dict[str, Any]]
-    tail: list[dict[str, Any]]
+    base: list[payloads.Cell]
+    tail: list[payloads.Cell]
     bands_first: int
     bands_cut: int
     epoch: int
 
-    def extent(self) -> dict[str, int]:
+    def extent(self) -> payloads.LedgerExtent:
         """The `ledger_extent` trait: how much of the ledger the widget carries."""
         return {
             "total": self.total,
@@ -254,7 +278,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._derive_lock = threading.Lock()  # one thread at a time derives the browser forms
         self._records: list[CellRecord] = []
-        self._wire: list[dict[str, Any]] = []  # each record's browser form, made once
+        self._wire: list[payloads.Cell] = []  # each record's browser form, made once
         self._sizes: list[int] = []  # its JSON size in bytes
         self._bands = _Bands()
         self._index: dict[int, int] = {}  # execution count -> record index
@@ -303,7 +327,7 @@ class Ledger:
             self._wire.append(wire)
         return len(self._wire), epoch
 
-    def wire(self) -> list[dict[str, Any]]:
+    def wire(self) -> list[payloads.Cell]:
         """Every record's browser form (tests, reports); the widget gets `window()`."""
         with self._derive_lock:
             self._derive()
@@ -338,7 +362,7 @@ class Ledger:
             self._derive()
             return self._bands.table(start, stop)
 
-    def page(self, before: int, limit: int) -> tuple[int, list[dict[str, Any]]]:
+    def page(self, before: int, limit: int) -> tuple[int, list[payloads.Cell]]:
         """Up to `limit` browser forms of the records before index `before`: (first, forms)."""
         with self._derive_lock:
             total, _ = self._derive()

@@ -15,6 +15,7 @@ from typing import Any
 from gpumem_widget.live.ledger import Ledger
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.workers import WorkerHubLike
+from gpumem_widget.wire import payloads
 from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,8 @@ class Publisher:
         widget: GpuMemWidget,
         timeline: Timeline,
         ledger: Ledger,
-        status: Callable[[], dict[str, Any]],
-        devices: Callable[[], list[dict[str, Any]]] | None = None,
+        status: Callable[[], payloads.Status],
+        devices: Callable[[], list[payloads.DeviceInfo]] | None = None,
     ) -> None:
         self.widget = widget
         self.timeline = timeline

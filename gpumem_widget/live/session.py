@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import IPython
 
@@ -25,7 +25,7 @@ from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.tracker import CellTracker, PeakMode
 from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.snapshot.drilldown import CellWindow, Drilldown
-from gpumem_widget.wire import protocol
+from gpumem_widget.wire import payloads, protocol
 from gpumem_widget.wire.widget import GpuMemWidget
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class Session:
     def last_postmortem(self) -> PostMortem | None:
         return self.postmortems.last
 
-    def devices(self) -> list[dict[str, Any]]:
+    def devices(self) -> list[payloads.DeviceInfo]:
         """The `devices` trait: one entry per CUDA device torch sees."""
         return [
             {
@@ -188,7 +188,7 @@ class Session:
                 self.postmortems.oom = self.oom
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> Literal["cuda", "host"]:
         return "cuda" if self.readers.torch.available else "host"
 
     def report_error(self, message: str) -> None:
@@ -196,13 +196,14 @@ class Session:
         if self.error is None:  # shown once; later errors go to the log only
             self.error = message
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> payloads.Status:
         processes = self._processes()
         readers = self.readers.states()
         for d, why in self.readers.nvml.process_reason.items():
             if why:
                 readers[f"nvml process (cuda:{d})"] = {"ok": False, "reason": why}
         return {
+            "protocol": payloads.PROTOCOL_VERSION,
             "mode": self.mode,
             "sampler": self.sampler.state,
             "busy_interval": self.sampler.busy_interval,
@@ -221,10 +222,10 @@ class Session:
             ],
         }
 
-    def _processes(self) -> dict[str, list[dict[str, Any]]]:
+    def _processes(self) -> dict[str, list[payloads.ProcessUse]]:
         """Per device, every process NVML lists: this kernel and the others (workers it started,
         other notebooks), largest first."""
-        out: dict[str, list[dict[str, Any]]] = {}
+        out: dict[str, list[payloads.ProcessUse]] = {}
         for d in range(self.readers.num_devices):
             procs = self.readers.nvml.processes(d) if self.readers.nvml.has(d) else None
             if procs is None:
@@ -235,7 +236,7 @@ class Session:
             ]
         return out
 
-    def _stray_contexts(self, processes: dict[str, list[dict[str, Any]]]) -> list[str]:
+    def _stray_contexts(self, processes: dict[str, list[payloads.ProcessUse]]) -> list[str]:
         """Devices where this kernel holds a CUDA context but PyTorch has nothing: a context
         (hundreds of MB) made by touching the device, e.g. a bare torch.cuda.synchronize()."""
         hints = []

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from IPython.core.error import UsageError
 
 from gpumem_widget.live.session import Session
+from gpumem_widget.wire.payloads import Status
 
 # What `%%gpumem [options]` runs: the subcommand that records the cell's allocations.
 CELL_COMMAND = "cell"
@@ -126,7 +127,7 @@ def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any
     print(format_status(session.status()))
 
 
-def format_status(status: dict[str, Any]) -> str:
+def format_status(status: Status) -> str:
     lines = [
         f"mode: {status['mode']}"
         + ("" if status["mode"] == "cuda" else " (no CUDA: host memory only)"),

@@ -18,6 +18,7 @@ from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
 from gpumem_widget.reporting.style import bytes_ticks, human_bytes
+from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import unpack_table
 
 COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
@@ -31,7 +32,7 @@ ROW_HEIGHT = 18
 MIN_BAR = 0.04  # the smallest segment still gets this share of the width
 
 
-def _figure_value(f: dict[str, Any]) -> str:
+def _figure_value(f: payloads.Figure) -> str:
     value = f["value"]
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -42,7 +43,7 @@ def _figure_value(f: dict[str, Any]) -> str:
     return str(value)
 
 
-def _hidden(hidden: dict[str, int]) -> str:
+def _hidden(hidden: payloads.Hidden) -> str:
     """What the view left out: smaller segments beyond its limit."""
     if not hidden["segments"]:
         return ""
@@ -53,7 +54,7 @@ def _text(markup: str) -> Div:
     return Div(text=markup, disable_math=True, sizing_mode="stretch_width")
 
 
-def bokeh_segment_map(view: dict[str, Any]) -> Any:
+def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
     """The segment map (one row per segment, blocks by state, hover details), then the
     fragmentation figures and the advice, as one Bokeh column."""
     segments = view["segments"]
@@ -68,7 +69,7 @@ def bokeh_segment_map(view: dict[str, Any]) -> Any:
     }  # fmt: skip
 
     def add(
-        row: int, seg: dict[str, Any], b: dict[str, Any], kind: str, *, lo: int, hi: int
+        row: int, seg: payloads.Segment, b: payloads.SegmentBlock, kind: str, *, lo: int, hi: int
     ) -> None:
         scale = max(MIN_BAR, seg["size"] / largest) / seg["size"]
         stack = stacks[b["stack"]] if 0 <= b["stack"] < len(stacks) else {"site": ""}
@@ -159,7 +160,7 @@ def bokeh_segment_map(view: dict[str, Any]) -> Any:
     )
 
 
-def bokeh_reserved_over_time(view: dict[str, Any]) -> Any:
+def bokeh_reserved_over_time(view: payloads.ReservedOverTime) -> Any:
     """Reserved (cached segments) and active (live allocations) over time, with the band each
     screen column spans, and OOMs marked."""
     table = unpack_table(view["table"])

@@ -8,10 +8,11 @@ snapshot was recorded with (its ``allocator_settings``) or `settings_from_conf` 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gpumem_widget.snapshot.fragmentation import Fragmentation
+from gpumem_widget.wire import payloads
 
 MiB = 1 << 20
 # Cached memory counts as a problem from this much, and from this share of what is reserved.
@@ -30,8 +31,14 @@ class Advice:
     value: int | float  # that figure's value
     how: str  # the environment variable or code
 
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_wire(self) -> payloads.Advice:
+        return {
+            "setting": self.setting,
+            "why": self.why,
+            "figure": self.figure,
+            "value": self.value,
+            "how": self.how,
+        }
 
 
 def settings_from_conf(conf: str | None) -> dict[str, Any]:

@@ -26,6 +26,8 @@ import numpy.typing as npt
 from gpumem_widget.snapshot.attribution import SiteMode, folded_path, phase_of, site_of
 from gpumem_widget.snapshot.model import I64, NO_STACK, Action, Frame
 from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Origin, Snapshot
+from gpumem_widget.wire.payloads import PackedTable
+from gpumem_widget.wire.protocol import pack_f8
 
 F64 = npt.NDArray[np.float64]
 CELL_TAG_PREFIX = "cell:"
@@ -41,18 +43,6 @@ CATEGORIES = (
     "before_recording",
     "other",
 )
-
-
-def pack_f8(columns: Mapping[str, npt.ArrayLike]) -> dict[str, Any]:
-    """A packed table (`protocol.unpack_table` reads it) with every column as float64."""
-    arrays = {k: np.ascontiguousarray(v, dtype="<f8") for k, v in columns.items()}
-    n = len(next(iter(arrays.values()))) if arrays else 0
-    return {
-        "n": n,
-        "columns": list(arrays),
-        "dtypes": ["f8"] * len(arrays),
-        "buffers": [a.tobytes() for a in arrays.values()],
-    }
 
 
 # -- the x axis and its screen grid ------------------------------------------------------------
@@ -503,7 +493,7 @@ def _entry(snap: Snapshot, rep: DeviceReplay, event: int) -> dict[str, Any] | No
 
 def _tree(
     paths: list[list[str]], sizes: F64, counts: npt.NDArray[np.int64], max_nodes: int
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[PackedTable, list[str]]:
     labels = ["all"]
     parent = [-1]
     depth = [0]

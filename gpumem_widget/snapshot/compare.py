@@ -20,10 +20,10 @@ from gpumem_widget.snapshot.aggregate import (
     _sites,
     axis_x,
     categories,
-    pack_f8,
 )
 from gpumem_widget.snapshot.attribution import SiteMode
 from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.wire.protocol import pack_f8
 
 
 def _side(snap: Snapshot, device: int | None, site: SiteMode) -> dict[str, Any]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
     from gpumem_widget.snapshot.aggregate import Axis
     from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.wire.payloads import SegmentMap
     from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def describe_source(src: object) -> str:
     return "snapshot dict" if isinstance(src, Mapping) else type(src).__name__
 
 
-def _segments(snap: Snapshot, device: int, event: int) -> dict[str, Any] | None:
+def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
     from gpumem_widget.snapshot.segment_views import segment_map_view
 
@@ -159,7 +160,7 @@ def overview(
     for d in snap.devices:
         cells = None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
         slices = cell_slices(snap, d, cells)
-        reserved = reserved_over_time_view(snap, d, WIDTH)
+        reserved: dict[str, Any] = dict(reserved_over_time_view(snap, d, WIDTH))
         del reserved["table"]  # the active view carries reserved on its own columns
         devices.append(
             {

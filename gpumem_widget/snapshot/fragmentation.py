@@ -11,6 +11,7 @@ from typing import Any
 from gpumem_widget.snapshot.replay import Oom, Snapshot
 from gpumem_widget.snapshot.segments import SMALL_BUFFER, Layout, event_at, timeline
 from gpumem_widget.units import format_bytes
+from gpumem_widget.wire import payloads
 
 MEANINGS: dict[str, tuple[str, str, str]] = {  # key -> (label, unit, one sentence)
     "reserved": (
@@ -179,12 +180,21 @@ class Fragmentation:
                 out.append(Figure(key, label, value, unit, meaning))
         return out
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Fragmentation:
         return {
             "source": self.source,
             "device": self.device,
             "t": self.t,
-            "figures": [asdict(f) for f in self.figures()],
+            "figures": [
+                {
+                    "key": f.key,
+                    "label": f.label,
+                    "value": f.value,
+                    "unit": f.unit,
+                    "meaning": f.meaning,
+                }
+                for f in self.figures()
+            ],
         }
 
     def format(self) -> str:

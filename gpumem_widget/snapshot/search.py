@@ -20,9 +20,9 @@ from gpumem_widget.snapshot.aggregate import (
     _stacked,
     axis_x,
     group_peaks,
-    pack_f8,
 )
 from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.wire.protocol import pack_f8
 
 _ADDRESS = re.compile(r"^(0x[0-9a-f]+|\d{6,})$", re.IGNORECASE)
 MAX_QUERY = 200

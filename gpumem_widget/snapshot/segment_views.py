@@ -7,17 +7,25 @@ fragmentation figures and advice for the instant shown.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from gpumem_widget.snapshot.advice import advise
-from gpumem_widget.snapshot.aggregate import pack_f8
 from gpumem_widget.snapshot.attribution import folded_path, site_of
 from gpumem_widget.snapshot.fragmentation import from_layout
 from gpumem_widget.snapshot.model import NO_STACK
 from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
 from gpumem_widget.snapshot.segments import SegmentView, event_at, timeline
+from gpumem_widget.wire import payloads
+from gpumem_widget.wire.protocol import pack_f8
+
+F64 = npt.NDArray[np.float64]
+
+
+def _x_unit(snap: Snapshot) -> Literal["s", "entry"]:
+    return "s" if snap.data.has_time else "entry"
 
 
 def _x_of(snap: Snapshot, rep: DeviceReplay, event: int) -> float | None:
@@ -38,7 +46,7 @@ def segment_map_view(
     oom: int | None = None,
     max_segments: int = 400,
     max_blocks: int = 4000,
-) -> dict[str, Any]:
+) -> payloads.SegmentMap:
     """The segment map right after time `t` (or trace entry `event`, or OOM number `oom` of
     this device; default: the snapshot's end), with its fragmentation figures and advice.
 
@@ -72,7 +80,7 @@ def segment_map_view(
     return {
         "view": "segment_map",
         "device": tl.device,
-        "x_unit": "s" if snap.data.has_time else "entry",
+        "x_unit": _x_unit(snap),
         "entries": rep.n_events,
         "event": layout.event,
         "t": _x_of(snap, rep, layout.event),
@@ -105,7 +113,7 @@ class _StackLabels:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.index: dict[int, int] = {NO_STACK: 0}
-        self.table: list[dict[str, Any]] = [{"site": "", "frames": []}]
+        self.table: list[payloads.StackLabel] = [{"site": "", "frames": []}]
 
     def __call__(self, stack: int) -> int:
         if stack not in self.index:
@@ -118,9 +126,9 @@ class _StackLabels:
         return self.index[stack]
 
 
-def _segment_wire(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> dict[str, Any]:
+def _segment_wire(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> payloads.Segment:
     pixel = seg.size / BAR_PIXELS
-    out: list[dict[str, Any]] = []
+    out: list[payloads.SegmentBlock] = []
     for b in seg.blocks:
         last = out[-1] if out else None
         if (
@@ -160,7 +168,7 @@ def _segment_wire(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> dic
 
 def reserved_over_time_view(
     snap: Snapshot, device: int | None = None, width: int = 1200
-) -> dict[str, Any]:
+) -> payloads.ReservedOverTime:
     """Reserved (cached segments) beside active (live blocks) over time, `width` columns.
 
     Each column holds the highest and lowest of both within it (``reserved``, ``reserved_min``,
@@ -176,7 +184,7 @@ def reserved_over_time_view(
     bounds = np.searchsorted(col, np.arange(width + 1))
     nonempty = bounds[1:] > bounds[:-1]
     starts = bounds[:-1][nonempty]
-    columns: dict[str, Any] = {"t": t0 + np.arange(width, dtype=np.float64) * (span / width)}
+    columns: dict[str, F64] = {"t": t0 + np.arange(width, dtype=np.float64) * (span / width)}
     for name, values, before in (
         ("active", rep.active, rep.active_before),
         ("reserved", rep.reserved, rep.reserved_before),
@@ -193,7 +201,7 @@ def reserved_over_time_view(
     return {
         "view": "reserved_over_time",
         "device": rep.device,
-        "x_unit": "s" if snap.data.has_time else "entry",
+        "x_unit": _x_unit(snap),
         "entries": n,
         "t0": t0,
         "t1": t0 + span,

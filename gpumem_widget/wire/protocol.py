@@ -67,10 +67,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from gpumem_widget.wire.payloads import PackedTable
 
 MAX_PUBLISH_HZ: Final = 4.0
 TIME_COLUMN: Final = "t"
@@ -86,7 +88,8 @@ DEVICE_FIELDS: Final = (
     "device_used",
 )
 
-Table = dict[str, Any]
+Table = PackedTable
+Dtype = Literal["f8", "f4"]
 BAND_COLUMNS: Final = (TIME_COLUMN, "duration", "execution_count", "outcome")
 
 
@@ -102,19 +105,30 @@ def timeline_columns(num_devices: int) -> list[str]:
     return cols
 
 
-def pack_table(columns: Sequence[str], data: Mapping[str, npt.NDArray[Any]]) -> Table:
-    """Pack column arrays (equal length) into the wire table; ``t`` stays float64."""
-    n = len(data[columns[0]]) if columns else 0
-    dtypes: list[str] = []
+def pack_columns(
+    columns: Sequence[str], data: Mapping[str, npt.ArrayLike], dtypes: Sequence[Dtype]
+) -> Table:
+    """The one packer: each column (equal lengths) as one little-endian buffer of its dtype."""
+    if len(dtypes) != len(columns):
+        raise ValueError(f"{len(columns)} columns but {len(dtypes)} dtypes")
+    arrays = [np.asarray(data[name]) for name in columns]
+    n = len(arrays[0]) if arrays else 0
     buffers: list[bytes] = []
-    for name in columns:
-        arr = np.asarray(data[name])
+    for name, arr, dtype in zip(columns, arrays, dtypes, strict=True):
         if len(arr) != n:
             raise ValueError(f"column {name!r} has {len(arr)} rows, expected {n}")
-        wire = np.dtype("<f8") if name == TIME_COLUMN else np.dtype("<f4")
-        dtypes.append("f8" if wire.itemsize == 8 else "f4")
-        buffers.append(np.ascontiguousarray(arr, dtype=wire).tobytes())
-    return {"n": n, "columns": list(columns), "dtypes": dtypes, "buffers": buffers}
+        buffers.append(np.ascontiguousarray(arr, dtype="<" + dtype).tobytes())
+    return {"n": n, "columns": list(columns), "dtypes": list(dtypes), "buffers": buffers}
+
+
+def pack_table(columns: Sequence[str], data: Mapping[str, npt.NDArray[Any]]) -> Table:
+    """A timeline table: ``t`` float64 (unix seconds), the values float32 (bytes)."""
+    return pack_columns(columns, data, ["f8" if c == TIME_COLUMN else "f4" for c in columns])
+
+
+def pack_f8(data: Mapping[str, npt.ArrayLike]) -> Table:
+    """A snapshot view's table: every column float64, so byte counts stay exact."""
+    return pack_columns(list(data), data, ["f8"] * len(data))
 
 
 def unpack_table(table: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:

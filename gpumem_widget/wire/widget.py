@@ -1,7 +1,8 @@
 """The anywidget model: synced traits only; the kernel side decides what goes into them.
 
-Trait contents are specified in `protocol.py`. Only the publisher thread (see `sampler.py`) writes
-the live traits, so updates to the browser never interleave.
+Trait contents are specified in `payloads.py` (their types) and `protocol.py` (packed tables).
+Only the publisher thread (see `sampler.py`) writes the live traits, so updates to the browser
+never interleave.
 """
 
 from __future__ import annotations
@@ -37,20 +38,22 @@ class GpuMemWidget(anywidget.AnyWidget):
     _esm = _asset("widget.js", _MISSING_BUNDLE_ESM)
     _css = _asset("widget.css", "")
 
-    devices = traitlets.List(traitlets.Dict()).tag(sync=True)
-    status = traitlets.Dict().tag(sync=True)
-    cells = traitlets.List(traitlets.Dict()).tag(sync=True)
-    cells_tail = traitlets.List(traitlets.Dict()).tag(sync=True)
-    cell_bands = traitlets.Dict().tag(sync=True)
-    ledger_extent = traitlets.Dict().tag(sync=True)
-    timeline_base = traitlets.Dict().tag(sync=True)
-    timeline_tail = traitlets.Dict().tag(sync=True)
-    drilldown = traitlets.Dict().tag(sync=True)
-    drilldown_alive = traitlets.Dict().tag(sync=True)
-    drilldown_view = traitlets.Dict().tag(sync=True)
-    drilldown_search = traitlets.Dict().tag(sync=True)
-    drilldown_compare = traitlets.Dict().tag(sync=True)
-    workers = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
+    # Each trait holds the payload named beside it (wire/payloads.py); traitlets itself checks
+    # only dict or list, so the attributes are typed Any and the builders carry the types.
+    devices: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[DeviceInfo]
+    status: Any = traitlets.Dict().tag(sync=True)  # Status
+    cells: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[Cell]
+    cells_tail: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[Cell]
+    cell_bands: Any = traitlets.Dict().tag(sync=True)  # PackedTable
+    ledger_extent: Any = traitlets.Dict().tag(sync=True)  # LedgerExtent
+    timeline_base: Any = traitlets.Dict().tag(sync=True)  # PackedTable
+    timeline_tail: Any = traitlets.Dict().tag(sync=True)  # PackedTable
+    drilldown: Any = traitlets.Dict().tag(sync=True)  # Drilldown
+    drilldown_alive: Any = traitlets.Dict().tag(sync=True)  # Alive
+    drilldown_view: Any = traitlets.Dict().tag(sync=True)  # View (a zoomed or re-axed view)
+    drilldown_search: Any = traitlets.Dict().tag(sync=True)  # View (search results)
+    drilldown_compare: Any = traitlets.Dict().tag(sync=True)  # View (two snapshots compared)
+    workers: Any = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
 
     def __init__(self, num_devices: int = 0, **kwargs: Any) -> None:
         empty = protocol.empty_table(protocol.timeline_columns(num_devices))

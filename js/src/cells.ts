@@ -3,8 +3,8 @@
 // is the sum and its peak the largest.
 
 import { formatBytes, formatDelta, formatDuration, formatPercent, sourcePreview } from "./format";
-import { estimateError, type PreviousRun } from "./notes";
-import { outcome, type CellRecord, type Outcome, type Status } from "./protocol";
+import { estimateError, type PreviousRun } from "./wire/notes";
+import { outcome, type CellRecord, type Outcome, type Status } from "./wire/protocol";
 
 export { outcome, type Outcome };
 

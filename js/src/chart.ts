@@ -12,7 +12,8 @@ import uPlot from "uplot";
 import { outcome, tooltipLines, type DeviceChoice, type Mode } from "./cells";
 import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
 import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "./format";
-import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo, type Timeline } from "./protocol";
+import type { Timeline } from "./timeline_store";
+import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo } from "./wire/protocol";
 import { readPalette, type Palette } from "./theme";
 
 interface SeriesSpec {

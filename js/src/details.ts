@@ -5,7 +5,7 @@
 import { outcome, outcomeLabel, type Mode } from "./cells";
 import { formatBytes, formatClock, formatDelta, formatDuration } from "./format";
 import { noteSections } from "./notes_view";
-import type { CellRecord, DeviceCellUsage, DeviceInfo } from "./protocol";
+import type { CellRecord, DeviceCellUsage, DeviceInfo } from "./wire/protocol";
 
 type Row = [label: string, value: (d: DeviceCellUsage) => string, hint?: string];
 

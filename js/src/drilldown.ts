@@ -6,9 +6,10 @@
 
 import type { AnyModel } from "@anywidget/types";
 import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_chart";
-import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "./drilldown_data";
+import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "./wire/drilldown";
 import { formatBytes, formatDelta, formatDuration } from "./format";
-import { ProtocolError } from "./json";
+import { ProtocolError } from "./wire/json";
+import type { BrowserMessage, Traits } from "./wire/protocol";
 import { renderSegmentMap } from "./segments";
 
 type Stacking = "sites" | "categories";
@@ -72,7 +73,7 @@ export class DrilldownPanel {
   private aliveTab: AliveTab = "allocations"; // kept across answers: a new click stays on it
   private disposeSegments: (() => void) | null = null;
 
-  constructor(private readonly send: (msg: Record<string, unknown>) => void) {
+  constructor(private readonly send: (msg: BrowserMessage) => void) {
     this.el = el("div", "gpumem-drilldown-body");
     this.chart = new StackedChart(
       (p) => this.pickColumn(p),
@@ -569,7 +570,7 @@ export class DrilldownPanel {
   }
 }
 
-export function renderDrilldown(el: HTMLElement, model: AnyModel): () => void {
+export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () => void {
   const panel = new DrilldownPanel((msg) => model.send(msg));
   el.append(panel.el);
   const overview = (): void => {
@@ -591,7 +592,7 @@ export function renderDrilldown(el: HTMLElement, model: AnyModel): () => void {
     }
   };
   const guarded =
-    <T>(parse: (raw: unknown) => T, apply: (value: T) => void, name: string) =>
+    <T>(parse: (raw: unknown) => T, apply: (value: T) => void, name: keyof Traits) =>
     (): void => {
       try {
         apply(parse(model.get(name)));

@@ -7,7 +7,7 @@
 // bands lie behind the stack; a search's matched bytes run over it as a line.
 
 import { byteTicks, formatBytes, formatDuration, formatTick } from "./format";
-import type { Band, Oom, Stacked } from "./drilldown_data";
+import type { Band, Oom, Stacked } from "./wire/drilldown";
 import { readPalette } from "./theme";
 
 // Categorical colours (Tableau 10); "other" is grey. Readable on light and dark backgrounds.

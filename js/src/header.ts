@@ -4,7 +4,7 @@
 // reported, or a trait the browser could not read.
 
 import { formatBytes, formatClock, formatDuration } from "./format";
-import type { DeviceInfo, ProcessUse, Status } from "./protocol";
+import type { DeviceInfo, ProcessUse, Status } from "./wire/protocol";
 
 export class Header {
   readonly el: HTMLElement;

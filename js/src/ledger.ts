@@ -7,7 +7,7 @@
 
 import { firstCodeLine, formatPeak, noteMarkers, outcome, outcomeLabel, previousRunText, sortCells, summarize, type DeviceChoice, type Mode, type SortKey } from "./cells";
 import { formatBytes, formatDelta, formatDuration } from "./format";
-import type { CellRecord } from "./protocol";
+import type { CellRecord } from "./wire/protocol";
 
 /** What the figure columns cover: the mode, and in CUDA mode the device choice. */
 interface Scope {

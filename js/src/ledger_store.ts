@@ -3,7 +3,7 @@
 // back, or selecting a band whose record is not here). Records are kept by their index in the
 // kernel's ledger, so a page and the window join without duplicates.
 
-import { bandOf, type Band, type CellRecord, type CellsPage, type LedgerExtent } from "./protocol";
+import { bandOf, type Band, type BrowserMessage, type CellRecord, type CellsPage, type LedgerExtent } from "./wire/protocol";
 
 export const PAGE_SIZE = 200;
 
@@ -77,13 +77,13 @@ export class LedgerStore {
   }
 
   /** The request for the next older page; null when every older record is here. */
-  olderRequest(): Record<string, unknown> | null {
+  olderRequest(): BrowserMessage | null {
     const before = this.olderMissing;
     return before > 0 ? { type: "cells_page", before, limit: PAGE_SIZE } : null;
   }
 }
 
 /** The request for the page that ends with one cell (a band selected whose record is not here). */
-export function cellRequest(executionCount: number): Record<string, unknown> {
+export function cellRequest(executionCount: number): BrowserMessage {
   return { type: "cells_page", execution_count: executionCount, limit: 20 };
 }

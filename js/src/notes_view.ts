@@ -4,7 +4,7 @@
 
 import { previousRunText } from "./cells";
 import { formatBytes, formatClock, formatPercent } from "./format";
-import { estimateError, type CellNotes, type EstimateNote, type Holder, type LeakHint, type OomDevice, type OtherNote, type PostMortem, type PreviousRun } from "./notes";
+import { estimateError, type CellNotes, type EstimateNote, type Holder, type LeakHint, type OomDevice, type OtherNote, type PostMortem, type PreviousRun } from "./wire/notes";
 
 const OTHER_NOTE_CHARS = 4000;
 

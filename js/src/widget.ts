@@ -14,26 +14,34 @@ import { renderDrilldown } from "./drilldown";
 import { Header } from "./header";
 import { Ledger } from "./ledger";
 import { cellRequest, LedgerStore } from "./ledger_store";
+import { watchTheme } from "./theme";
+import { TimelineStore } from "./timeline_store";
 import {
   decodeBands,
-  decodeTable,
+  joinCells,
   parseCells,
   parseCellsPage,
   parseExtent,
   parseDevices,
   parseStatus,
+  PROTOCOL_VERSION,
   ProtocolError,
-  TimelineStore,
   type CellRecord,
   type DeviceInfo,
   type Status,
-  joinCells,
   type Traits,
-} from "./protocol";
-import { watchTheme } from "./theme";
+} from "./wire/protocol";
+import { decodeTable } from "./wire/table";
 
-type TraitName = keyof Traits;
+// The Memory tab's traits; the Snapshot tab watches `drilldown` and `drilldown_alive` itself.
+type TraitName = Exclude<keyof Traits, "drilldown" | "drilldown_alive">;
 const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "cell_bands", "ledger_extent", "timeline_base", "timeline_tail"];
+
+/** A kernel speaking another protocol version than this bundle reads: say so, once. */
+function protocolMismatch(kernel: number | null): string | null {
+  if (kernel === null || kernel === PROTOCOL_VERSION) return null;
+  return `the kernel speaks wire protocol ${kernel}, this page's gpumem_widget ${PROTOCOL_VERSION}: reinstall the package and reload the page`;
+}
 
 class WidgetView {
   private readonly model: AnyModel<Traits>;
@@ -144,6 +152,7 @@ class WidgetView {
       this.attempt("devices", () => (this.devices = parseDevices(this.model.get("devices"))));
       this.status = parseStatus(this.model.get("status"), this.devices);
       if (this.kernelGone) this.status = { ...this.status, running_cell: null, running_started: null };
+      this.setProblem("protocol", protocolMismatch(this.status.protocol));
       if (!this.devices.some((d) => d.index === this.deviceChoice)) this.deviceChoice = null;
       this.deviceSelect.update(this.devices, this.status.mode, this.deviceChoice);
       this.chart.setLayout(this.devices, this.status.mode, this.deviceChoice);
@@ -284,7 +293,7 @@ class WidgetView {
         panels.forEach((p, j) => (p.hidden = j !== i));
         buttons.forEach((other) => other.setAttribute("aria-selected", String(other === b)));
         if (panel === this.snapshotPanel && !this.stopDrilldown) {
-          this.stopDrilldown = renderDrilldown(this.snapshotPanel, this.model as unknown as AnyModel);
+          this.stopDrilldown = renderDrilldown(this.snapshotPanel, this.model);
         }
       });
       return b;

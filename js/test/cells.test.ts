@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { firstCodeLine, formatPeak, noteMarkers, outcome, sortCells, summarize, tooltipLines } from "../src/cells";
-import { NO_NOTES, parseNotes } from "../src/notes";
-import type { CellRecord, DeviceCellUsage } from "../src/protocol";
+import { NO_NOTES, parseNotes } from "../src/wire/notes";
+import type { CellRecord, DeviceCellUsage } from "../src/wire/protocol";
 
 const GiB = 1024 ** 3;
 

@@ -9,7 +9,9 @@ import { describe, expect, it } from "vitest";
 import type { AnyModel } from "@anywidget/types";
 import { renderDrilldown } from "../src/drilldown";
 import { axisTop, columnAt, HEADROOM, oomText } from "../src/drilldown_chart";
-import { decodeColumns, parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/drilldown_data";
+import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/wire/drilldown";
+import type { Traits } from "../src/wire/protocol";
+import { decodeColumns } from "../src/wire/table";
 
 interface Fixture {
   state: Record<string, unknown>;
@@ -80,7 +82,7 @@ function mount(state: Record<string, unknown>): { el: HTMLElement; model: FakeMo
   el.className = "gpumem-drilldown";
   document.body.append(el);
   const model = new FakeModel(state);
-  const stop = renderDrilldown(el, model as unknown as AnyModel);
+  const stop = renderDrilldown(el, model as unknown as AnyModel<Traits>);
   return { el, model, stop };
 }
 

@@ -6,8 +6,8 @@ import { noteMarkers, tooltipLines } from "../src/cells";
 import { Details } from "../src/details";
 import { Header } from "../src/header";
 import { Ledger } from "../src/ledger";
-import { NO_NOTES, parseNotes } from "../src/notes";
-import { parseStatus, type CellRecord, type DeviceInfo } from "../src/protocol";
+import { NO_NOTES, parseNotes } from "../src/wire/notes";
+import { parseStatus, type CellRecord, type DeviceInfo } from "../src/wire/protocol";
 
 const GiB = 1024 ** 3;
 const MiB = 1024 ** 2;

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { LedgerStore, PAGE_SIZE } from "../src/ledger_store";
-import { NO_NOTES } from "../src/notes";
-import { decodeBands, parseCellsPage, parseExtent, ProtocolError, type CellRecord } from "../src/protocol";
+import { NO_NOTES } from "../src/wire/notes";
+import { decodeBands, parseCellsPage, parseExtent, ProtocolError, type CellRecord } from "../src/wire/protocol";
 
 function cell(n: number, error: string | null = null): CellRecord {
   return {

@@ -1,15 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { estimateError, NO_NOTES, parseNotes } from "../src/notes";
-import {
-  joinCells,
-  decodeTable,
-  parseCells,
-  parseDevices,
-  parseStatus,
-  ProtocolError,
-  TimelineStore,
-  type DecodedTable,
-} from "../src/protocol";
+import { estimateError, NO_NOTES, parseNotes } from "../src/wire/notes";
+import { TimelineStore } from "../src/timeline_store";
+import { joinCells, parseCells, parseDevices, parseStatus, ProtocolError } from "../src/wire/protocol";
+import { decodeTable, type DecodedTable } from "../src/wire/table";
 import { fixture, received } from "./wire";
 
 type Data = Record<string, readonly number[]>;

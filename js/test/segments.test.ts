@@ -5,7 +5,8 @@ import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { parseSegmentMap, renderSegmentMap } from "../src/segments";
+import { renderSegmentMap } from "../src/segments";
+import { parseSegmentMap } from "../src/wire/segments";
 
 const PATH = join(dirname(fileURLToPath(import.meta.url)), "fixtures", "segments.json");
 const views = JSON.parse(readFileSync(PATH, "utf8")) as Record<string, Record<string, unknown>>;

@@ -3,8 +3,8 @@ import { describe, expect, it, vi } from "vitest";
 import { Details } from "../src/details";
 import { Header, processSummary } from "../src/header";
 import { Ledger } from "../src/ledger";
-import { NO_NOTES, parseNotes } from "../src/notes";
-import { parseCells, parseDevices, parseStatus, type CellRecord, type DeviceCellUsage, type DeviceInfo } from "../src/protocol";
+import { NO_NOTES, parseNotes } from "../src/wire/notes";
+import { parseCells, parseDevices, parseStatus, type CellRecord, type DeviceCellUsage, type DeviceInfo } from "../src/wire/protocol";
 import { received } from "./wire";
 
 const GiB = 1024 ** 3;

@@ -17,6 +17,7 @@ from gpumem_widget.live.readers.torch_cuda import (
     TorchCudaReader,
     imported_torch,
 )
+from gpumem_widget.wire import payloads
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class Readers:
         self.torch = torch_reader
         return True
 
-    def states(self) -> dict[str, dict[str, object]]:
+    def states(self) -> dict[str, payloads.ReaderState]:
         return {
             name: {"ok": r.available, "reason": r.reason}
             for name, r in (("torch", self.torch), ("nvml", self.nvml), ("host", self.host))

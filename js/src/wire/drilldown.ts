@@ -1,41 +1,12 @@
-// Decodes the `drilldown` and `drilldown_alive` traits (see gpumem_widget/protocol.py). The kernel
-// reduced everything to screen size already; this only checks shapes and unpacks the float64
-// columns. Any malformed part raises ProtocolError, which the panel shows instead of drawing.
+// Decodes the `drilldown` and `drilldown_alive` traits (see gpumem_widget/wire/protocol.py). The
+// kernel reduced everything to screen size already; this only checks shapes and reads the tables
+// (through ./table, as float64). Any malformed part raises ProtocolError, which the panel shows
+// instead of drawing.
 
 import { describe, field, isNumber, isNumberOrNull, isObject, isString, isStringOrNull, optional, ProtocolError, type Json } from "./json";
+import { decodeF64Columns } from "./table";
 
 export type Columns = Map<string, Float64Array>;
-
-function bytesOf(buf: unknown, what: string): Uint8Array {
-  if (buf instanceof ArrayBuffer) return new Uint8Array(buf);
-  if (ArrayBuffer.isView(buf)) return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
-  throw new ProtocolError(`${what}: expected binary data, got ${describe(buf)}`);
-}
-
-/** A packed table's columns as float64 (f4 columns are widened), little-endian on any host. */
-export function decodeColumns(raw: unknown, what: string): { n: number; columns: Columns } {
-  if (!isObject(raw)) throw new ProtocolError(`${what}: expected a table, got ${describe(raw)}`);
-  const n = field(raw, "n", what, isNumber, "a row count");
-  const names = raw["columns"];
-  const dtypes = raw["dtypes"];
-  const buffers = raw["buffers"];
-  if (!Array.isArray(names) || !Array.isArray(dtypes) || !Array.isArray(buffers) || dtypes.length !== names.length || buffers.length !== names.length) {
-    throw new ProtocolError(`${what}: columns, dtypes and buffers must be lists of one length`);
-  }
-  const columns: Columns = new Map();
-  names.forEach((name, i) => {
-    const dtype = dtypes[i];
-    if (!isString(name) || (dtype !== "f8" && dtype !== "f4")) throw new ProtocolError(`${what}.columns[${i}]: bad name or dtype`);
-    const size = dtype === "f8" ? 8 : 4;
-    const bytes = bytesOf(buffers[i], `${what}.${name}`);
-    if (bytes.byteLength !== n * size) throw new ProtocolError(`${what}.${name}: ${bytes.byteLength} bytes for ${n} rows of ${dtype}`);
-    const data = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-    const out = new Float64Array(n);
-    for (let k = 0; k < n; k++) out[k] = size === 8 ? data.getFloat64(k * 8, true) : data.getFloat32(k * 4, true);
-    columns.set(name, out);
-  });
-  return { n, columns };
-}
 
 function column(cols: Columns, name: string, what: string): Float64Array {
   const c = cols.get(name);
@@ -97,7 +68,7 @@ export interface Stacked {
 
 function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
   if (!isObject(raw)) throw new ProtocolError(`${what}: expected a view, got ${describe(raw)}`);
-  const { columns } = decodeColumns(raw["table"], `${what}.table`);
+  const { columns } = decodeF64Columns(raw["table"], `${what}.table`);
   const groups = field(raw, "groups", what, isArray, "a list");
   const series: Series[] = groups.map((g, i) => {
     if (!isObject(g)) throw new ProtocolError(`${what}.groups[${i}]: expected an object`);
@@ -209,7 +180,7 @@ export function parseSearch(raw: unknown): SearchAnswer {
   if (!isObject(raw)) throw new ProtocolError(`drilldown_search: expected an object, got ${describe(raw)}`);
   const query = optional(raw, "query", isString, "");
   if (isString(raw["error"])) return { kind: "error", query, message: raw["error"] };
-  const { columns } = decodeColumns(raw["table"], "drilldown_search.table");
+  const { columns } = decodeF64Columns(raw["table"], "drilldown_search.table");
   return {
     kind: "ready",
     device: field(raw, "device", "drilldown_search", isNumber, "a device index"),
@@ -278,7 +249,7 @@ function compareSide(raw: unknown): CompareSide {
 export function parseCompare(raw: unknown): Compare | null {
   if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return null;
   if (!isObject(raw)) throw new ProtocolError(`drilldown_compare: expected an object, got ${describe(raw)}`);
-  const { columns } = decodeColumns(raw["table"], "drilldown_compare.table");
+  const { columns } = decodeF64Columns(raw["table"], "drilldown_compare.table");
   const labels = optional(raw, "labels", isArray, []).filter(isString);
   const what = "drilldown_compare";
   return {
@@ -454,7 +425,7 @@ export interface Alive {
 export type AliveState = { kind: "none" } | { kind: "error"; message: string } | { kind: "ready"; alive: Alive };
 
 function buildTree(raw: unknown, labels: unknown[]): TreeNode {
-  const { n, columns } = decodeColumns(raw, "drilldown_alive.tree");
+  const { n, columns } = decodeF64Columns(raw, "drilldown_alive.tree");
   const parent = column(columns, "parent", "drilldown_alive.tree");
   const bytes = column(columns, "bytes", "drilldown_alive.tree");
   const count = column(columns, "count", "drilldown_alive.tree");

@@ -1,5 +1,7 @@
-// The browser's half of the kernel contract: mirrors gpumem_widget/protocol.py (trait contents,
-// packed tables) and ledger.CellRecord.to_wire(). Change both sides together.
+// The browser's half of the kernel contract: mirrors gpumem_widget/wire/protocol.py (trait
+// contents) and ledger.CellRecord.to_wire(); packed tables are decoded by ./table. Change both
+// sides together: js/test/fixtures are written by scripts/make_js_fixtures.py from the kernel's
+// real output, and a pytest fails when they are out of date.
 //
 // Everything here validates what the model holds, because a malformed trait must cost one clear
 // message in the header, never a broken view.
@@ -17,10 +19,13 @@ import {
   ProtocolError,
 } from "./json";
 import { parseNotes, type CellNotes } from "./notes";
+import { decodeTable, TIME_COLUMN, type Column } from "./table";
 
-export { ProtocolError };
+export { ProtocolError, TIME_COLUMN };
 
-export const TIME_COLUMN = "t";
+/** wire/payloads.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel sends its own in
+ * `status.protocol`; a different one is named in the header (reinstall, then reload the page). */
+export const PROTOCOL_VERSION = 1;
 export const HOST_RSS_COLUMN = "host/rss";
 // allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
 // (every other process NVML lists) and device_used (the whole device) from NVML.
@@ -31,17 +36,33 @@ export function deviceColumn(device: number, field: DeviceField): string {
   return `cuda:${device}/${field}`;
 }
 
-/** The trait names; the browser only reads them. */
+/** Every synced trait of the model (wire/widget.py `GpuMemWidget`). The kernel writes them and
+ * the browser only reads them, as `unknown`: each is validated by its parser before use. */
 export type Traits = {
-  devices: unknown;
-  status: unknown;
-  cells: unknown;
+  devices: unknown; // parseDevices
+  status: unknown; // parseStatus
+  cells: unknown; // parseCells(joinCells(cells, cells_tail))
   cells_tail: unknown;
-  cell_bands: unknown;
-  ledger_extent: unknown;
-  timeline_base: unknown;
+  cell_bands: unknown; // decodeBands
+  ledger_extent: unknown; // parseExtent
+  timeline_base: unknown; // decodeTable
   timeline_tail: unknown;
+  drilldown: unknown; // ./drilldown parseDrilldown
+  drilldown_alive: unknown; // ./drilldown parseAlive
 };
+
+type Axis = "event" | "time";
+
+/** The custom messages the browser sends (snapshot/drilldown.py `Drilldown._on_msg` and
+ * live/publisher.py `LedgerPages` answer; wire/payloads.py types them on the kernel side). */
+export type BrowserMessage =
+  | { type: "load" } // compute the pending snapshot's overview
+  | { type: "alive_at"; device: number; id: number; t: number } // what is alive at `t`
+  | { type: "alive_at"; device: number; id: number; event: number } // or after trace entry `event`
+  | { type: "view"; id: number; device: number; axis: Axis; t0: number | null; t1: number | null; width: number } // a zoom, or another axis
+  | { type: "search"; device: number; query: string; axis: Axis; t0: number | null; t1: number | null }
+  | { type: "cells_page"; before: number; limit: number } // older ledger records
+  | { type: "cells_page"; execution_count: number; limit: number }; // the page ending with this cell
 
 
 // ---------------------------------------------------------------------------------------------
@@ -75,6 +96,7 @@ export interface ProcessUse {
 }
 
 export interface Status {
+  protocol: number | null; // the kernel's PROTOCOL_VERSION; null before the first status
   mode: "cuda" | "host";
   sampler: "running" | "paused" | "stopped" | null; // null: no status published yet
   busy_interval: number | null;
@@ -173,6 +195,7 @@ export function parseStatus(raw: unknown, devices: readonly DeviceInfo[]): Statu
     }
   }
   return {
+    protocol: optional(s, "protocol", isNumberOrNull, null),
     mode: optional(s, "mode", oneOf(["cuda", "host"] as const), devices.length > 0 ? "cuda" : "host"),
     sampler: optional(s, "sampler", oneOf(["running", "paused", "stopped"] as const), null),
     busy_interval: optional(s, "busy_interval", isNumberOrNull, null),
@@ -289,146 +312,6 @@ export function parseCells(raw: unknown): { cells: CellRecord[]; problems: strin
     }
   });
   return { cells, problems };
-}
-
-// ---------------------------------------------------------------------------------------------
-// Packed tables: {"n", "columns", "dtypes": ["f8"|"f4"], "buffers"}, one little-endian buffer per
-// column. ipywidgets hands binary buffers over as DataViews, which may start at any byte offset.
-
-export type Column = Float64Array | Float32Array;
-
-export interface DecodedTable {
-  n: number;
-  columns: Map<string, Column>;
-}
-
-const EMPTY_TABLE: DecodedTable = { n: 0, columns: new Map() };
-
-const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
-
-function bytesOf(buf: unknown, what: string): { buffer: ArrayBufferLike; offset: number; length: number } {
-  if (buf instanceof ArrayBuffer) return { buffer: buf, offset: 0, length: buf.byteLength };
-  if (ArrayBuffer.isView(buf)) return { buffer: buf.buffer, offset: buf.byteOffset, length: buf.byteLength };
-  throw new ProtocolError(`${what}: expected binary data, got ${describe(buf)}`);
-}
-
-function decodeColumn(buf: unknown, dtype: unknown, n: number, what: string): Column {
-  if (dtype !== "f8" && dtype !== "f4") throw new ProtocolError(`${what}: unknown dtype ${describe(dtype)}`);
-  const size = dtype === "f8" ? 8 : 4;
-  const { buffer, offset, length } = bytesOf(buf, what);
-  if (length !== n * size) {
-    throw new ProtocolError(`${what}: ${length} bytes for ${n} rows of ${dtype} (expected ${n * size})`);
-  }
-  const view = (b: ArrayBufferLike, at: number): Column => (size === 8 ? new Float64Array(b, at, n) : new Float32Array(b, at, n));
-  if (!LITTLE_ENDIAN_HOST) {
-    const data = new DataView(buffer, offset, length);
-    const out = size === 8 ? new Float64Array(n) : new Float32Array(n);
-    for (let i = 0; i < n; i++) out[i] = size === 8 ? data.getFloat64(i * 8, true) : data.getFloat32(i * 4, true);
-    return out;
-  }
-  if (offset % size === 0) return view(buffer, offset);
-  // Unaligned: a typed array cannot view it, so copy the bytes to a fresh (aligned) buffer.
-  return view(new Uint8Array(buffer, offset, length).slice().buffer, 0);
-}
-
-/** Decode one packed table; `{}` or null (a trait not yet set) is the empty table. */
-export function decodeTable(raw: unknown, what: string): DecodedTable {
-  if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return EMPTY_TABLE;
-  if (!isObject(raw)) throw new ProtocolError(`${what}: expected a table, got ${describe(raw)}`);
-  const n = raw["n"];
-  if (!isNumber(n) || n < 0 || !Number.isInteger(n)) throw new ProtocolError(`${what}.n: expected a row count, got ${describe(n)}`);
-  const names = raw["columns"];
-  const dtypes = raw["dtypes"];
-  const buffers = raw["buffers"];
-  if (!Array.isArray(names) || !Array.isArray(dtypes) || !Array.isArray(buffers)) {
-    throw new ProtocolError(`${what}: columns, dtypes and buffers must be lists`);
-  }
-  if (dtypes.length !== names.length || buffers.length !== names.length) {
-    throw new ProtocolError(`${what}: ${names.length} columns but ${dtypes.length} dtypes and ${buffers.length} buffers`);
-  }
-  const columns = new Map<string, Column>();
-  names.forEach((name, i) => {
-    if (!isString(name)) throw new ProtocolError(`${what}.columns[${i}]: expected a name, got ${describe(name)}`);
-    columns.set(name, decodeColumn(buffers[i], dtypes[i], n, `${what}.${name}`));
-  });
-  if (n > 0 && !columns.has(TIME_COLUMN)) throw new ProtocolError(`${what}: no "${TIME_COLUMN}" column`);
-  return { n, columns };
-}
-
-// ---------------------------------------------------------------------------------------------
-// The timeline is base + tail. The base changes rarely and the tail up to 4 times a second, so
-// the joined columns keep spare capacity and a tail update only rewrites the rows after the base.
-
-export interface Timeline {
-  n: number;
-  t: Float64Array; // unix seconds, ascending
-  values: ReadonlyMap<string, Float32Array>; // bytes; NaN where a reader had nothing
-}
-
-export class TimelineStore {
-  private base: DecodedTable = EMPTY_TABLE;
-  private tail: DecodedTable = EMPTY_TABLE;
-  private names: string[] = [];
-  private capacity = 0;
-  private t = new Float64Array(0);
-  private cols = new Map<string, Float32Array>();
-  private n = 0;
-
-  setBase(table: DecodedTable): void {
-    this.base = table;
-    this.rebuild();
-  }
-
-  setTail(table: DecodedTable): void {
-    this.tail = table;
-    const known = new Set(this.names);
-    const newColumn = [...table.columns.keys()].some((c) => c !== TIME_COLUMN && !known.has(c));
-    if (newColumn || this.base.n + table.n > this.capacity) this.rebuild();
-    else this.writeTail();
-  }
-
-  get timeline(): Timeline {
-    const values = new Map<string, Float32Array>();
-    for (const [name, col] of this.cols) values.set(name, col.subarray(0, this.n));
-    return { n: this.n, t: this.t.subarray(0, this.n), values };
-  }
-
-  private rebuild(): void {
-    const names = new Set<string>();
-    for (const table of [this.base, this.tail]) {
-      for (const c of table.columns.keys()) if (c !== TIME_COLUMN) names.add(c);
-    }
-    this.names = [...names];
-    this.capacity = Math.ceil((this.base.n + this.tail.n) * 1.25) + 1024;
-    this.t = new Float64Array(this.capacity);
-    this.cols = new Map(this.names.map((c) => [c, new Float32Array(this.capacity)]));
-    this.copyRows(this.base, 0, 0);
-    this.writeTail();
-  }
-
-  private writeTail(): void {
-    const baseN = this.base.n;
-    // Rows the base already covers are skipped, so the time column stays ascending.
-    const lastBase = baseN > 0 ? (this.t[baseN - 1] as number) : -Infinity;
-    const tailT = this.tail.columns.get(TIME_COLUMN);
-    let skip = 0;
-    if (tailT) while (skip < this.tail.n && (tailT[skip] as number) <= lastBase) skip++;
-    this.n = baseN + this.copyRows(this.tail, skip, baseN);
-  }
-
-  /** Copy `table`'s rows from `from` on to row `at`; returns how many were copied. */
-  private copyRows(table: DecodedTable, from: number, at: number): number {
-    const count = table.n - from;
-    if (count <= 0) return 0;
-    const t = table.columns.get(TIME_COLUMN);
-    if (t) this.t.set(t.subarray(from), at);
-    for (const [name, dest] of this.cols) {
-      const src = table.columns.get(name);
-      if (src) dest.set(src.subarray(from), at);
-      else dest.fill(NaN, at, at + count);
-    }
-    return count;
-  }
 }
 
 /** `cells` (whole blocks of records) followed by `cells_tail` (the newest); a tail from an older
