@@ -33,8 +33,8 @@ import {
 } from "./wire/protocol";
 import { decodeTable } from "./wire/table";
 
-// The Memory tab's traits; the Snapshot tab watches `drilldown` and `drilldown_alive` itself.
-type TraitName = Exclude<keyof Traits, "drilldown" | "drilldown_alive">;
+// The Memory tab's traits; the Snapshot tab watches the drilldown ones itself.
+type TraitName = Exclude<keyof Traits, `drilldown${string}` | "workers">;
 const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "cell_bands", "ledger_extent", "timeline_base", "timeline_tail"];
 
 /** A kernel speaking another protocol version than this bundle reads: say so, once. */

@@ -49,6 +49,11 @@ export type Traits = {
   timeline_tail: unknown;
   drilldown: unknown; // ./drilldown parseDrilldown
   drilldown_alive: unknown; // ./drilldown parseAlive
+  // Sent by the kernel, not drawn by this bundle yet (snapshot views, wire/workers.py):
+  drilldown_view: unknown;
+  drilldown_search: unknown;
+  drilldown_compare: unknown;
+  workers: unknown;
 };
 
 type Axis = "event" | "time";
