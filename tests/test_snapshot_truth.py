@@ -239,3 +239,14 @@ def test_compare_two_real_snapshots(a: str, b: str) -> None:
     timed = compare_snapshots(sa, sb, axis="time")
     assert timed["x_unit"] == "s"
     assert timed["t1"] > 0
+
+
+def test_the_recorded_overflow_is_detected_without_the_recorders_note() -> None:
+    """The H200 fixture whose ring buffer overflowed, with the recorder's max_entries removed:
+    the trace alone (64 entries, beginning with a free of an allocation it never saw) tells."""
+    snapshot = raw("overflow")
+    assert snapshot.pop("gpumem_widget")["max_entries"] == 64
+    snapshot.pop("trace_alloc_overflowed", None)
+    view = active_memory_view(open_snapshot(snapshot), 0, 50)
+    assert view["overflowed"]
+    assert any("holds exactly 64 entries" in w for w in view["warnings"])

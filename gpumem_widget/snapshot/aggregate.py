@@ -191,7 +191,8 @@ def group_peaks(
     where = np.full(n_groups, at, np.int64)
     if not len(g):
         return peaks, where
-    order = np.lexsort((ev, g))
+    # One int64 key: by group, then by entry.
+    order = np.argsort(g * (iv.n_events + 2) + (ev + 1), kind="stable")
     g, ev, d = g[order], ev[order], d[order]
     new_group = np.ones(len(g), bool)
     new_group[1:] = g[1:] != g[:-1]
@@ -203,13 +204,15 @@ def group_peaks(
     settled = np.ones(len(g), bool)
     settled[:-1] = (g[1:] != g[:-1]) | (ev[1:] != ev[:-1])
     g, ev, level = g[settled], ev[settled], level[settled]
-    best = np.lexsort((ev, -level, g))
-    first = np.ones(len(best), bool)
-    first[1:] = g[best][1:] != g[best][:-1]
-    top = best[first]
-    higher = level[top] > peaks[g[top]]
-    peaks[g[top][higher]] = level[top][higher]
-    where[g[top][higher]] = ev[top][higher]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    top = np.maximum.reduceat(level, starts)
+    reached = np.flatnonzero(level == np.repeat(top, np.diff(np.append(starts, len(g)))))
+    first = np.ones(len(reached), bool)
+    first[1:] = g[reached][1:] != g[reached][:-1]
+    at = reached[first]  # the first entry of each group at its maximum
+    higher = level[at] > peaks[g[at]]
+    peaks[g[at][higher]] = level[at][higher]
+    where[g[at][higher]] = ev[at][higher]
     return peaks, where
 
 

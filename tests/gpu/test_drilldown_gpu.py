@@ -54,9 +54,8 @@ def test_cell_magic_around_the_toy_example(shell: Any) -> None:
     assert cell["execution_count"] == result.execution_count
     assert cell["peak_bytes"] == peak
     assert cell["left_behind_bytes"] >= WEIGHTS + INPUT + OUTPUT  # model, x and y stay
-    # A click in the browser: before the first output, only the weights and one input.
-    t = device["active"]["t0"]
-    session.widget._handle_custom_msg({"type": "alive_at", "t": t, "device": 0}, [])
+    # A click in the browser at the first entry: before the first output, only the weights.
+    session.widget._handle_custom_msg({"type": "alive_at", "event": 0, "device": 0}, [])
     assert session.widget.drilldown_alive["total_bytes"] < WEIGHTS + 2 * INPUT
     # Recording started by the cell magic stopped with it.
     import torch

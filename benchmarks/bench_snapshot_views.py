@@ -1,0 +1,108 @@
+"""The Snapshot tab's answers on a 1,000,000-entry snapshot: what a drag, a search, a compare and
+the exact per-site maxima cost the kernel, each as a ratio to the overview computed in the same run.
+
+    python benchmarks/bench_snapshot_views.py [--file PATH] [--entries N] [--repeat 3]
+
+The file is scripts/make_big_snapshot.py's synthetic one (cached under benchmarks/results/, as
+bench_snapshot.py makes it). It is loaded and replayed once, untimed; each case then runs
+`--repeat` times and its median wall time is reported:
+
+  overview          the views pushed ahead: sites and categories, event order, 1,000 columns
+  zoom 10 %         a dragged range re-aggregated at 1,000 columns (`drilldown.range_view`)
+  time axis         the whole trace on wall-clock time with idle stretches collapsed
+  site maxima       every site's exact maximum from the replay (`aggregate.group_peaks`)
+  grid maxima       what the legend used to read: every site's series over 1,000 columns, max
+  search            by frame text, and by an address
+  compare           the snapshot against itself (two sides, 1,000 columns)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> float:
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--file", type=Path)
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    path = args.file or RESULTS / f"big_{args.entries}.pickle"
+    if not path.is_file():
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        script = ROOT / "scripts" / "make_big_snapshot.py"
+        make = [sys.executable, str(script), str(path), "--entries", str(args.entries)]
+        subprocess.run(make, check=True)
+
+    import numpy as np
+
+    from gpumem_widget.snapshot import active_memory_view, categories, open_snapshot
+    from gpumem_widget.snapshot.aggregate import _grid, _sites, _stacked, axis_x, group_peaks
+    from gpumem_widget.snapshot.compare import compare_snapshots
+    from gpumem_widget.snapshot.drilldown import range_view
+    from gpumem_widget.snapshot.search import search
+
+    snap = open_snapshot(path)
+    rep = snap.replay(0)
+    iv = rep.intervals
+    n = rep.n_events
+    sites = _sites(snap, iv, "user")
+    k = len(sites.keys)
+
+    def overview() -> None:
+        active_memory_view(snap, 0, 1000, 10, axis="event")
+        categories(snap, 0, width=1000, axis="event", full_columns=False)
+
+    def grid_maxima() -> None:
+        grid = _grid(rep, axis_x(snap, rep, "event").x, 1000, None, None)
+        _stacked(iv, sites.of_interval, k, grid.event).max(axis=1)
+
+    addr = hex(int(iv.addr[int(np.argmax(iv.size))]) + 4096)
+    cases: dict[str, Callable[[], Any]] = {
+        "overview": overview,
+        "zoom 10 %": lambda: range_view(
+            snap, 0, axis="event", t0=0.45 * n, t1=0.55 * n, width=1000
+        ),
+        "time axis": lambda: range_view(snap, 0, axis="time", t0=None, t1=None, width=1000),
+        "site maxima": lambda: group_peaks(iv, sites.of_interval, k),
+        "grid maxima": grid_maxima,
+        "search (frame text)": lambda: search(snap, 0, "optim"),
+        "search (address)": lambda: search(snap, 0, addr),
+        "compare": lambda: compare_snapshots(snap, snap),
+    }
+    base = None
+    print(f"{path.name}: {n:,} entries, {len(iv):,} allocations, {k} sites")
+    for name, fn in cases.items():
+        s = timed(fn, args.repeat)
+        base = base or s
+        print(f"  {name:<22} {s * 1000:8.0f} ms   x{s / base:5.2f} of the overview")
+    exact, _ = group_peaks(iv, sites.of_interval, k)
+    grid = _grid(rep, axis_x(snap, rep, "event").x, 1000, None, None)
+    read = _stacked(iv, sites.of_interval, k, grid.event).max(axis=1)
+    low = exact > 0
+    worst = float(((exact[low] - read[low]) / exact[low]).max())
+    print(f"  grid maxima fall short of exact ones by up to {worst:.1%} ({int(low.sum())} sites)")
+
+
+if __name__ == "__main__":
+    main()
