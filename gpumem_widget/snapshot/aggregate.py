@@ -209,10 +209,10 @@ def group_peaks(
     reached = np.flatnonzero(level == np.repeat(top, np.diff(np.append(starts, len(g)))))
     first = np.ones(len(reached), bool)
     first[1:] = g[reached][1:] != g[reached][:-1]
-    at = reached[first]  # the first entry of each group at its maximum
-    higher = level[at] > peaks[g[at]]
-    peaks[g[at][higher]] = level[at][higher]
-    where[g[at][higher]] = ev[at][higher]
+    hit = reached[first]  # the first entry of each group at its maximum
+    higher = level[hit] > peaks[g[hit]]
+    peaks[g[hit][higher]] = level[hit][higher]
+    where[g[hit][higher]] = ev[hit][higher]
     return peaks, where
 
 
