@@ -307,9 +307,21 @@ export class StackedChart {
     this.overlay.append(label);
   }
 
-  /** OOM and idle labels as HTML over the canvas: readable, selectable, and in the DOM. */
+  /** Cell, OOM and idle labels as HTML over the canvas: readable, selectable, in the DOM. */
   private labels(v: Stacked, x: (t: number) => number, t0: number, t1: number, hatch: string): void {
     this.overlay.replaceChildren();
+    for (const band of this.bands) {
+      const left = Math.max(x(band.x0), PAD.left);
+      const right = Math.min(x(band.x1), PAD.left + this.plotWidth());
+      if (right - left < 28) continue; // too narrow to name; its band still shows
+      const label = document.createElement("div");
+      label.className = "gpumem-drilldown-band-label";
+      label.dataset["executionCount"] = String(band.executionCount);
+      label.textContent = `[${band.executionCount}]`;
+      label.style.left = `${left + 2}px`;
+      label.style.top = `${PAD.top + 2}px`;
+      this.overlay.append(label);
+    }
     for (const gap of v.idle) {
       if (gap.x + gap.width < t0 || gap.x > t1) continue;
       const mark = document.createElement("div");

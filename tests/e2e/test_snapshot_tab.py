@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from independent_replay import independent_peak, independent_site_peaks, raw
-from snapshot_bridge import COMPARE, Bridge, serve
+from snapshot_bridge import COMPARE, THEME_CSS, Bridge, serve
 from test_lab_e2e import driver_deps  # noqa: F401  (a fixture: playwright-core installed)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -54,6 +54,8 @@ def js_bytes(n: int) -> str:
 
 if not (CHROMIUM.is_file() and NODE):
     pytestmark.append(pytest.mark.skip(reason="needs node and /usr/bin/chromium"))
+elif not all(p.is_file() for p in THEME_CSS.values()):
+    pytestmark.append(pytest.mark.skip(reason="needs JupyterLab's theme stylesheets"))
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +179,7 @@ def test_every_text_and_button_meets_4_5_to_1_in_both_themes(
     assert {c["where"].rsplit(" ", 1)[1] for c in checked} == {"light", "dark"}
     assert any(c["cls"].startswith("gpumem-drilldown-mode") for c in checked)  # pressed button
     assert any("gpumem-drilldown-oom" in c["cls"] for c in checked)
+    assert any("gpumem-drilldown-band-label" in c["cls"] for c in checked)
     failing = [c for c in checked if c["ratio"] < MIN_CONTRAST]
     assert failing == [], json.dumps(failing[:10], indent=1)
 
