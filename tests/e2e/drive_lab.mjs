@@ -1,6 +1,9 @@
-// Drives a running JupyterLab in Debian's Chromium: opens the notebook, runs its cells one by one
-// with Shift+Enter, and records what the page shows (the widget's DOM, requests, dialogs, errors).
-// It asserts nothing itself: test_lab_e2e.py reads the JSON it writes and decides.
+// Drives a running JupyterLab or Jupyter Notebook 7 (plan.app: "lab" or "notebook") in Debian's
+// Chromium: opens the notebook, runs its cells one by one with Shift+Enter, and records what the
+// page shows (the widget's DOM, requests, dialogs, errors). Notebook 7 is made of JupyterLab's
+// components, so the cells, prompts and outputs are the same DOM; only the URL and how to tell
+// that the kernel is ready differ. It asserts nothing itself: test_lab_e2e.py reads the JSON it
+// writes and decides.
 //
 // Usage: node drive_lab.mjs PLAN.json   (PLAN: see test_lab_e2e.py, `plan`)
 
@@ -34,6 +37,13 @@ const POLL_MS = 200;
 const ROW_TIMEOUT_MS = 15000;
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
+// Per front end: where the notebook opens, and how its own errors are told from ours.
+const APP = {
+  lab: { path: (nb) => `/lab/tree/${nb}`, ownBundle: null },
+  // Notebook 7 (7.6.5 here) raises a TypeError of its own ("reading 'schema'") while the page
+  // loads, before any cell runs, every frame in its notebook_core bundle: kept apart from ours.
+  notebook: { path: (nb) => `/notebooks/${nb}`, ownBundle: /\/static\/notebook\/notebook_core\./ },
+}[plan.app ?? "lab"];
 const started = Date.now();
 const result = {
   steps: {}, // step name -> seconds since start
@@ -41,7 +51,9 @@ const result = {
   localXssFetches: [], // local requests for the payload's src (only an injected <img> makes one)
   dialogs: [],
   pageErrors: [],
+  appErrors: [], // the front end's own page errors (see APP)
   consoleErrors: [],
+  firstSampleAfterLoadS: null, // from `%load_ext` returning to the chart's first drawn sample
   prompts: [], // execution prompts after each cell, e.g. "[1]:"
   afterLoad: null,
   during: [], // polls while the long cell runs
@@ -56,6 +68,18 @@ const step = (name) => {
 
 const context = await launchLab(plan);
 
+/** Until the server says the notebook's kernel is idle with a front end connected to it. */
+async function kernelReady() {
+  const deadline = Date.now() + plan.stepTimeoutMs;
+  for (;;) {
+    const response = await fetch(`${plan.url}/api/kernels`, { headers: { Authorization: `token ${plan.token}` } });
+    const kernels = response.ok ? await response.json() : [];
+    if (kernels.some((k) => k.execution_state === "idle" && k.connections > 0)) return;
+    if (Date.now() > deadline) throw new Error(`no idle, connected kernel: ${JSON.stringify(kernels)}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
 async function shoot(page, name) {
   const path = join(plan.artifacts, name);
   await page.screenshot({ path, fullPage: true });
@@ -67,7 +91,12 @@ try {
     if (new URL(url).pathname.endsWith(`/${plan.xssSrc}`)) result.localXssFetches.push(url);
   });
   const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
+  page.on("pageerror", (e) => {
+    const text = `${e.name}: ${e.message}`;
+    const frames = (e.stack ?? "").split("\n").filter((l) => l.includes("://"));
+    const own = APP.ownBundle !== null && frames.length > 0 && frames.every((l) => APP.ownBundle.test(l));
+    (own ? result.appErrors : result.pageErrors).push(own ? text : `${text}\n${e.stack ?? ""}`);
+  });
   page.on("console", (m) => {
     if (m.type() === "error") result.consoleErrors.push(m.text());
   });
@@ -76,7 +105,7 @@ try {
     void d.dismiss();
   });
 
-  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
+  await page.goto(`${plan.url}${APP.path(plan.notebook)}?token=${plan.token}`);
   // Probes: one request and one dialog that the recorders must catch (so an empty list means
   // something, not a listener that never fired).
   await page.evaluate((url) => fetch(url).catch(() => null), plan.probeUrl);
@@ -85,11 +114,15 @@ try {
     ({ sel, n }) => document.querySelectorAll(sel).length === n,
     { sel: SEL.cell, n: plan.cells.length },
   );
-  await page.waitForFunction(
-    ({ sel, pattern }) =>
-      [...document.querySelectorAll(sel)].some((e) => new RegExp(pattern).test(e.textContent.trim())),
-    { sel: SEL.kernelStatus, pattern: SEL.kernelIdlePattern },
-  );
+  if (plan.app === "notebook") {
+    await kernelReady(); // Notebook 7 has no status bar: ask the server
+  } else {
+    await page.waitForFunction(
+      ({ sel, pattern }) =>
+        [...document.querySelectorAll(sel)].some((e) => new RegExp(pattern).test(e.textContent.trim())),
+      { sel: SEL.kernelStatus, pattern: SEL.kernelIdlePattern },
+    );
+  }
   step("notebook open");
 
   const cells = page.locator(SEL.cell);
@@ -115,6 +148,12 @@ try {
     await waitPrompt(i, "^\\[\\d+\\]:$", plan.stepTimeoutMs);
     result.prompts.push(await promptOf(i));
     if (i === 0) {
+      const loaded = Date.now(); // `%load_ext` has returned (its prompt shows its number)
+      await page.waitForFunction(
+        ({ sel, attr }) => Number(document.querySelector(sel)?.getAttribute(attr) ?? 0) >= 1,
+        { sel: SEL.chart, attr: SEL.samplesAttr },
+      );
+      result.firstSampleAfterLoadS = (Date.now() - loaded) / 1000;
       await page.waitForSelector(SEL.widget, { state: "visible" });
       await page.waitForSelector(SEL.chartCanvas, { state: "attached" });
       result.afterLoad = {
@@ -163,7 +202,7 @@ try {
     result.during.push(s);
     if (s.prompt !== "[*]:") break;
     if (!shotTaken && s.now - result.during[0].now > plan.longSeconds / 2) {
-      await shoot(page, "lab-running.png");
+      await shoot(page, `${plan.app}-running.png`);
       shotTaken = true;
     }
     await page.waitForTimeout(POLL_MS);
@@ -174,6 +213,9 @@ try {
   const recorded = await Promise.all(plan.cells.slice(1).map((_, k) => countOf(k + 1)));
   const lastRow = `${SEL.ledgerRow}[data-execution-count="${recorded.at(-1)}"]`;
   await page.waitForSelector(lastRow, { timeout: ROW_TIMEOUT_MS });
+  // Rows and bands now, while the chart follows live: selecting a row below zooms it to that
+  // cell, and only the bands in view are in the DOM.
+  const afterAll = await snapshot();
 
   // The payload cell: its source must show as text in the ledger, the tooltip and the details.
   const xssCount = recorded[plan.xssCell - 1];
@@ -188,7 +230,7 @@ try {
   await tooltip.waitFor({ state: "visible" });
   step("payload cell inspected");
   result.final = {
-    ...(await snapshot()),
+    ...afterAll,
     canvases: await page.locator(SEL.chartCanvas).count(),
     recorded,
     xss: {
@@ -200,13 +242,13 @@ try {
       injectedImages: await page.locator(`img[src="${plan.xssSrc}"]`).count(),
     },
   };
-  await shoot(page, "lab-final.png");
+  await shoot(page, `${plan.app}-final.png`);
   step("done");
 } catch (e) {
   result.error = String(e?.stack ?? e);
   const page = context.pages()[0];
   if (page) {
-    await shoot(page, "lab-failure.png").catch(() => {});
+    await shoot(page, `${plan.app}-failure.png`).catch(() => {});
     result.widgetTextAtFailure = await page
       .locator(SEL.widget)
       .first()
