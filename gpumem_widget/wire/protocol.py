@@ -40,11 +40,14 @@ Custom messages (browser → kernel, answered once no cell runs): ``{"type": "ce
 ``drilldown``  the current snapshot's overview (``drilldown.py``): ``{}`` when none; ``{"pending":
              label}`` when one waits to be computed (the browser then sends ``{"type": "load"}``);
              else ``{"source", "taken_at", "cells_by": "tag"|"time"|"none", "compute_s",
-             "devices": [{"device", "active", "categories", "cells"}]}`` where ``active``,
-             ``categories`` and ``cells`` are `snapshot.aggregate`'s `active_memory_view`,
-             `categories` and `cell_slices` (their tables are packed, every column float64).
+             "devices": [{"device", "active", "categories", "reserved", "cells", "bands"}]}``
+             where ``active``, ``categories`` and ``cells`` are `snapshot.aggregate`'s
+             `active_memory_view` and `categories` in event order (each column's ``event`` is
+             its peak entry) and `cell_slices` (tables packed, every column float64);
+             ``reserved`` is `reserved_over_time_view`'s figures without its table; ``bands``
+             each cell's span on the event axis.
 ``drilldown_alive``  `snapshot.aggregate.alive_at` for one device and instant (the peak at
-             first; the browser sends ``{"type": "alive_at", "t", "device"}`` on a click), with
+             first; the browser sends ``{"type": "alive_at", "t", "device", "id"}``), with
              ``segments`` (the segment map) where that view exists; ``{"error": str}`` when a
              request failed. ``{"type": "alive_at", "event", "device"}`` asks about one trace
              entry: a column's peak instant, or a step from the entry shown.
