@@ -22,9 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The allocator model lives with the tests (it is not part of the package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from gpumem_widget.snapshot.synthetic import AllocatorSim, Frame, frame
+from allocator_sim import AllocatorSim, Frame, frame
 
 SITE = "/usr/lib/python3.11/site-packages"
 NOTEBOOK = "/tmp/ipykernel_4242/2311794112.py"

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from allocator_sim import AllocatorSim, SimulatedOOM
 
 from gpumem_widget.snapshot import open_snapshot
 from gpumem_widget.snapshot.advice import advise, settings_from_conf
@@ -16,7 +17,6 @@ from gpumem_widget.snapshot.fragmentation import (
     fragmentation,
     from_memory_stats,
 )
-from gpumem_widget.snapshot.synthetic import AllocatorSim, SimulatedOOM
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB, GiB = 1 << 20, 1 << 30

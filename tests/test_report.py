@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from allocator_sim import AllocatorSim, frame
 from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import recorded_readers
 
@@ -33,7 +34,6 @@ from gpumem_widget.reporting.style import human_bytes
 from gpumem_widget.reporting.summary import FreeSpace, summarize
 from gpumem_widget.reporting.timeline import timeline_figure
 from gpumem_widget.snapshot import SnapshotLoadError, open_snapshot
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 TAGGED = SNAPSHOTS / "train_tagged.pickle.gz"
@@ -219,7 +219,7 @@ def test_several_snapshots_get_an_overview_and_a_selector(tmp_path: Path) -> Non
 
 
 def test_two_devices_in_one_snapshot_are_two_panels(tmp_path: Path) -> None:
-    from gpumem_widget.snapshot.synthetic import merge_devices
+    from allocator_sim import merge_devices
 
     sims = []
     for device, size in enumerate((10 * MiB, 20 * MiB)):

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from allocator_sim import AllocatorSim, frame
 
 from gpumem_widget.snapshot import Snapshot, open_snapshot
 from gpumem_widget.snapshot import segments as seg
@@ -22,7 +23,6 @@ from gpumem_widget.snapshot.segments import (
     SegmentTimeline,
     timeline,
 )
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 from gpumem_widget.wire.protocol import unpack_table
 
 HERE = Path(__file__).parent / "fixtures" / "snapshots"

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from allocator_sim import AllocatorSim, frame
 
 from gpumem_widget.snapshot import SnapshotLoadError, export_memory_viz, open_snapshot
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 
 # The opcodes the JavaScript unpickler in torch/utils/viz/MemoryViz.js implements (it throws on
 # any other), plus PROTO and FRAME, which it reads; protocols 2 to 4 only.

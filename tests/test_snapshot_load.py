@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from allocator_sim import AllocatorSim, frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,6 @@ from gpumem_widget.snapshot import (
     export_memory_viz,
     open_snapshot,
 )
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 
 TRAIN = frame("/home/u/train.py", 10, "step")
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from allocator_sim import AllocatorSim, SimulatedOOM, frame, merge_devices
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumem_widget.snapshot import Origin, Snapshot, open_snapshot
-from gpumem_widget.snapshot.synthetic import AllocatorSim, SimulatedOOM, frame, merge_devices
 
 USER = frame("/home/u/train.py", 10, "step")
 SIZES = (1, 500, 512, 513, 4096, 300_000, 1 << 20, (1 << 20) + 1, 3 << 20, 12 << 20, 50 << 20)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from allocator_sim import AllocatorSim, frame
 from independent_replay import independent_site_peaks, raw
 
 from gpumem_widget.reporting.summary import summarize
@@ -23,7 +24,6 @@ from gpumem_widget.snapshot.attribution import site_of
 from gpumem_widget.snapshot.compare import compare_snapshots
 from gpumem_widget.snapshot.model import Frame
 from gpumem_widget.snapshot.search import search
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 from gpumem_widget.wire.protocol import unpack_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from allocator_sim import AllocatorSim, frame
 
 from gpumem_widget.snapshot import (
     CATEGORIES,
@@ -27,7 +28,6 @@ from gpumem_widget.snapshot import (
 )
 from gpumem_widget.snapshot.attribution import Kind, folded_path, kind_of, phase_of, site_of
 from gpumem_widget.snapshot.model import Frame
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 from gpumem_widget.wire.protocol import unpack_table
 
 

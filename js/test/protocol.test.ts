@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { estimateError, NO_NOTES, parseNotes } from "../src/wire/notes";
 import { TimelineStore } from "../src/timeline_store";
-import { joinCells, parseCells, parseDevices, parseStatus, ProtocolError } from "../src/wire/protocol";
+import { decodeBands, joinCells, parseCells, parseDevices, parseExtent, parseStatus, PROTOCOL_VERSION, ProtocolError } from "../src/wire/protocol";
 import { decodeTable, type DecodedTable } from "../src/wire/table";
 import { fixture, received } from "./wire";
 
@@ -223,7 +223,14 @@ describe("the Python side's real output (test/fixtures/wire.json)", () => {
     expect(status.readers["nvml"]).toEqual({ ok: false, reason: "NVML Shared Library Not Found" });
     expect(status.running_cell).toBe(7);
     expect(status.running_started).toBe(1_750_000_000.25 + 0.49);
-    const { cells, problems } = parseCells(state["cells"]);
+    // The kernel's protocol version is this bundle's; the fixture is rewritten from the kernel's
+    // code (scripts/make_js_fixtures.py), so a change on one side shows here.
+    expect(status.protocol).toBe(PROTOCOL_VERSION);
+    expect(status.hints).toEqual([expect.stringContaining("cuda:1: this kernel holds a CUDA context")]);
+    // Fewer cells than a band block: the table is empty, the bands come from the records.
+    expect(decodeBands(state["cell_bands"])).toEqual([]);
+    expect(parseExtent(state["ledger_extent"], fixture.expected.cells.length)).toMatchObject({ total: fixture.expected.cells.length, first: 0 });
+    const { cells, problems } = parseCells(joinCells(state["cells"], state["cells_tail"]));
     expect(problems).toEqual([]);
     expect(cells.map(({ notes: _notes, ...rest }) => rest)).toEqual(fixture.expected.cells.map(({ notes: _notes, ...rest }) => rest));
   });
@@ -239,7 +246,8 @@ describe("the Python side's real output (test/fixtures/wire.json)", () => {
   });
 
   it("reads every feature's note as the kernel wrote it", () => {
-    const { cells } = parseCells(received()["cells"]);
+    const state = received();
+    const { cells } = parseCells(joinCells(state["cells"], state["cells_tail"]));
     const wire = (n: number): Record<string, Record<string, unknown>> =>
       fixture.expected.cells.find((c) => c["execution_count"] === n)?.["notes"] as Record<string, Record<string, unknown>>;
     const byCount = new Map(cells.map((c) => [c.execution_count, c.notes]));

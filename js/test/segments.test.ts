@@ -1,6 +1,6 @@
 // @vitest-environment happy-dom
 // The segment map renderer on views made by the Python side from real snapshots
-// (test/fixtures/segments.json, written by make_segments_fixture.py).
+// (test/fixtures/segments.json, written by scripts/make_js_fixtures.py).
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";

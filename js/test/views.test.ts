@@ -4,7 +4,7 @@ import { Details } from "../src/details";
 import { Header, processSummary } from "../src/header";
 import { Ledger } from "../src/ledger";
 import { NO_NOTES, parseNotes } from "../src/wire/notes";
-import { parseCells, parseDevices, parseStatus, type CellRecord, type DeviceCellUsage, type DeviceInfo } from "../src/wire/protocol";
+import { joinCells, parseCells, parseDevices, parseStatus, type CellRecord, type DeviceCellUsage, type DeviceInfo } from "../src/wire/protocol";
 import { received } from "./wire";
 
 const GiB = 1024 ** 3;
@@ -222,7 +222,7 @@ describe("the recorded state (test/fixtures/wire.json)", () => {
   const state = received();
   const devices = parseDevices(state["devices"]);
   const status = parseStatus(state["status"], devices);
-  const { cells } = parseCells(state["cells"]);
+  const { cells } = parseCells(joinCells(state["cells"], state["cells_tail"]));
   const shown = (n: number): string => {
     const details = new Details(() => undefined);
     details.show(cells.find((c) => c.execution_count === n) as CellRecord, devices, "cuda");

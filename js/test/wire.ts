@@ -1,4 +1,4 @@
-// The Python side's real output (test/fixtures/wire.json, written by make_wire_fixture.py), as the
+// The Python side's real output (test/fixtures/wire.json, written by scripts/make_js_fixtures.py), as the
 // browser receives it: JSON state with each binary buffer put back at its path as a DataView at
 // an odd byte offset, as @jupyter-widgets/base's put_buffers may hand it over.
 import { readFileSync } from "node:fs";

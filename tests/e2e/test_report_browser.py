@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from allocator_sim import AllocatorSim, frame
 from IPython.core.interactiveshell import InteractiveShell
 
 from gpumem_widget.live.session import Session
 from gpumem_widget.reporting import report
-from gpumem_widget.snapshot.synthetic import AllocatorSim, frame
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -1,9 +1,12 @@
 """A small model of PyTorch's CUDA caching allocator that writes snapshots in torch's own format.
 
-It exists so snapshot code can be exercised where no GPU is: tests, the 1,000,000-entry benchmark
-file, demos. It follows the allocator closely enough for the format to be real: sizes rounded to
-512 bytes, a small pool (<= 1 MiB, 2 MiB segments) and a large pool (20 MiB segments under
-10 MiB, else rounded to 2 MiB), block splitting and merging, `free_requested` then
+It exists so snapshot code can be exercised where no GPU is: the tests, the 1,000,000-entry
+benchmark file (scripts/make_big_snapshot.py) and the JS fixtures (scripts/make_js_fixtures.py),
+which put tests/ on their path. It is not part of the package.
+
+It follows the allocator closely enough for the format to be real: sizes rounded to 512 bytes,
+a small pool (<= 1 MiB, 2 MiB segments) and a large pool (20 MiB segments under 10 MiB, else
+rounded to 2 MiB), block splitting and merging, `free_requested` then
 `free_completed` (deferred while a block awaits another stream), `segment_alloc`/`segment_free`,
 or `segment_map`/`segment_unmap` with expandable segments, `oom`, `snapshot`, a ring buffer of
 `max_entries`, per-entry `user_metadata` and `compile_context`. Trace entries carry the requested
