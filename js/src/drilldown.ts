@@ -299,10 +299,10 @@ export class DrilldownPanel {
       const item = el("div", "gpumem-drilldown-legend-item");
       item.dataset["site"] = s.label;
       item.dataset["peakBytes"] = String(s.peak);
-      item.title = `${s.detail}: its highest at any one instant, exactly, from the replay`;
+      item.title = s.summed ? `${s.detail}: their highest sum on screen` : `${s.detail}: its highest at any one instant, exactly, from the replay`;
       const swatch = el("span", "gpumem-drilldown-swatch");
       swatch.style.background = seriesColor(s.column, view.series.indexOf(s));
-      item.append(swatch, el("span", "gpumem-drilldown-label", s.label), el("span", "gpumem-drilldown-bytes", `${s.column === "other" ? "up to" : "peak"} ${formatBytes(s.peak)}`));
+      item.append(swatch, el("span", "gpumem-drilldown-label", s.label), el("span", "gpumem-drilldown-bytes", `${s.summed ? "up to" : "peak"} ${formatBytes(s.peak)}`));
       this.legend.append(item);
     }
     const d = this.current();

@@ -143,6 +143,10 @@ async function heading(page) {
 
 const actions = {
   async overview() {},
+  async categories(page) {
+    await page.click(".gpumem-drilldown-mode[data-mode='categories']");
+    await settle(page);
+  },
   async time(page) {
     await page.click(".gpumem-drilldown-axis[data-axis='time']");
     await page.waitForSelector(".gpumem-drilldown-chart[data-axis='time']", { timeout: TIMEOUT });

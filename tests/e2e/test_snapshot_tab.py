@@ -34,6 +34,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "snapshots"
 SCENARIOS = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
 SHOTS = [
     {"scenario": "train_tagged", "action": "overview", "name": "overview"},
+    {"scenario": "train_tagged", "action": "categories", "name": "categories"},
     {"scenario": "train_tagged", "action": "time", "name": "wall-clock"},
     {"scenario": "train_tagged", "action": "zoom", "name": "zoom"},
     {"scenario": "train_tagged", "action": "search", "name": "search"},

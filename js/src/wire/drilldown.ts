@@ -21,8 +21,9 @@ export interface Series {
   column: string;
   label: string;
   detail: string; // file:line, or the same as label
-  peak: number;
+  peak: number; // exact, from the replay; for the summed rest, its highest on screen
   values: Float64Array;
+  summed?: boolean; // the sites not shown one by one, summed ("other")
 }
 
 export interface Oom {
@@ -80,7 +81,7 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
   });
   if (withOther && columns.has("other")) {
     const values = column(columns, "other", what);
-    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values });
+    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values, summed: true });
   }
   const peak = field(raw, "peak", what, isObj, "an object");
   const ooms = optional(raw, "ooms", isArray, []);
