@@ -10,6 +10,7 @@ are in test_history_kernel.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -425,6 +426,51 @@ def test_a_read_only_directory_turns_history_off_and_cells_run(tmp_path: pathlib
     assert result["status"]["on"] is False
     assert f"cannot write {folder / 'history.sqlite3'}" in result["status"]["reason"]
     assert list(folder.iterdir()) == []
+
+
+def test_how_a_session_ended_reads_as_the_issue_words_it() -> None:
+    t0 = time.mktime((2026, 12, 1, 9, 40, 2, 0, 0, -1))
+    died = history_mod.PastSession(
+        id="c681029c910e4aec8e8b04d9cdce744f",
+        notebook="train.ipynb",
+        host="gpu-box",
+        pid=4242,
+        started=t0 - 1800,
+        ended=None,
+        outcome="died",
+        mode="cuda",
+        cells=56,
+        peak=139 * GiB,
+        last_seen=t0 + 71,
+        running=history_mod.RunningCell(
+            execution_count=57,
+            source="train()",
+            started=t0,
+            seen_at=t0 + 71,
+            allocated=(2 * GiB, 139 * GiB),
+            reserved=(3 * GiB, int(139.5 * GiB)),
+            rss=12 * GiB,
+        ),
+        devices=({"index": 0, "total": 140 * GiB}, {"index": 1, "total": 140 * GiB}),
+    )
+    assert died.how_it_ended() == (
+        "kernel died during [57] (running since 09:40:02), last seen 139.00 GiB of 140.00 GiB "
+        "on cuda:1 (139.50 GiB reserved), host RSS 12.00 GiB at 09:41:13"
+    )
+    between = dataclasses.replace(died, running=None)
+    assert between.how_it_ended().startswith("kernel died between cells, last heard from at ")
+    elsewhere = dataclasses.replace(died, outcome="unknown")
+    assert elsewhere.how_it_ended().startswith("no clean end (host gpu-box) during [57]")
+    host = dataclasses.replace(
+        died,
+        mode="host",
+        host_total=64 * GiB,
+        running=dataclasses.replace(died.running, allocated=(), reserved=(), rss=60 * GiB),  # type: ignore[arg-type]
+    )
+    assert host.how_it_ended() == (
+        "kernel died during [57] (running since 09:40:02), last seen host RSS 60.00 GiB of "
+        "64.00 GiB at 09:41:13"
+    )
 
 
 # Retention -----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import operator
 import os
 import pathlib
 import queue
@@ -58,7 +59,7 @@ CHECKPOINT_S = 1.0  # how often the running cell's highest memory reaches the di
 BATCH_S = 0.05  # the writer gathers what arrives within this long into one transaction
 LOCK_TIMEOUT_S = 2.0  # how long a statement waits for another kernel's write lock
 LOCK_RETRIES = 5  # batches retried (a second apart) while the file stays locked
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # PRAGMA user_version; a newer file is read, never written
 MiB = 2**20
 
 Outcome = Literal["clean", "died", "running", "unknown"]
@@ -75,6 +76,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     mode TEXT NOT NULL,  -- "cuda" | "host": which figure `cells.peak` holds
     devices TEXT NOT NULL,  -- JSON [{"index", "name", "total"}]
     host_total INTEGER,
+    fields TEXT,         -- JSON {"cell": [...], "device": [...]}: what `cells.record` lists
     running TEXT,        -- JSON: the cell running at the last checkpoint and what it was seen use
     last_seen REAL       -- the latest sign of life written (a cell, a checkpoint)
 );
@@ -87,7 +89,7 @@ CREATE TABLE IF NOT EXISTS cells (
     duration REAL NOT NULL,
     peak INTEGER,        -- allocated (cuda, the largest device) or host RSS (host mode)
     source TEXT NOT NULL,
-    record TEXT NOT NULL,  -- JSON: the rest of the CellRecord
+    record TEXT NOT NULL,  -- JSON [cell values, [device values, ...], notes]: see `record_json`
     PRIMARY KEY (session, seq)
 );
 """
@@ -224,44 +226,47 @@ def headline_peak(record: CellRecord, mode: str) -> int | None:
 
 
 # Records to and from the file -----------------------------------------------------------------
-_CELL_NAMES = frozenset(f.name for f in dataclasses.fields(CellRecord)) - {
-    "source",
-    "devices",
-    "notes",
-    "workers",
-}
-_DEVICE_NAMES = frozenset(f.name for f in dataclasses.fields(DeviceCellUsage))
-_WORKER_NAMES = frozenset(f.name for f in dataclasses.fields(WorkerCellUsage))
+# A record is stored as a JSON list, [cell fields, [device fields per device], notes, [worker
+# fields per worker]], in the orders below; each session row keeps the names (`sessions.fields`),
+# so a later version with other fields still reads it. Lists, not objects: a third of the bytes.
+_NESTED = ("source", "devices", "notes", "workers")
+CELL_FIELDS = tuple(f.name for f in dataclasses.fields(CellRecord) if f.name not in _NESTED)
+DEVICE_FIELDS = tuple(f.name for f in dataclasses.fields(DeviceCellUsage))
+WORKER_FIELDS = tuple(f.name for f in dataclasses.fields(WorkerCellUsage))
+FIELDS = {"cell": CELL_FIELDS, "device": DEVICE_FIELDS, "worker": WORKER_FIELDS}
+FIELDS_JSON = json.dumps(FIELDS)
+_cell_values = operator.attrgetter(*CELL_FIELDS)
+_device_values = operator.attrgetter(*DEVICE_FIELDS)
+_worker_values = operator.attrgetter(*WORKER_FIELDS)
 
 
 def record_json(record: CellRecord) -> str:
-    data: dict[str, Any] = {name: getattr(record, name) for name in _CELL_NAMES}
-    data["devices"] = [{n: getattr(d, n) for n in _DEVICE_NAMES} for d in record.devices]
-    data["notes"] = dict(record.notes)
-    if record.workers:
-        data["workers"] = [{n: getattr(w, n) for n in _WORKER_NAMES} for w in record.workers]
+    devices = [_device_values(d) for d in record.devices]
+    notes = dict(record.notes) if record.notes else None
+    data: list[Any] = [_cell_values(record), devices, notes]
+    if record.workers:  # absent without workers: most rows stay as small as before
+        data.append([_worker_values(w) for w in record.workers])
     return json.dumps(data, default=str, separators=(",", ":"))
 
 
-def record_from(source: str, text: str) -> CellRecord:
-    """A stored record back (fields a newer version added are left out; a missing one raises)."""
-    data = json.loads(text)
-    devices = tuple(
-        DeviceCellUsage(**{k: v for k, v in d.items() if k in _DEVICE_NAMES})
-        for d in data.get("devices") or ()
-    )
-    workers = tuple(
-        WorkerCellUsage(**{k: v for k, v in w.items() if k in _WORKER_NAMES})
-        for w in data.get("workers") or ()
-    )
-    fields = {k: v for k, v in data.items() if k in _CELL_NAMES}
-    notes = data.get("notes")
+def record_from(
+    source: str, text: str, fields: Mapping[str, Sequence[str]] | None = None
+) -> CellRecord:
+    """A stored record back, `fields` naming its values (fields this version does not know are
+    left out; a missing one without a default raises TypeError)."""
+    names = {**FIELDS, **(fields or {})}
+    cell_values, device_rows, notes, *rest = json.loads(text)
+
+    def named(kind: str, values: Sequence[Any]) -> dict[str, Any]:
+        known = FIELDS[kind]
+        return {k: v for k, v in zip(names[kind], values, strict=True) if k in known}
+
     return CellRecord(
         source=source,
-        devices=devices,
+        devices=tuple(DeviceCellUsage(**named("device", row)) for row in device_rows),
         notes=notes if isinstance(notes, dict) else {},
-        workers=workers,
-        **fields,
+        workers=tuple(WorkerCellUsage(**named("worker", row)) for row in (rest[0] if rest else ())),
+        **named("cell", cell_values),
     )
 
 
@@ -348,7 +353,7 @@ class PastSession:
         r = self.running
         if r is None:
             return ""
-        parts = [f" (running since {_clock(r.started)})"]
+        parts = [f" (running since {_clock(r.started, short=True)})"]
         if self.mode == "cuda" and any(a is not None for a in r.allocated):
             # The device closest to its capacity is the one that tells the story.
             def fullness(i: int) -> float:
@@ -376,7 +381,7 @@ class PastSession:
             of = f" of {format_bytes(self.host_total)}" if self.host_total else ""
             parts.append(f", last seen host RSS {format_bytes(r.rss)}{of}")
         if r.seen_at is not None:
-            parts.append(f" at {_clock(r.seen_at)}")
+            parts.append(f" at {_clock(r.seen_at, short=True)}")
         return "".join(parts)
 
     def _device_total(self, i: int) -> int | None:
@@ -524,6 +529,13 @@ class Store:
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a killed process loses nothing
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if create and version > SCHEMA_VERSION:
+                raise sqlite3.OperationalError(
+                    f"written by a newer gpumem_widget (schema {version}, this one knows "
+                    f"{SCHEMA_VERSION}): upgrade, or point {ENV_PATH} elsewhere"
+                )
+            if create and version == 1:  # the first layout lacked the field names
+                conn.execute("ALTER TABLE sessions ADD COLUMN fields TEXT")
             if create and version < SCHEMA_VERSION:
                 conn.executescript(_SCHEMA)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -612,12 +624,14 @@ class Store:
     def cells(self, session: str) -> tuple[LedgerRecords, int]:
         """A session's records in order, and how many rows could not be read back."""
         records, bad = [], 0
+        row = self.conn.execute("SELECT fields FROM sessions WHERE id = ?", (session,)).fetchone()
+        fields = json.loads(row[0]) if row and row[0] else None
         for source, text in self.conn.execute(
             "SELECT source, record FROM cells WHERE session = ? ORDER BY seq", (session,)
         ):
             try:
-                records.append(record_from(source, text))
-            except (ValueError, TypeError) as e:
+                records.append(record_from(source, text, fields))
+            except (ValueError, TypeError, KeyError) as e:
                 bad += 1
                 log.warning(
                     "gpumem_widget history: a stored cell of %s is unreadable: %s", session, e
@@ -705,7 +719,7 @@ class Store:
 
 
 # The writer -------------------------------------------------------------------------------------
-_START, _SEEN, _CELL, _CLOSE = "start", "seen", "cell", "close"
+_START, _SEEN, _CELL, _CLOSE, _FLUSH = "start", "seen", "cell", "close", "flush"
 
 
 class History:
@@ -831,7 +845,7 @@ class History:
     def wait_written(self, timeout: float = 5.0) -> bool:
         """Until everything put so far is on disk (tests, and reads of this very session)."""
         done = threading.Event()
-        self._queue.put(("flush", done))
+        self._queue.put((_FLUSH, done))
         thread = self._thread
         return thread is not None and thread.is_alive() and done.wait(timeout)
 
@@ -869,7 +883,7 @@ class History:
     def _insert_session(self, c: sqlite3.Connection) -> None:
         c.execute(
             """INSERT OR REPLACE INTO sessions (id, notebook, host, pid, proc_started, started,
-               mode, devices, host_total, last_seen) VALUES (?,?,?,?,?,?,?,?,?,?)""",
+               mode, devices, host_total, fields, last_seen) VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
             (
                 self.identity.id,
                 self.notebook,
@@ -880,6 +894,7 @@ class History:
                 self.mode,
                 json.dumps(self.devices),
                 self.host_total,
+                FIELDS_JSON,
                 time.time(),
             ),
         )
@@ -900,13 +915,13 @@ class History:
         store.enforce_cap(self.settings.max_bytes, self.identity.id)
         while True:
             batch = [self._queue.get()]
-            deadline = time.monotonic() + BATCH_S
+            if batch[0][0] not in (_CLOSE, _FLUSH):
+                # Let what follows arrive while this thread sleeps: waiting on the queue instead
+                # would wake it once per item, and each wake costs the user's thread the GIL.
+                time.sleep(BATCH_S)
             while batch[-1][0] != _CLOSE:
-                left = deadline - time.monotonic()
                 try:
-                    batch.append(
-                        self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
-                    )
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             running, closed = self._write(store, batch, running)
@@ -921,7 +936,7 @@ class History:
         self, store: Store, batch: list[tuple[Any, ...]], running: RunningCell | None
     ) -> tuple[RunningCell | None, bool]:
         """One transaction for the batch (retried while another kernel holds the lock)."""
-        flushes = [item[1] for item in batch if item[0] == "flush"]
+        flushes = [item[1] for item in batch if item[0] == _FLUSH]
         try:
             return self._write_batch(store, batch, running)
         finally:
@@ -1003,7 +1018,7 @@ class History:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item[0] == "flush":
+            if item[0] == _FLUSH:
                 item[1].set()
 
 
@@ -1013,8 +1028,10 @@ def _why(e: BaseException, path: pathlib.Path) -> str:
     return f"cannot write {path}: {type(e).__name__}: {e}"
 
 
-def _clock(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t is not None else "?"
+def _clock(t: float | None, short: bool = False) -> str:
+    if t is None:
+        return "?"
+    return time.strftime("%H:%M:%S" if short else "%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def start_history(
