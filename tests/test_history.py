@@ -308,6 +308,57 @@ def test_regression_threshold_is_a_setting(db: pathlib.Path) -> None:
         end(shell, second)
 
 
+def test_torch_imported_mid_session_switches_the_checkpoint_to_cuda(db: pathlib.Path) -> None:
+    import numpy as np
+
+    from gpumem_widget.wire import protocol
+
+    h = History(HistorySettings(path=db), "lazy.ipynb", "host")
+    try:
+        h.cell_started(1, "import torch", time.time())
+        host_row = np.array([time.time(), 300.0 * MiB])
+        h.checkpoint(host_row)
+        assert h.wait_written()
+        seen = history_mod.RunningCell.from_json(rows(db, "SELECT running FROM sessions")[0][0])
+        assert seen is not None
+        assert (seen.allocated, seen.rss) == ((), 300 * MiB)
+        h.relayout("cuda", [{"index": 0, "name": "H200", "total": 140 * GiB}])
+        h.checkpoint(host_row)  # a row of the old layout, taken before the switch: left out
+        cols = protocol.timeline_columns(1)
+        row = np.full(len(cols), np.nan)
+        row[cols.index(protocol.device_column(0, "allocated"))] = 2 * GiB
+        row[cols.index(protocol.HOST_RSS_COLUMN)] = 400 * MiB
+        h.checkpoint(row)
+        assert h.wait_written()
+        (running, mode, devices), *_ = rows(db, "SELECT running, mode, devices FROM sessions")
+        seen = history_mod.RunningCell.from_json(running)
+        assert seen is not None
+        assert (seen.allocated, seen.reserved, seen.rss) == ((2 * GiB,), (None,), 400 * MiB)
+        assert mode == "cuda"
+        assert json.loads(devices) == [{"index": 0, "name": "H200", "total": 140 * GiB}]
+    finally:
+        h.close()
+
+
+def test_a_rerun_compares_like_with_like(db: pathlib.Path) -> None:
+    """A cell measured in host mode (torch not imported yet) is not compared with its CUDA run."""
+    first = History(HistorySettings(path=db), "mixed.ipynb", "host")
+    first.cell_finished(_record("step()"))  # host RSS peak 3
+    assert first.wait_written()
+    first.close()
+    second = History(HistorySettings(path=db), "mixed.ipynb", "cuda")
+    try:
+        from gpumem_widget.live.ledger import DeviceCellUsage
+
+        gpu = DeviceCellUsage(0, 0, 0, 0, 0, 5 * GiB, 5 * GiB, True, 0, 0, None, None)
+        assert second.compare(dataclasses.replace(_record("step()"), devices=(gpu,))) is None
+        note = second.compare(_record("step()"))
+        assert note is not None
+        assert (note["metric"], note["previous_peak"]) == ("host_rss", 3)
+    finally:
+        second.close()
+
+
 # Faults --------------------------------------------------------------------------------------
 def test_a_garbage_file_is_moved_aside_and_a_new_one_started(db: pathlib.Path, ip: Any) -> None:
     db.parent.mkdir(parents=True)
@@ -426,6 +477,36 @@ def test_a_read_only_directory_turns_history_off_and_cells_run(tmp_path: pathlib
     assert result["status"]["on"] is False
     assert f"cannot write {folder / 'history.sqlite3'}" in result["status"]["reason"]
     assert list(folder.iterdir()) == []
+
+
+def test_a_record_with_devices_and_workers_reads_back_equal() -> None:
+    from gpumem_widget.live.ledger import DeviceCellUsage
+    from gpumem_widget.live.workers import WorkerCellUsage
+
+    device = DeviceCellUsage(0, 1, 2, 3, 4, 5, 6, False, 0, 1, None, 7, 8)
+    worker = WorkerCellUsage(
+        rank=1, local_rank=1, host="h", pid=9, state="live", final=True, device=1, uuid="u",
+        allocated_before=1, allocated_after=2, reserved_before=3, reserved_after=4,
+        peak_allocated=5, peak_reserved=6, peak_exact=True, alloc_retries=0, ooms=0,
+        rss_before=None, rss_after=10, rss_peak=11,
+    )  # fmt: skip
+    record = dataclasses.replace(
+        _record("a = 1\n" * 3), devices=(device, device), workers=(worker,), notes={"k": [1]}
+    )
+    text = history_mod.record_json(record)
+    assert history_mod.record_from(record.source, text) == record
+    plain = dataclasses.replace(record, workers=())
+    assert history_mod.record_from(plain.source, history_mod.record_json(plain)) == plain
+    # A file written by a version with one more cell field, and one fewer device field.
+    fields = {
+        "cell": [*history_mod.CELL_FIELDS, "added_later"],
+        "device": list(history_mod.DEVICE_FIELDS[:-1]),
+    }
+    cells, devices, notes = json.loads(history_mod.record_json(plain))
+    later = json.dumps([[*cells, 42], [d[:-1] for d in devices], notes])
+    back = history_mod.record_from(plain.source, later, fields)
+    assert back.devices[0].others_used_after is None  # its default
+    assert dataclasses.replace(back, devices=plain.devices) == plain
 
 
 def test_how_a_session_ended_reads_as_the_issue_words_it() -> None:

@@ -439,7 +439,7 @@ def test_reload_leaves_one_of_each(lifecycle: Lifecycle) -> None:
     state = lifecycle.after_reload
     assert state["pre_run_cell"] == ["Session.pre_run_cell"], state
     assert state["post_run_cell"] == ["Session.post_run_cell"], state
-    assert sorted(state["threads"]) == ["gpumem-history", "gpumem-sampler"], state
+    assert sorted(state["threads"]) == ["gpumem-history", "gpumem-sampler", "gpumem-workers"], state
     assert state["magic"] is True
     # The hooks ran once for the inspecting cell: one record, not two.
     assert len(lifecycle.inspect_records) == 1, lifecycle.inspect_records

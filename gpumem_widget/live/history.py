@@ -59,7 +59,7 @@ CHECKPOINT_S = 1.0  # how often the running cell's highest memory reaches the di
 BATCH_S = 0.05  # the writer gathers what arrives within this long into one transaction
 LOCK_TIMEOUT_S = 2.0  # how long a statement waits for another kernel's write lock
 LOCK_RETRIES = 5  # batches retried (a second apart) while the file stays locked
-SCHEMA_VERSION = 2  # PRAGMA user_version; a newer file is read, never written
+SCHEMA_VERSION = 3  # PRAGMA user_version; a newer file is read, never written
 MiB = 2**20
 
 Outcome = Literal["clean", "died", "running", "unknown"]
@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     proc_started REAL,   -- the process's own start, so a reused pid is not taken for alive
     started REAL NOT NULL,
     ended REAL,          -- NULL: never closed cleanly (still running, or died)
-    mode TEXT NOT NULL,  -- "cuda" | "host": which figure `cells.peak` holds
+    mode TEXT NOT NULL,  -- "cuda" | "host" (the latest: torch may be imported mid-session)
     devices TEXT NOT NULL,  -- JSON [{"index", "name", "total"}]
     host_total INTEGER,
     fields TEXT,         -- JSON {"cell": [...], "device": [...]}: what `cells.record` lists
@@ -87,7 +87,8 @@ CREATE TABLE IF NOT EXISTS cells (
     execution_count INTEGER NOT NULL,
     started REAL NOT NULL,
     duration REAL NOT NULL,
-    peak INTEGER,        -- allocated (cuda, the largest device) or host RSS (host mode)
+    peak INTEGER,        -- see `headline_peak`
+    metric TEXT,         -- which figure `peak` is: "allocated" or "host_rss"
     source TEXT NOT NULL,
     record TEXT NOT NULL,  -- JSON [cell values, [device values, ...], notes]: see `record_json`
     PRIMARY KEY (session, seq)
@@ -217,12 +218,12 @@ def _alive(pid: int, proc_started: float | None) -> bool:
     return proc_started is None or abs(now - proc_started) < 1.0
 
 
-def headline_peak(record: CellRecord, mode: str) -> int | None:
-    """The figure a ledger row shows as the cell's peak: allocated on the busiest device (CUDA),
-    or the sampled host RSS (host mode)."""
-    if mode == "cuda":
-        return record.peak_allocated if record.devices else None
-    return record.host_rss_peak
+def headline_peak(record: CellRecord) -> tuple[str, int | None]:
+    """The figure a ledger row shows as the cell's peak, and which it is: allocated on the
+    busiest device when the cell has CUDA figures, else the sampled host RSS."""
+    if record.devices:
+        return "allocated", record.peak_allocated
+    return "host_rss", record.host_rss_peak
 
 
 # Records to and from the file -----------------------------------------------------------------
@@ -456,6 +457,7 @@ class PreviousRun:
     started: float
     execution_count: int
     peak: int
+    metric: str  # see `headline_peak`
 
 
 # The file ---------------------------------------------------------------------------------------
@@ -505,6 +507,14 @@ def move_aside(path: pathlib.Path) -> pathlib.Path:
     return target
 
 
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Bring a file of an earlier schema up to this one (columns added since)."""
+    if version < 2:
+        conn.execute("ALTER TABLE sessions ADD COLUMN fields TEXT")
+    if version < 3:
+        conn.execute("ALTER TABLE cells ADD COLUMN metric TEXT")
+
+
 class Store:
     """One connection to the history file and every query on it (one thread uses it)."""
 
@@ -534,8 +544,8 @@ class Store:
                     f"written by a newer gpumem_widget (schema {version}, this one knows "
                     f"{SCHEMA_VERSION}): upgrade, or point {ENV_PATH} elsewhere"
                 )
-            if create and version == 1:  # the first layout lacked the field names
-                conn.execute("ALTER TABLE sessions ADD COLUMN fields TEXT")
+            if create and 0 < version < SCHEMA_VERSION:
+                _migrate(conn, version)
             if create and version < SCHEMA_VERSION:
                 conn.executescript(_SCHEMA)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -576,7 +586,8 @@ class Store:
             f"""SELECT s.id, s.notebook, s.host, s.pid, s.proc_started, s.started, s.ended,
                        s.mode, s.devices, s.host_total, s.running, s.last_seen,
                        (SELECT count(*) FROM cells c WHERE c.session = s.id),
-                       (SELECT max(c.peak) FROM cells c WHERE c.session = s.id)
+                       (SELECT max(c.peak) FROM cells c WHERE c.session = s.id
+                        AND c.metric = CASE s.mode WHEN 'cuda' THEN 'allocated' ELSE 'host_rss' END)
                 FROM sessions s {where} ORDER BY s.started DESC, s.rowid DESC""",
             args,
         ).fetchall()
@@ -662,24 +673,26 @@ class Store:
             raise ValueError(f"{len(found)} sessions start with {key!r}: give more of the id")
         return found[0]
 
-    def previous_run(self, notebook: str, me: KernelIdentity, mode: str) -> dict[str, PreviousRun]:
+    def previous_run(self, notebook: str, me: KernelIdentity) -> dict[str, PreviousRun]:
         """By source, the last run of each cell in the newest earlier session of this notebook
-        that recorded any cell (in the same mode, so the peaks mean the same thing)."""
+        that recorded any cell."""
         row = self.conn.execute(
-            """SELECT id, started FROM sessions s WHERE notebook = ? AND id != ? AND mode = ?
-               AND started <= ? AND EXISTS (SELECT 1 FROM cells c WHERE c.session = s.id)
+            """SELECT id, started FROM sessions s WHERE notebook = ? AND id != ? AND started <= ?
+               AND EXISTS (SELECT 1 FROM cells c WHERE c.session = s.id)
                ORDER BY started DESC LIMIT 1""",
-            (notebook, me.id, mode, me.started),
+            (notebook, me.id, me.started),
         ).fetchone()
         if row is None:
             return {}
         sid, started = row
         out: dict[str, PreviousRun] = {}
-        for source, count, peak in self.conn.execute(
-            "SELECT source, execution_count, peak FROM cells WHERE session = ? ORDER BY seq", (sid,)
+        for source, count, peak, metric in self.conn.execute(
+            """SELECT source, execution_count, peak, metric FROM cells WHERE session = ?
+               ORDER BY seq""",
+            (sid,),
         ):
-            if peak is not None:
-                out[source] = PreviousRun(sid, float(started), int(count), int(peak))
+            if peak is not None and metric is not None:
+                out[source] = PreviousRun(sid, float(started), int(count), int(peak), metric)
         return out
 
     def size(self) -> int:
@@ -720,6 +733,7 @@ class Store:
 
 # The writer -------------------------------------------------------------------------------------
 _START, _SEEN, _CELL, _CLOSE, _FLUSH = "start", "seen", "cell", "close", "flush"
+_LAYOUT = "layout"
 
 
 class History:
@@ -741,10 +755,7 @@ class History:
         self.settings = settings
         self.notebook = notebook
         self.mode = mode
-        self.devices = [
-            {"index": d.get("index"), "name": d.get("name"), "total": d.get("total")}
-            for d in devices
-        ]
+        self.devices: list[dict[str, Any]] = []
         self.host_total = host_total
         self.identity = identity or KernelIdentity.current()
         self.reason: str | None = settings.off_reason  # why it is off; None while on
@@ -756,11 +767,7 @@ class History:
         self._ready = threading.Event()  # the previous run is loaded (or there is none)
         self._waited = False
         self._closed = False
-        n = len(self.devices)
-        cols = {c: i for i, c in enumerate(protocol.timeline_columns(n))}
-        self._alloc_cols = [cols[protocol.device_column(d, "allocated")] for d in range(n)]
-        self._reserved_cols = [cols[protocol.device_column(d, "reserved")] for d in range(n)]
-        self._rss_col = cols[protocol.HOST_RSS_COLUMN]
+        self._columns(devices)
         self._thread: threading.Thread | None = None
         if settings.path is None:
             self._ready.set()
@@ -768,6 +775,27 @@ class History:
         self._thread = threading.Thread(target=self._run, name="gpumem-history", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+
+    def _columns(self, devices: Sequence[Mapping[str, Any]]) -> None:
+        """Where each device's figures are in the sampler's rows (`protocol.timeline_columns`)."""
+        self.devices = [
+            {"index": d.get("index"), "name": d.get("name"), "total": d.get("total")}
+            for d in devices
+        ]
+        n = len(self.devices)
+        cols = {c: i for i, c in enumerate(protocol.timeline_columns(n))}
+        self._alloc_cols = [cols[protocol.device_column(d, "allocated")] for d in range(n)]
+        self._reserved_cols = [cols[protocol.device_column(d, "reserved")] for d in range(n)]
+        self._rss_col = cols[protocol.HOST_RSS_COLUMN]
+        self._row_len = len(cols)
+
+    def relayout(self, mode: str, devices: Sequence[Mapping[str, Any]]) -> None:
+        """Torch was imported mid-session: CUDA figures from now on (the sampler's rows gained
+        each device's columns). Called under the sampler's layout lock."""
+        self.mode = mode
+        self._columns(devices)
+        if self.reason is None:
+            self._queue.put((_LAYOUT, mode, json.dumps(self.devices)))
 
     @property
     def on(self) -> bool:
@@ -790,8 +818,15 @@ class History:
 
     def checkpoint(self, row: npt.NDArray[np.float64] | None) -> None:
         """The running cell's per-column maxima so far (the sampler's, about once a second)."""
-        if self.reason is None and row is not None:
-            self._queue.put((_SEEN, time.time(), row))
+        if self.reason is None and row is not None and len(row) == self._row_len:
+
+            def value(i: int) -> int | None:
+                v = float(row[i])
+                return None if np.isnan(v) else int(v)
+
+            allocated = tuple(value(i) for i in self._alloc_cols)
+            reserved = tuple(value(i) for i in self._reserved_cols)
+            self._queue.put((_SEEN, time.time(), allocated, reserved, value(self._rss_col)))
 
     def cell_finished(self, record: CellRecord) -> None:
         if self.reason is None:
@@ -805,16 +840,16 @@ class History:
             self._waited = True
             self._ready.wait(1.0)
         prev = self._previous.get(record.source)
-        peak = headline_peak(record, self.mode)
-        if prev is None or peak is None:
-            return None
+        metric, peak = headline_peak(record)
+        if prev is None or peak is None or prev.metric != metric:
+            return None  # new, or not comparable (torch not imported in one of the runs)
         s = self.settings
         change = peak - prev.peak
         regression = change >= s.regression_min_bytes and peak > prev.peak * (
             1 + s.regression_ratio
         )
         return {
-            "metric": "allocated" if self.mode == "cuda" else "host_rss",
+            "metric": metric,
             "peak": peak,
             "previous_peak": prev.peak,
             "previous_execution_count": prev.execution_count,
@@ -872,7 +907,7 @@ class History:
             store = self._open_store(path)
             with store.transaction() as c:
                 self._insert_session(c)
-            self._previous = store.previous_run(self.notebook, self.identity, self.mode)
+            self._previous = store.previous_run(self.notebook, self.identity)
         except (sqlite3.Error, OSError, HistoryCorrupt) as e:
             self._turn_off(_why(e, path))
             return None
@@ -956,13 +991,27 @@ class History:
                         if kind == _START:
                             state = RunningCell(item[1], item[2], item[3])
                         elif kind == _SEEN and state is not None:
-                            state = self._seen(state, item[1], item[2])
+                            state = dataclasses.replace(
+                                state,
+                                seen_at=item[1],
+                                allocated=item[2],
+                                reserved=item[3],
+                                rss=item[4],
+                            )
+                        elif kind == _LAYOUT:
+                            c.execute(
+                                "UPDATE sessions SET mode = ?, devices = ? WHERE id = ?",
+                                (item[1], item[2], sid),
+                            )
                         elif kind == _CELL:
                             rec: CellRecord = item[2]
+                            metric, peak = headline_peak(rec)
                             c.execute(
-                                "INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?,?,?,?)",
+                                """INSERT OR REPLACE INTO cells (session, seq, execution_count,
+                                   started, duration, peak, metric, source, record)
+                                   VALUES (?,?,?,?,?,?,?,?,?)""",
                                 (sid, item[1], rec.execution_count, rec.started, rec.duration,
-                                 headline_peak(rec, self.mode), rec.source, record_json(rec)),
+                                 peak, metric, rec.source, record_json(rec)),
                             )  # fmt: skip
                             state, cells = None, cells + 1
                         elif kind == _CLOSE:
@@ -988,19 +1037,6 @@ class History:
             self.cells_written += cells
             return state, closed
         raise AssertionError("unreachable")
-
-    def _seen(self, cell: RunningCell, at: float, row: npt.NDArray[np.float64]) -> RunningCell:
-        def value(i: int) -> int | None:
-            v = float(row[i])
-            return None if np.isnan(v) else int(v)
-
-        return dataclasses.replace(
-            cell,
-            seen_at=at,
-            allocated=tuple(value(i) for i in self._alloc_cols),
-            reserved=tuple(value(i) for i in self._reserved_cols),
-            rss=value(self._rss_col),
-        )
 
     def _turn_off(self, reason: str) -> None:
         if self.reason is None:

@@ -183,6 +183,7 @@ class Session:
                 self.timeline.set_columns(new)
                 self.sampler.relayout(old, new)
                 self.tracker.relayout()
+            self.history.relayout(self.mode, self.devices())
             if self.readers.torch.available and self.oom is None:
                 self.oom = _install_oom_recorder()
                 self.postmortems.oom = self.oom
