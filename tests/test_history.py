@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -78,6 +79,10 @@ def end(shell: Any, s: Session) -> None:
     shell.events.unregister("pre_run_cell", s.pre_run_cell)
     shell.events.unregister("post_run_cell", s.post_run_cell)
     s.stop()
+
+
+def _history_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "gpumem-history"]
 
 
 def rows(path: pathlib.Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -212,6 +217,7 @@ def test_env_off_writes_nothing(
     monkeypatch.setenv(history_mod.ENV_PATH, "off")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter"))
+    writers = set(_history_threads())
     ip.run_line_magic("load_ext", "gpumem_widget")
     run(ip, "x = 1")
     s = gpumem_widget.current_session()
@@ -223,7 +229,7 @@ def test_env_off_writes_nothing(
         "message": None,
         "session": s.history.identity.id,
     }
-    assert not [t for t in __import__("threading").enumerate() if t.name == "gpumem-history"]
+    assert set(_history_threads()) == writers  # no writer started
     assert list(tmp_path.rglob("*.sqlite3")) == []
 
 

@@ -833,7 +833,7 @@ class History:
             self._seq += 1
             self._queue.put((_CELL, self._seq, record))
 
-    def compare(self, record: CellRecord) -> dict[str, Any] | None:
+    def compare(self, record: CellRecord) -> payloads.PreviousRunNote | None:
         """The note for a cell whose source ran in the previous run of this notebook: both
         peaks, and whether the new one is a regression (see `HistorySettings`)."""
         if not self._waited:  # the first cell may come before the writer has read the file

@@ -202,6 +202,21 @@ class EstimateNote(TypedDict):
     comparison: Comparison
 
 
+class PreviousRunNote(TypedDict):
+    """`notes["history"]`: the same source's peak in the previous run of this notebook."""
+
+    metric: str  # "allocated" (the busiest device) | "host_rss"
+    peak: int
+    previous_peak: int
+    previous_execution_count: int
+    previous_session: str
+    previous_started: float  # unix seconds: when that run's kernel started
+    change: float | None  # (peak - previous_peak) / previous_peak
+    regression: bool  # beyond both thresholds
+    threshold_ratio: float
+    threshold_bytes: int
+
+
 class OtherProcess(TypedDict):
     pid: int
     bytes: int
