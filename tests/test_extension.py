@@ -83,10 +83,14 @@ def test_cells_are_recorded_in_order_with_errors(ip: Any) -> None:
     assert records[-1].devices == ()  # host-memory mode: no CUDA device here
 
 
+@host_only
 def test_status_says_host_mode_and_why(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_line_magic("gpumem", "status")
     out = capsys.readouterr().out
-    assert "mode: host" in out
+    assert (
+        "mode: host (no CUDA device: host-memory mode; measured: this process's host memory "
+        "(RSS), sampled; not measured: GPU memory)"
+    ) in out  # torch is imported in this process: the reader says why there is no GPU
     assert "reader torch: unavailable" in out
     assert "reader nvml: unavailable" in out
 

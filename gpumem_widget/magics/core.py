@@ -130,7 +130,7 @@ def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any
 def format_status(status: Status) -> str:
     lines = [
         f"mode: {status['mode']}"
-        + ("" if status["mode"] == "cuda" else " (no CUDA: host memory only)"),
+        + ("" if status["mode"] == "cuda" else f" ({_host_mode(status)})"),
         f"sampler: {status['sampler']} (every {status['busy_interval']:g} s while a cell runs, "
         f"{status['idle_interval']:g} s idle)",
         f"peak mode: {status['peak_mode']}",
@@ -140,6 +140,13 @@ def format_status(status: Status) -> str:
     if status.get("error"):
         lines.append(f"error: {status['error']}")
     return "\n".join(lines)
+
+
+def _host_mode(status: Status) -> str:
+    """Why there is no GPU reading, and what is measured instead."""
+    torch = status["readers"].get("torch")
+    why = (torch["reason"] if torch is not None else None) or "no CUDA device"
+    return f"{why}; measured: this process's host memory (RSS), sampled; not measured: GPU memory"
 
 
 def _pause(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
