@@ -60,7 +60,7 @@ def reading(
     index: int = 0, allocated: int = 0, peak: int | None = None, **kw: Any
 ) -> DeviceReading:
     base: dict[str, Any] = {
-        "index": index,
+        "device": index,
         "uuid": f"uuid-{index}",
         "allocated": allocated,
         "reserved": allocated,
@@ -416,7 +416,7 @@ def test_the_worker_measures_a_cell_exact_passive_or_as_a_lower_bound() -> None:
     assert (d.peak_allocated, d.peak_exact) == (2000, True)
     # A device first used during the cell: its counters are the cell's own.
     d = c.report((reading(0, 120, peak=1000), reading(1, 7, peak=9)), passive=True).devices[1]
-    assert (d.index, d.allocated_before, d.peak_allocated, d.peak_exact) == (1, 0, 9, True)
+    assert (d.device, d.allocated_before, d.peak_allocated, d.peak_exact) == (1, 0, 9, True)
 
 
 def test_a_worker_that_never_heard_of_the_cell_still_gets_its_row() -> None:

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from gpumem_widget.wire import protocol
 
 SERIES_COLUMNS: Final = ("t", "allocated", "reserved", "rss")
-SCREEN_POINTS: Final = 600  # per rank: a wide chart's pixels
+SCREEN_POINTS: Final = 512  # per rank: the store keeps no more (its timeline decimates)
 RANK_KEYS: Final = (
     "key", "label", "rank", "local_rank", "world_size", "host", "pid", "state", "last_seen",
     "errors", "rss", "devices", "oom", "snapshots", "series",

@@ -45,6 +45,7 @@ PROBE_TIMEOUT = 0.5  # seconds to learn whether the notebook listens at all
 SEND_QUEUE = 256  # samples held while the kernel is slow; older ones are then dropped
 BYE_LINGER_MS = 1000  # how long the last message may take to leave at exit
 DEFAULT_BUSY, DEFAULT_IDLE = 0.05, 1.0
+BEFORE_CONTROL = 0.25  # seconds between samples until the kernel's first control arrives
 
 _agent: Agent | None = None
 _agent_lock = threading.Lock()
@@ -154,7 +155,7 @@ class _Devices:
             self._seen.add(d)
             out.append(
                 DeviceReading(
-                    index=d,
+                    device=d,
                     uuid=self._uuid(torch, d),
                     allocated=s.allocated,
                     reserved=s.reserved,
@@ -171,7 +172,7 @@ class _Devices:
         torch = self.cuda()
         if torch is not None:
             for d in devices:
-                torch.cuda.reset_peak_memory_stats(d.index)
+                torch.cuda.reset_peak_memory_stats(d.device)
 
     def _uuid(self, torch: Any, d: int) -> str | None:
         if d not in self._uuids:
@@ -209,25 +210,25 @@ class _Cell:
     ) -> None:
         self.n = n
         self.exact = exact  # counters reset at the cell's start, or born inside it
-        self.base = {d.index: d for d in base}
+        self.base = {d.device: d for d in base}
         self.rss_before = rss
         self.rss_peak = rss
         self.sampled: dict[int, int] = {}  # per device, the largest allocated seen (passive)
 
     def observe(self, devices: tuple[DeviceReading, ...], rss: int | None) -> None:
         for d in devices:
-            self.sampled[d.index] = max(self.sampled.get(d.index, 0), d.allocated)
+            self.sampled[d.device] = max(self.sampled.get(d.device, 0), d.allocated)
         if rss is not None:
             self.rss_peak = rss if self.rss_peak is None else max(self.rss_peak, rss)
 
     def report(self, devices: tuple[DeviceReading, ...], passive: bool) -> CellReport:
         out = []
         for d in devices:
-            b = self.base.get(d.index)
+            b = self.base.get(d.device)
             if b is None:  # first used during the cell: its counters are the cell's own
                 out.append(
                     CellDevice(
-                        d.index,
+                        d.device,
                         0,
                         0,
                         d.peak_allocated,
@@ -244,7 +245,7 @@ class _Cell:
                 peak = (
                     d.peak_allocated
                     if exact
-                    else max(b.allocated, d.allocated, self.sampled.get(d.index, 0))
+                    else max(b.allocated, d.allocated, self.sampled.get(d.device, 0))
                 )
                 peak_res = (
                     d.peak_reserved
@@ -255,7 +256,7 @@ class _Cell:
                 exact, peak, peak_res = self.exact, d.peak_allocated, d.peak_reserved
             out.append(
                 CellDevice(
-                    d.index,
+                    d.device,
                     b.allocated,
                     b.reserved,
                     peak,
@@ -313,7 +314,7 @@ class Agent:
     def interval(self) -> float:
         c = self._control
         if c is None:
-            return DEFAULT_IDLE
+            return BEFORE_CONTROL
         return c.busy_interval if c.cell is not None else c.idle_interval
 
     def start(self) -> None:
@@ -332,6 +333,8 @@ class Agent:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2.0)
+        if self._recording:  # exiting while recording: keep the history
+            self._guard(lambda: self._dump("exit"))
         self._guard(lambda: self._emit("bye"))
         with contextlib.suppress(Exception):
             import zmq
@@ -361,6 +364,7 @@ class Agent:
                     next_sample = time.monotonic()  # a cell's edge: a reading now
                 if time.monotonic() >= next_sample:
                     self._hook_oom()
+                    self._sync_recording()
                     self._emit("sample")
                     next_sample = time.monotonic() + self.interval
             except Exception:
@@ -393,7 +397,6 @@ class Agent:
 
     def _apply(self, control: Control) -> None:
         first = self._control is None
-        before = self._control
         self._control = control
         was = self._cell.n if self._cell is not None else None
         if was is not None and was != control.cell:
@@ -403,11 +406,7 @@ class Agent:
         if control.cell is not None and control.cell != was:
             self._begin(control, joined_late=first)
         self._hook_oom()
-        want = control.record is not None
-        if want != self._recording or (
-            want and before is not None and before.record != control.record
-        ):
-            self._guard(lambda: self._set_recording(control))
+        self._sync_recording()
 
     def _begin(self, control: Control, joined_late: bool) -> None:
         """A cell started: remember where this worker stood, and reset its peak counters."""
@@ -482,7 +481,7 @@ class Agent:
         """Called by the allocator on the failing thread: report, dump if recording, return."""
         try:
             s = self._devices.read()
-            mine = next((d for d in s if d.index == device), None)
+            mine = next((d for d in s if d.device == device), None)
             oom = OomReport(
                 device,
                 int(requested),
@@ -497,15 +496,23 @@ class Agent:
         except Exception:
             self.errors += 1
 
-    def _set_recording(self, control: Control) -> None:
-        from gpumem_widget.snapshot.record import start_recording, stop_recording
+    def _sync_recording(self) -> None:
+        """Record the allocator's history while the kernel asks; dump it when it stops asking.
+        Started only once this process has initialised CUDA itself (never by this thread)."""
+        want = self._control.record if self._control is not None else None
+        try:
+            if want is not None and not self._recording and self._devices.cuda() is not None:
+                from gpumem_widget.snapshot.record import start_recording
 
-        if control.record is not None:
-            start_recording(control.record.stacks, control.record.max_entries)
-            self._recording = True
-            return
-        self._recording = False
-        self._dump("recording", stop_recording)
+                start_recording(want.stacks, want.max_entries)
+                self._recording = True
+            elif want is None and self._recording:
+                from gpumem_widget.snapshot.record import stop_recording
+
+                self._recording = False
+                self._dump("recording", stop_recording)
+        except Exception:
+            self.errors += 1
 
     def _dump(self, why: str, take: Any = None) -> None:
         from gpumem_widget.snapshot.record import take_snapshot

@@ -245,14 +245,14 @@ def cell_usage(w: Worker, n: int, started: float | None) -> list[WorkerCellUsage
     if reported is not None:
         msg, final = reported
         assert msg.cell is not None
-        now = {d.index: d for d in msg.devices}
+        now = {d.device: d for d in msg.devices}
         rows = []
         for c in msg.cell.devices:
-            d = now.get(c.index)
+            d = now.get(c.device)
             rows.append(
                 WorkerCellUsage(
                     who.rank, who.local_rank, who.host, who.pid, w.state, final,
-                    c.index, d.uuid if d else None,
+                    c.device, d.uuid if d else None,
                     c.allocated_before, d.allocated if d else 0,
                     c.reserved_before, d.reserved if d else 0,
                     c.peak_allocated, c.peak_reserved, c.peak_exact,
@@ -265,16 +265,16 @@ def cell_usage(w: Worker, n: int, started: float | None) -> list[WorkerCellUsage
         return []
     first, last = during
     inside = started is not None and last.born >= started - BORN_SLACK
-    before = {d.index: d for d in first.devices}
+    before = {d.device: d for d in first.devices}
     rows = []
     for d in last.devices:
-        b = before.get(d.index)
+        b = before.get(d.device)
         base_alloc = 0 if inside or b is None else b.allocated
         base_res = 0 if inside or b is None else b.reserved
         rows.append(
             WorkerCellUsage(
                 who.rank, who.local_rank, who.host, who.pid, w.state, last.kind == "bye",
-                d.index, d.uuid, base_alloc, d.allocated, base_res, d.reserved,
+                d.device, d.uuid, base_alloc, d.allocated, base_res, d.reserved,
                 d.peak_allocated if inside else max(base_alloc, d.allocated),
                 d.peak_reserved if inside else max(base_res, d.reserved),
                 inside, d.alloc_retries, d.ooms, None if inside else first.rss, last.rss,

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024  # a sample of 8 devices is under 1 kB
@@ -31,8 +30,7 @@ class MessageError(ValueError):
     """A payload that is not a valid message (the reason is the text)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Identity:
+class Identity(NamedTuple):
     host: str
     pid: int
     rank: int | None  # RANK / LOCAL_RANK / WORLD_SIZE from the worker's environment
@@ -49,11 +47,10 @@ class Identity:
         return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceReading:
+class DeviceReading(NamedTuple):
     """One device's allocator counters in a worker, now (bytes; counts for retries, OOMs)."""
 
-    index: int  # the worker's own device index
+    device: int  # the worker's own device index
     uuid: str | None  # as torch reports it: maps the worker's device to the kernel's
     allocated: int
     reserved: int
@@ -64,11 +61,10 @@ class DeviceReading:
     nvml_used: int | None  # NVML: the worker process's driver-level use on this device
 
 
-@dataclass(frozen=True, slots=True)
-class CellDevice:
+class CellDevice(NamedTuple):
     """What a worker measured on one device since the running cell started."""
 
-    index: int
+    device: int
     allocated_before: int
     reserved_before: int
     peak_allocated: int
@@ -80,16 +76,14 @@ class CellDevice:
     ooms: int  # during the cell
 
 
-@dataclass(frozen=True, slots=True)
-class CellReport:
+class CellReport(NamedTuple):
     n: int  # the cell's execution count
     devices: tuple[CellDevice, ...]
     rss_before: int | None
     rss_peak: int | None  # sampled: a lower bound
 
 
-@dataclass(frozen=True, slots=True)
-class OomReport:
+class OomReport(NamedTuple):
     device: int
     requested: int
     limit: int
@@ -98,8 +92,7 @@ class OomReport:
     reserved: int
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerMessage:
+class WorkerMessage(NamedTuple):
     kind: Kind
     who: Identity
     seq: int  # strictly increasing per process: a replayed message is dropped
@@ -123,7 +116,7 @@ class WorkerMessage:
             "t": self.t,
             "dev": [
                 [
-                    d.index,
+                    d.device,
                     d.uuid,
                     d.allocated,
                     d.reserved,
@@ -146,7 +139,7 @@ class WorkerMessage:
                 c.n,
                 [
                     [
-                        d.index,
+                        d.device,
                         d.allocated_before,
                         d.reserved_before,
                         d.peak_allocated,
@@ -168,14 +161,12 @@ class WorkerMessage:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-@dataclass(frozen=True, slots=True)
-class RecordRequest:
+class RecordRequest(NamedTuple):
     stacks: Literal["python", "all"]
     max_entries: int
 
 
-@dataclass(frozen=True, slots=True)
-class Control:
+class Control(NamedTuple):
     seq: int
     cell: int | None  # the running cell, None between cells
     cell_started: float | None  # the kernel's clock, unix seconds
@@ -284,8 +275,8 @@ def _list(body: Any, key: str, n: int) -> list[Any]:
 
 
 def _count(v: Any, what: str) -> int:
-    # bool is an int in Python: refuse it, a flag is never a byte count.
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**63:
+    # `type(...) is int`: a bool is an int subclass, and a flag is never a byte count.
+    if type(v) is not int or not 0 <= v < 2**63:
         raise MessageError(f"{what}: not a count ({v!r})")
     return v
 
@@ -295,7 +286,8 @@ def _opt_count(v: Any, what: str) -> int | None:
 
 
 def _time(v: Any, what: str) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+    t = type(v)
+    if (t is not float and t is not int) or not math.isfinite(v):
         raise MessageError(f"{what}: not a time ({v!r})")
     return float(v)
 
@@ -325,7 +317,7 @@ def _device(d: Any) -> DeviceReading:
     if uuid is not None:
         uuid = _text(uuid, "dev.uuid")
     return DeviceReading(
-        index=_count(d[0], "dev.index"),
+        device=_count(d[0], "dev.device"),
         uuid=uuid,
         allocated=_count(d[2], "dev.allocated"),
         reserved=_count(d[3], "dev.reserved"),
@@ -347,7 +339,7 @@ def _cell(c: Any) -> CellReport:
         d = _list(entry, "cell.devices[]", 8)
         out.append(
             CellDevice(
-                index=_count(d[0], "cell.index"),
+                device=_count(d[0], "cell.device"),
                 allocated_before=_count(d[1], "cell.allocated_before"),
                 reserved_before=_count(d[2], "cell.reserved_before"),
                 peak_allocated=_count(d[3], "cell.peak_allocated"),

@@ -22,7 +22,7 @@ from gpumem_widget.live.workers import WorkerState
 from gpumem_widget.wire.workers import SERIES_COLUMNS
 from gpumem_widget.workers.messages import Identity, OomReport, WorkerMessage
 
-SERIES_CAPACITY = 1024  # rows per worker before its older half is merged
+SERIES_CAPACITY = 512  # rows per worker (a chart's width); past it the older half merges
 MAX_WORKERS = 512
 CELLS_KEPT = 4  # per worker, the latest messages of this many cells
 V = TypeVar("V")
@@ -96,7 +96,7 @@ class WorkerStore:
                 # The allocator counted an OOM the observer did not report (it was not attached
                 # yet): the figures are the worker's next reading.
                 d = next(d for d in msg.devices if d.ooms)
-                w.oom = OomReport(d.index, 0, 0, 0, d.allocated, d.reserved)
+                w.oom = OomReport(d.device, 0, 0, 0, d.allocated, d.reserved)
                 self.structure += 1
             if msg.kind == "bye":
                 self._set_state(w, "exited")

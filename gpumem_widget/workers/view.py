@@ -29,7 +29,7 @@ def rank_wire(w: Worker) -> dict[str, Any]:
         "rss": last.rss,
         "devices": [
             {
-                "index": d.index,
+                "index": d.device,
                 "uuid": d.uuid,
                 "allocated": d.allocated,
                 "reserved": d.reserved,
