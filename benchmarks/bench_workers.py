@@ -2,7 +2,8 @@
 
 This process plays the kernel: a real `WorkerHub` (listener thread, store) plus a thread that
 calls `due()`/`wire()` 4 times a second as the sampler's publisher does. Workers push at 20 Hz
-(the notebook's rate while a cell runs) for --seconds:
+(the notebook's rate while a cell runs), in batches every 0.25 s (`agent.SEND_PERIOD`), for
+--seconds:
 
   agents N   N real worker processes, each `gpumem_widget.attach()`, in host-memory mode (no
              CUDA here: a sample reads host RSS; on a GPU the kernel's work per message is the
@@ -13,7 +14,8 @@ calls `due()`/`wire()` 4 times a second as the sampler's publisher does. Workers
 
 The baseline, in the same run, is the kernel listening with no worker. Kernel CPU share is this
 process's CPU time (user + system) over wall time; per worker = (share - baseline) / N. Lag is the
-kernel's receive time minus the worker's sampling time (one host, one clock).
+kernel's receive time minus the sampling time of the newest sample in each message (one host,
+one clock); the batched older samples of a message are up to 0.25 s older than that.
 
     python benchmarks/bench_workers.py [--seconds 10] [--senders 4] [--json PATH]
 """
@@ -32,6 +34,7 @@ import time
 from typing import Any
 
 from gpumem_widget.workers.address import WorkerAddress
+from gpumem_widget.workers.agent import SEND_PERIOD
 from gpumem_widget.workers.hub import WorkerHub
 from gpumem_widget.workers.messages import DeviceReading, Identity, WorkerMessage
 from gpumem_widget.workers.signing import Signer
@@ -58,7 +61,7 @@ def publisher(hub: WorkerHub, stop: threading.Event) -> None:
 
 def measure(hub: WorkerHub, seconds: float) -> dict[str, float]:
     lis = hub.listener
-    accepted0, lag0 = lis.accepted, lis.lag_sum
+    accepted0, lag0, samples0 = lis.accepted, lis.lag_sum, hub.store.samples
     lis.lag_max = 0.0
     stop = threading.Event()
     pub = threading.Thread(target=publisher, args=(hub, stop), daemon=True)
@@ -72,6 +75,7 @@ def measure(hub: WorkerHub, seconds: float) -> dict[str, float]:
     return {
         "cpu_share": (c1 - c0) / (t1 - t0),
         "messages_per_s": n / (t1 - t0),
+        "samples_per_s": (hub.store.samples - samples0) / (t1 - t0),
         "lag_mean_ms": 1e3 * (lis.lag_sum - lag0) / n if n else float("nan"),
         "lag_max_ms": 1e3 * lis.lag_max,
     }
@@ -126,18 +130,22 @@ def pool_sender(
     sock.connect(a.samples)
     who = [Identity("pool", 100_000 + r, r, r % 8, world) for r in ranks]
     seq = [0] * len(ranks)
-    period = 1.0 / RATE_HZ
+    dev = DeviceReading(0, "GPU-uuid", 2**33, 2**34, 2**34, 2**34, 0, 0, 2**34 + 2**29)
+    # As an agent does: a sample every 1/RATE_HZ, sent in batches every SEND_PERIOD.
+    batch = round(SEND_PERIOD * RATE_HZ)
     end = time.monotonic() + seconds
     nxt = time.monotonic()
     while time.monotonic() < end:
+        now = time.time()
+        history = tuple((now - (batch - k) / RATE_HZ, 2**33, 2**34, 2**31) for k in range(1, batch))
         for i, _ in enumerate(ranks):
             seq[i] += 1
-            dev = DeviceReading(0, "GPU-uuid", 2**33, 2**34, 2**34, 2**34, 0, 0, 2**34 + 2**29)
             msg = WorkerMessage(
-                "sample", who[i], seq[i], time.time(), (dev,), 2**31, None, control_seq=3
-            )
+                "sample", who[i], seq[i], time.time(), (dev,), 2**31, None, control_seq=3,
+                history=history,
+            )  # fmt: skip
             sock.send_multipart(signer.frames(msg.encode()))
-        nxt += period
+        nxt += SEND_PERIOD
         time.sleep(max(nxt - time.monotonic(), 0.0))
     sock.close(linger=1000)
     ctx.term()
@@ -188,14 +196,15 @@ def main() -> None:
         results.append(r)
     base = results[0]["cpu_share"]
     print(
-        f"{'config':<12} {'msgs/s':>8} {'kernel CPU':>11} {'per worker':>11} "
+        f"{'config':<12} {'samples/s':>9} {'msgs/s':>7} {'kernel CPU':>11} {'per worker':>11} "
         f"{'lag mean':>9} {'lag max':>8}"
     )
     for r in results:
         per = (r["cpu_share"] - base) / r["workers"] if r["workers"] else float("nan")
         r["per_worker_share"] = per
         print(
-            f"{r['kind'] + ' ' + str(r['workers']):<12} {r['messages_per_s']:>8.0f} "
+            f"{r['kind'] + ' ' + str(r['workers']):<12} {r['samples_per_s']:>9.0f} "
+            f"{r['messages_per_s']:>7.0f} "
             f"{100 * r['cpu_share']:>10.2f}% {100 * per:>10.3f}% "
             f"{r['lag_mean_ms']:>7.2f}ms {r['lag_max_ms']:>6.1f}ms"
         )

@@ -139,6 +139,7 @@ def test_messages_round_trip_exactly() -> None:
         errors=2,
         control_seq=4,
         born=123.5,
+        history=((1.5, 10, 20, None), (1.55, 11, 21, 5)),
     )
     assert decode_worker(m.encode()) == m
     c = Control(3, 7, 1e9, "passive", 0.05, 1.0, RecordRequest("python", 1000), "/tmp/snaps")

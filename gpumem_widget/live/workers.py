@@ -1,6 +1,6 @@
 """What the live layer knows of worker processes (`gpumem_widget.workers` does the rest): the
 per-rank figures a cell's ledger row carries, and what the hooks and the publisher call on the
-kernel's worker hub."""
+kernel's worker hub. `js/src/wire/worker_rows.ts` mirrors `WorkerCellUsage`."""
 
 from __future__ import annotations
 

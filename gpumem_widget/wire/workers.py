@@ -10,7 +10,7 @@
 columns ``SERIES_COLUMNS`` (``t``, ``allocated`` and ``reserved`` summed over the worker's
 devices, ``rss``), at most ``SCREEN_POINTS`` rows: the kernel decimates (keeping each bucket's
 maximum), the browser draws. ``requested``, ``limit`` and ``free`` of an OOM are 0 where only
-the allocator's OOM counter saw it. `js/src/workers_wire.ts` mirrors this module;
+the allocator's OOM counter saw it. `js/src/wire/workers.ts` mirrors this module;
 `workers/view.py` fills it.
 """
 

@@ -46,6 +46,10 @@ SEND_QUEUE = 256  # samples held while the kernel is slow; older ones are then d
 BYE_LINGER_MS = 1000  # how long the last message may take to leave at exit
 DEFAULT_BUSY, DEFAULT_IDLE = 0.05, 1.0
 BEFORE_CONTROL = 0.25  # seconds between samples until the kernel's first control arrives
+# Samples taken faster than this travel in batches (`WorkerMessage.history`): the kernel's cost
+# is per message, and it publishes to the browser at most 4 times a second anyway.
+SEND_PERIOD = 0.25
+MAX_HISTORY = 32
 
 _agent: Agent | None = None
 _agent_lock = threading.Lock()
@@ -304,6 +308,8 @@ class Agent:
         self._devices = _Devices()
         self._host = _host_reader()
         self._oom_hooked = False
+        self._history: list[tuple[float, int, int, int | None]] = []
+        self._last_send = 0.0
         self.snapshots: list[str] = []
 
     @property
@@ -365,7 +371,10 @@ class Agent:
                 if time.monotonic() >= next_sample:
                     self._hook_oom()
                     self._sync_recording()
-                    self._emit("sample")
+                    if time.monotonic() - self._last_send >= SEND_PERIOD:
+                        self._emit("sample")
+                    else:
+                        self._hold()
                     next_sample = time.monotonic() + self.interval
             except Exception:
                 self.errors += 1
@@ -429,8 +438,26 @@ class Agent:
         with self._state_lock:
             self._cell = cell
 
+    def _hold(self) -> None:
+        """Take a sample now and keep it for the next message (the agent's thread only)."""
+        devices = self._devices.read()
+        rss = self._host()
+        with self._state_lock:
+            if self._cell is not None:
+                self._cell.observe(devices, rss)
+        self._history.append(
+            (
+                time.time(),
+                sum(d.allocated for d in devices),
+                sum(d.reserved for d in devices),
+                rss,
+            )
+        )
+        del self._history[:-MAX_HISTORY]
+
     def _emit(self, kind: Kind, oom: OomReport | None = None, path: str | None = None) -> None:
-        """Read this process now and send one message of `kind` (any thread)."""
+        """Read this process now and send one message of `kind` (any thread), with the samples
+        held since the last one."""
         import zmq
 
         devices = self._devices.read()
@@ -445,6 +472,8 @@ class Agent:
                     devices, control is not None and control.peak_mode == "passive"
                 )
         with self._send_lock:
+            history, self._history = tuple(self._history), []
+            self._last_send = time.monotonic()
             self._seq += 1
             msg = WorkerMessage(
                 kind=kind,
@@ -459,6 +488,7 @@ class Agent:
                 errors=self.errors,
                 control_seq=control.seq if control is not None else 0,
                 born=self.born,
+                history=history,
             )
             try:
                 self._push.send_multipart(self._signer.frames(msg.encode()), zmq.NOBLOCK)

@@ -20,6 +20,7 @@ VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024  # a sample of 8 devices is under 1 kB
 MAX_DEVICES = 64
 MAX_TEXT = 4096
+MAX_HISTORY = 64  # samples batched into one message
 
 Kind = Literal["hello", "sample", "ack", "bye", "oom", "snapshot"]
 KINDS: frozenset[str] = frozenset(get_args(Kind))
@@ -105,6 +106,9 @@ class WorkerMessage(NamedTuple):
     errors: int = 0  # errors the worker's agent swallowed so far
     control_seq: int = 0  # the newest `Control` the worker has: the kernel resends when behind
     born: float = 0.0  # the worker process's start, its clock (unix seconds)
+    # Samples taken since the previous message, oldest first: (t, allocated and reserved summed
+    # over the worker's devices, host RSS). A worker sampling at 20 Hz sends 4 messages a second.
+    history: tuple[tuple[float, int, int, int | None], ...] = ()
 
     def encode(self) -> bytes:
         w = self.who
@@ -133,6 +137,8 @@ class WorkerMessage(NamedTuple):
             "ctl": self.control_seq,
             "born": self.born,
         }
+        if self.history:
+            body["h"] = [list(h) for h in self.history]
         if self.cell is not None:
             c = self.cell
             body["cell"] = [
@@ -226,6 +232,7 @@ def decode_worker(payload: bytes) -> WorkerMessage:
         errors=_count(body.get("err", 0), "err"),
         control_seq=_count(body.get("ctl", 0), "ctl"),
         born=_time(body.get("born", 0.0), "born"),
+        history=_history(body.get("h")),
     )
 
 
@@ -355,6 +362,25 @@ def _cell(c: Any) -> CellReport:
         rss_before=_opt_count(c[2], "cell.rss_before"),
         rss_peak=_opt_count(c[3], "cell.rss_peak"),
     )
+
+
+def _history(h: Any) -> tuple[tuple[float, int, int, int | None], ...]:
+    if h is None:
+        return ()
+    if not isinstance(h, list) or len(h) > MAX_HISTORY:
+        raise MessageError(f"h: not a list of at most {MAX_HISTORY} samples")
+    out = []
+    for row in h:
+        r = _list(row, "h[]", 4)
+        out.append(
+            (
+                _time(r[0], "h.t"),
+                _count(r[1], "h.a"),
+                _count(r[2], "h.r"),
+                _opt_count(r[3], "h.rss"),
+            )
+        )
+    return tuple(out)
 
 
 def _oom(o: Any) -> OomReport:

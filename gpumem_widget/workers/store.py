@@ -58,6 +58,7 @@ class WorkerStore:
         self.version = 0  # every accepted message
         self.structure = 0  # a worker joined, left, went silent, ran out of memory, dumped
         self.replayed = 0
+        self.samples = 0  # rows taken into the series (a message carries its batched samples)
         self.live = 0  # workers currently live: the hooks' one cheap check
 
     def add(self, msg: WorkerMessage, running_cell: int | None, now: float | None = None) -> bool:
@@ -79,11 +80,15 @@ class WorkerStore:
                 self.live += 1
                 self.structure += 1
             w.last, w.last_seen = msg, now
-            t = msg.t if abs(msg.t - now) <= MAX_CLOCK_SKEW else now
+            skew = 0.0 if abs(msg.t - now) <= MAX_CLOCK_SKEW else now - msg.t
+            for ht, ha, hr, hrss in msg.history:  # samples batched since its last message
+                row = (ht + skew, ha, hr, np.nan if hrss is None else hrss)
+                w.series.append(np.array(row, dtype=np.float64))
             alloc = sum(d.allocated for d in msg.devices)
             res = sum(d.reserved for d in msg.devices)
             rss = np.nan if msg.rss is None else msg.rss
-            w.series.append(np.array([t, alloc, res, rss], dtype=np.float64))
+            w.series.append(np.array([msg.t + skew, alloc, res, rss], dtype=np.float64))
+            self.samples += 1 + len(msg.history)
             if msg.cell is not None:
                 _remember(w.cells, msg.cell.n, (msg, msg.kind in ("ack", "bye")))
             if running_cell is not None:

@@ -6,6 +6,7 @@ import { outcome, outcomeLabel, type Mode } from "./cells";
 import { formatBytes, formatClock, formatDelta, formatDuration } from "./format";
 import { noteSections } from "./notes_view";
 import type { CellRecord, DeviceCellUsage, DeviceInfo } from "./wire/protocol";
+import { workerSection } from "./workers_view";
 
 type Row = [label: string, value: (d: DeviceCellUsage) => string, hint?: string];
 
@@ -65,7 +66,7 @@ export class Details {
 
     const parts: HTMLElement[] = [head];
     if (mode === "cuda" && cell.devices.length > 0) parts.push(deviceTable(cell.devices, devices));
-    parts.push(hostLine(cell), ...noteSections(cell.notes));
+    parts.push(hostLine(cell), ...workerSection(cell.workers), ...noteSections(cell.notes));
     const source = document.createElement("pre");
     source.className = "gpumem-details-source";
     source.textContent = cell.source;

@@ -32,10 +32,12 @@ import {
   type Traits,
 } from "./wire/protocol";
 import { decodeTable } from "./wire/table";
+import { parseWorkers } from "./wire/workers";
+import { WorkersView } from "./workers_view";
 
-// The Memory tab's traits; the Snapshot tab watches the drilldown ones itself.
-type TraitName = Exclude<keyof Traits, `drilldown${string}` | "workers">;
-const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "cell_bands", "ledger_extent", "timeline_base", "timeline_tail"];
+// The Memory and Workers tabs' traits; the Snapshot tab watches the drilldown ones itself.
+type TraitName = Exclude<keyof Traits, `drilldown${string}`>;
+const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "cell_bands", "ledger_extent", "timeline_base", "timeline_tail", "workers"];
 
 /** A kernel speaking another protocol version than this bundle reads: say so, once. */
 function protocolMismatch(kernel: number | null): string | null {
@@ -52,6 +54,7 @@ class WidgetView {
   private readonly ledger: Ledger;
   private readonly details: Details;
   private readonly snapshotPanel: HTMLElement;
+  private readonly workersView = new WorkersView();
   private readonly store = new TimelineStore();
   private readonly listeners: [string, () => void][] = [];
   private readonly stale = new Set<TraitName>(TRAITS);
@@ -96,7 +99,13 @@ class WidgetView {
     this.snapshotPanel.className = "gpumem-tab-panel gpumem-drilldown";
     this.snapshotPanel.dataset["tab"] = "snapshot";
     this.snapshotPanel.hidden = true;
-    this.root.append(this.header.el, this.tabs([memoryPanel, this.snapshotPanel]), memoryPanel, this.snapshotPanel);
+    const workersPanel = document.createElement("div");
+    workersPanel.className = "gpumem-tab-panel";
+    workersPanel.dataset["tab"] = "workers";
+    workersPanel.hidden = true;
+    workersPanel.append(this.workersView.el);
+    const panels = [memoryPanel, this.snapshotPanel, workersPanel];
+    this.root.append(this.header.el, this.tabs(panels), ...panels);
     host.append(this.root);
 
     for (const name of TRAITS) {
@@ -180,6 +189,11 @@ class WidgetView {
       timeline = this.attempt("timeline_tail", () => this.store.setTail(decodeTable(this.model.get("timeline_tail"), "timeline_tail"))) || timeline;
     }
     if (timeline) this.chart.setTimeline(this.store.timeline);
+    if (stale.has("workers")) {
+      this.attempt("workers", () => this.workersView.update(parseWorkers(this.model.get("workers")), this.ledgerStore.bands));
+    } else if (stale.has("cells")) {
+      this.workersView.setBands(this.ledgerStore.bands);
+    }
     if (layout || stale.has("cells") || this.problemsChanged) {
       this.problemsChanged = false;
       this.header.update(this.devices, this.status, [...this.problems.values()], this.kernelGone);
@@ -281,7 +295,7 @@ class WidgetView {
     const nav = document.createElement("nav");
     nav.className = "gpumem-tabs";
     nav.setAttribute("role", "tablist");
-    const labels = ["Memory", "Snapshot"];
+    const labels = ["Memory", "Snapshot", "Workers"];
     const buttons = panels.map((panel, i) => {
       const b = document.createElement("button");
       b.type = "button";
@@ -292,6 +306,7 @@ class WidgetView {
       b.addEventListener("click", () => {
         panels.forEach((p, j) => (p.hidden = j !== i));
         buttons.forEach((other) => other.setAttribute("aria-selected", String(other === b)));
+        if (panel.dataset["tab"] === "workers") this.workersView.setBands(this.ledgerStore.bands); // sized now
         if (panel === this.snapshotPanel && !this.stopDrilldown) {
           this.stopDrilldown = renderDrilldown(this.snapshotPanel, this.model);
         }

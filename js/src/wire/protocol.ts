@@ -20,6 +20,7 @@ import {
 } from "./json";
 import { parseNotes, type CellNotes } from "./notes";
 import { decodeTable, TIME_COLUMN, type Column } from "./table";
+import { parseWorkerRows, type WorkerCellUsage } from "./worker_rows";
 
 export { ProtocolError, TIME_COLUMN };
 
@@ -49,11 +50,11 @@ export type Traits = {
   timeline_tail: unknown;
   drilldown: unknown; // ./drilldown parseDrilldown
   drilldown_alive: unknown; // ./drilldown parseAlive
-  // Sent by the kernel, not drawn by this bundle yet (snapshot views, wire/workers.py):
+  // Sent by the kernel, not drawn by this bundle yet (snapshot views):
   drilldown_view: unknown;
   drilldown_search: unknown;
   drilldown_compare: unknown;
-  workers: unknown;
+  workers: unknown; // ./workers parseWorkers
 };
 
 type Axis = "event" | "time";
@@ -157,6 +158,7 @@ export interface CellRecord {
   host_rss_peak: number | null; // sampled: a lower bound
   devices: DeviceCellUsage[];
   notes: CellNotes;
+  workers?: WorkerCellUsage[]; // per worker process and device, when workers reported
 }
 
 export function parseDevices(raw: unknown): DeviceInfo[] {
@@ -299,6 +301,7 @@ export function parseCell(c: unknown, what: string): CellRecord {
     host_rss_peak: optional(c, "host_rss_peak", isNumberOrNull, null),
     devices: devices.map((d, i) => parseDeviceUsage(d, `${what}.devices[${i}]`)),
     notes: parseNotes(c["notes"]),
+    ...(c["workers"] !== undefined ? { workers: parseWorkerRows(c["workers"]) } : {}),
   };
 }
 

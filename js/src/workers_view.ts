@@ -1,0 +1,331 @@
+// The Workers tab: every worker process reporting to the notebook. A chart with one line per rank
+// (allocated solid, reserved dashed; host RSS for workers without CUDA) under the same cell bands
+// as the Memory tab, and a table grouped by host: state (live, exited, gone: silent), an OOM with
+// its figures, memory now, snapshots written. The kernel sends screen-sized series; this draws.
+// Also `workerSection`: a cell's per-rank figures, for the cell's details.
+
+import { formatBytes, formatClock, formatDelta, byteTicks, formatTick } from "./format";
+import type { Band } from "./wire/protocol";
+import { readPalette, type Palette } from "./theme";
+import type { WorkerCellUsage } from "./wire/worker_rows";
+import { NO_WORKERS, type RankInfo, type WorkersState } from "./wire/workers";
+
+const HEIGHT = 220;
+const LEFT = 64;
+const RIGHT = 12;
+const TOP = 8;
+const BOTTOM = 20;
+// Categorical colours, distinguishable in light and dark themes.
+const RANK_COLORS = ["#1f77d0", "#e0871a", "#2e9e6b", "#c2417f", "#8e5bd6", "#0f8a80", "#b8860b", "#d63a2f", "#5c6bc0", "#6d8f1d"];
+
+export function rankColor(i: number): string {
+  return RANK_COLORS[i % RANK_COLORS.length] as string;
+}
+
+/** GPU figures when any worker has a CUDA device, else host RSS. */
+export function chartMetric(state: WorkersState): "gpu" | "host" {
+  return state.ranks.some((r) => r.devices.length > 0) ? "gpu" : "host";
+}
+
+/** Ranks by host, in the kernel's order (host, rank, pid). */
+export function byHost(ranks: readonly RankInfo[]): Map<string, RankInfo[]> {
+  const out = new Map<string, RankInfo[]>();
+  for (const r of ranks) {
+    const list = out.get(r.host) ?? [];
+    list.push(r);
+    out.set(r.host, list);
+  }
+  return out;
+}
+
+export class WorkersView {
+  readonly el: HTMLElement;
+  private readonly canvas: HTMLCanvasElement;
+  private readonly summary: HTMLElement;
+  private readonly table: HTMLElement;
+  private state: WorkersState = NO_WORKERS;
+  private bands: Band[] = [];
+
+  constructor() {
+    this.el = document.createElement("div");
+    this.el.className = "gpumem-workers";
+    this.summary = document.createElement("p");
+    this.summary.className = "gpumem-workers-summary";
+    this.canvas = document.createElement("canvas");
+    this.canvas.className = "gpumem-workers-chart";
+    this.table = document.createElement("div");
+    this.table.className = "gpumem-workers-table";
+    this.el.append(this.summary, this.canvas, this.table);
+    this.update(NO_WORKERS, []);
+  }
+
+  update(state: WorkersState, bands: Band[]): void {
+    this.state = state;
+    this.bands = bands;
+    this.el.dataset["ranks"] = String(state.ranks.length);
+    this.el.dataset["metric"] = chartMetric(state);
+    this.renderSummary();
+    this.renderTable();
+    this.draw();
+  }
+
+  setBands(bands: Band[]): void {
+    this.bands = bands;
+    this.draw();
+  }
+
+  private renderSummary(): void {
+    const s = this.state;
+    if (s.ranks.length === 0) {
+      this.summary.textContent =
+        "No worker has reported yet. In each worker process: import gpumem_widget; gpumem_widget.attach() " +
+        "(processes this kernel starts find it through the environment; `%gpumem workers --env` prints the lines for a job started elsewhere).";
+      return;
+    }
+    const live = s.ranks.filter((r) => r.state === "live").length;
+    const dropped = Object.values(s.dropped).reduce((a, b) => a + b, 0);
+    const parts = [`${live} live of ${s.ranks.length} workers`, `${s.accepted.toLocaleString()} samples`];
+    if (dropped > 0) {
+      parts.push(`${dropped.toLocaleString()} messages dropped (${Object.entries(s.dropped).map(([k, v]) => `${v} ${k}`).join(", ")})`);
+    }
+    if (s.problems.length > 0) parts.push(`${s.problems.length} left out: ${s.problems[0]}`);
+    this.summary.textContent = parts.join(" \u00b7 ");
+  }
+
+  private renderTable(): void {
+    const s = this.state;
+    const index = new Map(s.ranks.map((r, i) => [r.key, i]));
+    const groups: HTMLElement[] = [];
+    for (const [host, ranks] of byHost(s.ranks)) {
+      const group = document.createElement("section");
+      group.className = "gpumem-workers-host";
+      group.dataset["host"] = host;
+      const title = document.createElement("h4");
+      title.textContent = host;
+      const table = document.createElement("table");
+      for (const r of ranks) table.append(rankRow(r, index.get(r.key) ?? 0));
+      group.append(title, table);
+      groups.push(group);
+    }
+    this.table.replaceChildren(...groups);
+  }
+
+  /** The chart: drawn on a canvas sized to the tab (nothing where the canvas has no 2D context). */
+  private draw(): void {
+    const s = this.state;
+    this.canvas.hidden = s.ranks.length === 0;
+    if (s.ranks.length === 0) return;
+    const ctx = this.canvas.getContext?.("2d") ?? null;
+    if (!ctx) return;
+    const width = Math.max(300, this.el.clientWidth || 600);
+    const ratio = window.devicePixelRatio || 1;
+    this.canvas.width = width * ratio;
+    this.canvas.height = HEIGHT * ratio;
+    this.canvas.style.width = `${width}px`;
+    this.canvas.style.height = `${HEIGHT}px`;
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    const p = readPalette(this.el);
+    const metric = chartMetric(s);
+    let t0 = Infinity;
+    let t1 = -Infinity;
+    let top = 0;
+    for (const r of s.ranks) {
+      const { series } = r;
+      if (series.n === 0) continue;
+      t0 = Math.min(t0, series.t[0] as number);
+      t1 = Math.max(t1, series.t[series.n - 1] as number);
+      const cols = metric === "gpu" ? [series.allocated, series.reserved] : [series.rss];
+      for (const c of cols) for (let i = 0; i < series.n; i++) if (Number.isFinite(c[i])) top = Math.max(top, c[i] as number);
+    }
+    if (!Number.isFinite(t0)) return;
+    if (t1 <= t0) t1 = t0 + 1;
+    const ticks = byteTicks(top > 0 ? top * 1.05 : 1, 5);
+    const yMax = Math.max(top * 1.05, ticks.ticks[ticks.ticks.length - 1] ?? 1);
+    const x = (t: number): number => LEFT + ((t - t0) / (t1 - t0)) * (width - LEFT - RIGHT);
+    const y = (v: number): number => TOP + (1 - v / yMax) * (HEIGHT - TOP - BOTTOM);
+    ctx.clearRect(0, 0, width, HEIGHT);
+    this.paintBands(ctx, p, x, t0, t1);
+    paintAxes(ctx, p, ticks, y, width, t0, t1);
+    s.ranks.forEach((r, i) => {
+      const color = rankColor(i);
+      if (metric === "gpu") {
+        line(ctx, r, r.series.allocated, x, y, color, []);
+        line(ctx, r, r.series.reserved, x, y, color, [4, 3]);
+      } else {
+        line(ctx, r, r.series.rss, x, y, color, []);
+      }
+      const last = r.series.n - 1;
+      if (last >= 0 && (r.state !== "live" || r.oom)) {
+        const col = metric === "gpu" ? r.series.allocated : r.series.rss;
+        mark(ctx, x(r.series.t[last] as number), y((col[last] as number) || 0), r.oom ? p.capacity : p.muted, r.oom ? "OOM" : r.state);
+      }
+    });
+  }
+
+  private paintBands(ctx: CanvasRenderingContext2D, p: Palette, x: (t: number) => number, t0: number, t1: number): void {
+    for (const b of this.bands) {
+      const end = b.started + b.duration;
+      if (end < t0 || b.started > t1) continue;
+      ctx.fillStyle = b.outcome === "oom" ? p.bandOom : b.outcome === "ok" ? (b.execution_count % 2 ? p.band : p.bandAlt) : p.bandError;
+      const x0 = Math.max(LEFT, x(b.started));
+      ctx.fillRect(x0, TOP, Math.max(1, x(end) - x0), HEIGHT - TOP - BOTTOM);
+    }
+  }
+}
+
+function line(
+  ctx: CanvasRenderingContext2D,
+  r: RankInfo,
+  col: ArrayLike<number>,
+  x: (t: number) => number,
+  y: (v: number) => number,
+  color: string,
+  dash: number[],
+): void {
+  ctx.save();
+  ctx.strokeStyle = color;
+  ctx.lineWidth = 1.5;
+  ctx.setLineDash(dash);
+  ctx.beginPath();
+  let pen = false;
+  for (let i = 0; i < r.series.n; i++) {
+    const v = col[i] as number;
+    if (!Number.isFinite(v)) {
+      pen = false;
+      continue;
+    }
+    const px = x(r.series.t[i] as number);
+    const py = y(v);
+    if (pen) ctx.lineTo(px, py);
+    else ctx.moveTo(px, py);
+    pen = true;
+  }
+  ctx.stroke();
+  ctx.restore();
+}
+
+function mark(ctx: CanvasRenderingContext2D, px: number, py: number, color: string, label: string): void {
+  ctx.save();
+  ctx.fillStyle = color;
+  ctx.beginPath();
+  ctx.arc(px, py, 3.5, 0, 2 * Math.PI);
+  ctx.fill();
+  ctx.font = "10px system-ui, sans-serif";
+  ctx.fillText(label, Math.max(0, px - 30), Math.max(10, py - 5));
+  ctx.restore();
+}
+
+function paintAxes(
+  ctx: CanvasRenderingContext2D,
+  p: Palette,
+  ticks: ReturnType<typeof byteTicks>,
+  y: (v: number) => number,
+  width: number,
+  t0: number,
+  t1: number,
+): void {
+  ctx.save();
+  ctx.font = p.font;
+  ctx.fillStyle = p.muted;
+  ctx.strokeStyle = p.grid;
+  ctx.textBaseline = "middle";
+  for (const v of ticks.ticks) {
+    const py = Math.round(y(v)) + 0.5;
+    ctx.beginPath();
+    ctx.moveTo(LEFT, py);
+    ctx.lineTo(width - RIGHT, py);
+    ctx.stroke();
+    ctx.fillText(formatTick(v, ticks.unit), 4, py);
+  }
+  ctx.textBaseline = "bottom";
+  ctx.fillText(formatClock(t0), LEFT, HEIGHT - 2);
+  const end = formatClock(t1);
+  ctx.fillText(end, width - RIGHT - ctx.measureText(end).width, HEIGHT - 2);
+  ctx.restore();
+}
+
+function cell(text: string, className?: string, title?: string): HTMLTableCellElement {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (className) td.className = className;
+  if (title) td.title = title;
+  return td;
+}
+
+function rankRow(r: RankInfo, i: number): HTMLTableRowElement {
+  const tr = document.createElement("tr");
+  tr.dataset["key"] = r.key;
+  tr.dataset["state"] = r.state;
+  if (r.oom) tr.dataset["oom"] = "true";
+  const swatch = document.createElement("td");
+  const dot = document.createElement("span");
+  dot.className = "gpumem-workers-swatch";
+  dot.style.background = rankColor(i);
+  swatch.append(dot);
+  const who =
+    r.rank !== null
+      ? `rank ${r.rank}${r.world_size !== null ? `/${r.world_size}` : ""}${r.local_rank !== null ? ` (local ${r.local_rank})` : ""}`
+      : r.label;
+  const stateText = r.state === "gone" ? `gone (silent since ${formatClock(r.last_seen)})` : r.state;
+  const mem = r.devices
+    .map((d) => `cuda:${d.index} ${formatBytes(d.allocated)} alloc \u00b7 ${formatBytes(d.reserved)} res \u00b7 peak ${formatBytes(d.peak_allocated)}`)
+    .join("; ");
+  tr.append(
+    swatch,
+    cell(who, "gpumem-workers-who", `pid ${r.pid}`),
+    cell(stateText, `gpumem-workers-state gpumem-workers-state--${r.state}`),
+    cell(mem || "no CUDA", "gpumem-workers-mem"),
+    cell(r.rss !== null ? `RSS ${formatBytes(r.rss)}` : ""),
+  );
+  if (r.oom) {
+    const o = r.oom;
+    const asked = o.requested > 0 ? `asked ${formatBytes(o.requested)} with ${formatBytes(o.free)} free of ${formatBytes(o.limit)}; ` : "";
+    tr.append(cell(`OOM on cuda:${o.device}: ${asked}${formatBytes(o.allocated)} allocated, ${formatBytes(o.reserved)} reserved`, "gpumem-workers-oom"));
+  }
+  if (r.snapshots.length > 0) {
+    tr.append(cell(`snapshot: ${r.snapshots[r.snapshots.length - 1]}`, "gpumem-workers-snapshot", r.snapshots.join("\n")));
+  }
+  return tr;
+}
+
+/** A cell's per-rank figures for its details (none: nothing). */
+export function workerSection(rows: readonly WorkerCellUsage[] | undefined): HTMLElement[] {
+  if (!rows || rows.length === 0) return [];
+  const section = document.createElement("div");
+  section.className = "gpumem-details-workers";
+  const title = document.createElement("h4");
+  title.textContent = `Workers (${new Set(rows.map((r) => `${r.host}:${r.pid}`)).size})`;
+  const table = document.createElement("table");
+  const head = document.createElement("tr");
+  for (const h of ["host", "rank", "device", "allocated", "peak allocated", "peak reserved", "host RSS", "state"]) {
+    const th = document.createElement("th");
+    th.scope = "col";
+    th.textContent = h;
+    head.append(th);
+  }
+  table.append(head);
+  for (const r of rows) {
+    const tr = document.createElement("tr");
+    tr.dataset["rank"] = String(r.rank ?? "");
+    const peak = (v: number): string => (r.peak_exact ? formatBytes(v) : `\u2265 ${formatBytes(v)}`);
+    const gpu = r.device !== null;
+    const rss =
+      r.rss_after !== null
+        ? `${formatBytes(r.rss_after)}${r.rss_peak !== null ? `, peak \u2265 ${formatBytes(r.rss_peak)}` : ""}`
+        : "n/a";
+    const state = [r.state, r.ooms > 0 ? `${r.ooms} OOM` : "", r.final ? "" : "last sample"].filter(Boolean).join(", ");
+    tr.append(
+      cell(r.host),
+      cell(r.rank !== null ? String(r.rank) : `pid ${r.pid}`, undefined, `pid ${r.pid}`),
+      cell(gpu ? `cuda:${r.device}` : "host"),
+      cell(gpu ? `${formatBytes(r.allocated_before)} \u2192 ${formatBytes(r.allocated_after)} (${formatDelta(r.delta_allocated)})` : ""),
+      cell(gpu ? peak(r.peak_allocated) : "", undefined, r.peak_exact ? undefined : "a lower bound: the worker's counters were not reset at the cell's start"),
+      cell(gpu ? peak(r.peak_reserved) : ""),
+      cell(rss),
+      cell(state, r.ooms > 0 ? "gpumem-details-problem" : undefined, r.final ? undefined : "the worker did not answer the cell's end in time: its last sample"),
+    );
+    table.append(tr);
+  }
+  section.append(title, table);
+  return [section];
+}
