@@ -434,6 +434,14 @@ def test_a_worker_that_never_heard_of_the_cell_still_gets_its_row() -> None:
     assert row.peak_exact
     assert row.final
     assert row.state == "exited"
+    # Without CUDA: its host memory, the peak a sampled lower bound.
+    host = WorkerStore()
+    host.add(message(1, devices=(), rss=50 * MiB, born=started + 0.1), 3)
+    host.add(message(2, kind="bye", devices=(), rss=40 * MiB, born=started + 0.1), 3)
+    w = host.get(WHO.key)
+    assert w is not None
+    (row,) = cell_usage(w, 3, started)
+    assert (row.device, row.rss_after, row.rss_peak, row.final) == (None, 40 * MiB, 50 * MiB, True)
     # One older than the cell: a lower bound from what it sent.
     old = WorkerStore()
     old.add(message(1, devices=(reading(0, 40, peak=5000),), born=started - 60), 3)

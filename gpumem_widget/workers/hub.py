@@ -282,7 +282,8 @@ def cell_usage(w: Worker, n: int, started: float | None) -> list[WorkerCellUsage
             )
         )  # fmt: skip
     rss_before = None if inside else first.rss
-    return rows or [_host_row(w, last, last.kind == "bye", rss_before, None)]
+    rss_peak = max(first.rss or 0, last.rss or 0) or None  # sampled: a lower bound
+    return rows or [_host_row(w, last, last.kind == "bye", rss_before, rss_peak)]
 
 
 def _host_row(
