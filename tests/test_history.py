@@ -159,10 +159,58 @@ def test_the_magic_lists_sessions_and_shows_one(db: pathlib.Path, ip: Any) -> No
     assert "first_cell = 1" in newest
 
 
+def test_a_past_session_opens_read_only_in_a_widget_of_its_own(db: pathlib.Path) -> None:
+    from gpumem_widget.live.history_view import past_session_widget
+
+    shell = InteractiveShell.instance()
+    s = cuda_session(shell)
+    try:
+        for n in (GiB, 2 * GiB, 3 * GiB):
+            run(shell, f"gpu.alloc({n}); gpu.free({n})")
+        run(shell, "raise ValueError('shown as an error')")
+        assert s.history.wait_written()
+        me = s.history.identity.id
+    finally:
+        end(shell, s)
+    with contextlib.closing(Store.open(db)) as store:
+        past = store.find_session(me[:8], None)
+        records, unreadable = store.cells(past.id)
+    assert unreadable == 0
+    w = past_session_widget(past, records)
+    try:
+        shown = [*w.cells, *w.cells_tail]
+        assert [c["execution_count"] for c in shown] == [r.execution_count for r in records]
+        assert shown[-1]["error"] == "ValueError"
+        assert [c["devices"][0]["peak_allocated"] for c in shown[:3]] == [
+            r.peak_allocated for r in records[:3]
+        ]
+        assert w.ledger_extent["total"] == 4  # (the newest bands the browser makes from these)
+        assert w.devices[0]["total"] == s.readers.torch.devices[0].total
+        assert w.status["sampler"] == "stopped"
+        assert w.status["mode"] == "cuda"
+        assert f"session {past.short_id}" in w.status["hints"][0]
+        assert "clean at" in w.status["hints"][0]
+        assert w.timeline_tail["n"] == 0  # cells are kept, samples are not
+    finally:
+        w.close()
+
+
+def test_the_magic_shows_a_session_in_a_widget(db: pathlib.Path, ip: Any) -> None:
+    ip.run_line_magic("load_ext", "gpumem_widget")
+    run(ip, "x = 1")
+    out = run(ip, "%gpumem history -1 --widget")
+    assert "x = 1" in out
+    assert "GpuMemWidget" in out  # displayed (a plain shell prints the widget's repr)
+    ip.run_cell("%gpumem history --widget", store_history=True)  # no SESSION: a usage error
+    s = gpumem_widget.current_session()
+    assert s is not None
+    assert s.error is None
+
+
 def test_every_option_answers_help(db: pathlib.Path, ip: Any) -> None:
     ip.run_line_magic("load_ext", "gpumem_widget")
     out = run(ip, "%gpumem history --help")
-    for option in ("--all", "--clear", "--off", "--on", "--threshold", "--min-mib", "session"):
+    for option in ("--all", "--clear", "--off", "--on", "--threshold", "--min-mib", "--widget"):
         assert option in out
     assert history_mod.ENV_PATH in out.replace("\n", " ")
 

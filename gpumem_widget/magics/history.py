@@ -34,6 +34,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
         help="show one session's cells: an id prefix from the list, or a position (-1 the "
         "newest, -2 the one before, 1 the oldest)",
     )
+    p.add_argument(
+        "--widget",
+        action="store_true",
+        help="with SESSION: also show it in a widget of its own, read only (rows, bands, details)",
+    )
     p.add_argument("--all", action="store_true", help="every notebook's sessions, not this one's")
     p.add_argument(
         "--clear",
@@ -144,7 +149,15 @@ def _run(session: Session, store: Store, args: argparse.Namespace) -> Any:
             raise UsageError(f"%gpumem history: {e}") from None
         records, unreadable = store.cells(past.id)
         print(format_session(past, records, unreadable))
+        if args.widget:
+            from IPython.display import display
+
+            from gpumem_widget.live.history_view import past_session_widget
+
+            display(past_session_widget(past, records, h.settings))
         return None
+    if args.widget:
+        raise UsageError("%gpumem history: --widget needs a SESSION (an id prefix, or -2)")
     print(format_sessions(store.sessions(notebook, h.identity), notebook, store, h.reason))
     return None
 
