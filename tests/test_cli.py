@@ -122,7 +122,9 @@ def test_summary_prints_peak_sites_free_space_and_ooms(capsys: pytest.CaptureFix
     text = capsys.readouterr().out
     assert "train_tagged.pickle.gz · cuda:0" in text
     assert "peak allocated     1.95 GiB" in text
-    assert "reserved but free  361 MiB in 21 blocks, largest 64.0 MiB (fragmentation 82%)" in text
+    assert (
+        "reserved but free  360.56 MiB in 21 blocks, largest 64.00 MiB (fragmentation 82%)" in text
+    )
     assert "make_snapshot_fixtures.py:140 train_tagged" in text  # the largest site
     assert "OOM                at " in text
     assert "requested 1.00 PiB" in text  # the fixture's deliberately impossible request

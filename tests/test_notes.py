@@ -77,6 +77,22 @@ def test_an_oom_cell_gets_a_postmortem(recorded: Recorded) -> None:
     assert session.last_postmortem is not None
 
 
+def test_a_cuda_call_out_of_memory_is_an_oom_in_the_row_and_gets_a_postmortem(
+    recorded: Recorded,
+) -> None:
+    """One definition of an OOM: a CUDA call's own failure (cuBLAS workspaces, kernel launches)
+    marks the ledger row as an OOM, and the same cell gets the post-mortem."""
+    ip, session, _ = recorded
+    ip.run_cell("raise RuntimeError('CUDA error: out of memory')", store_history=True)
+    record = session.records()[-1]
+    assert record.error == "RuntimeError"
+    assert record.oom
+    assert record.notes["postmortem"]["error_type"] == "RuntimeError"
+    ip.run_cell("raise RuntimeError('shape mismatch')", store_history=True)
+    assert not session.records()[-1].oom
+    assert "postmortem" not in session.records()[-1].notes
+
+
 @pytest.mark.parametrize(
     "command", ["vars --help", "free --help", "estimate --help", "postmortem --help"]
 )

@@ -20,10 +20,10 @@ from gpumem_widget.holders.postmortem import (
     OomEvent,
     OomRecorder,
     build_postmortem,
-    is_cuda_oom,
     parse_oom_message,
 )
 from gpumem_widget.holders.variables import Holder, HoldersReport
+from gpumem_widget.oom import is_cuda_oom
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "oom_h200.json"
 KiB, MiB, GiB = 2**10, 2**20, 2**30

@@ -30,10 +30,10 @@ from gpumem_widget.reporting import report
 from gpumem_widget.reporting.ledger_table import ledger_table
 from gpumem_widget.reporting.page import render
 from gpumem_widget.reporting.snapshot_views import snapshot_panel
-from gpumem_widget.reporting.style import human_bytes
 from gpumem_widget.reporting.summary import FreeSpace, summarize
 from gpumem_widget.reporting.timeline import timeline_figure
 from gpumem_widget.snapshot import SnapshotLoadError, open_snapshot
+from gpumem_widget.units import format_bytes
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 TAGGED = SNAPSHOTS / "train_tagged.pickle.gz"
@@ -114,7 +114,7 @@ def test_session_report_has_timeline_bands_and_ledger(session: Session, tmp_path
     assert list(bands["outcome"]) == ["ok", "ok", "raised ValueError", "ok"]
     table = ledger_table(records).source.data
     assert table["peak"] == [r.peak_allocated for r in records]
-    assert table["peak_text"][0] == human_bytes(records[0].peak_allocated)
+    assert table["peak_text"][0] == format_bytes(records[0].peak_allocated)
     lines = [r.renderers[0] if hasattr(r, "renderers") else r for r in fig.renderers]
     assert any("d0_allocated" in str(getattr(r.glyph, "y", "")) for r in lines)
 
@@ -171,7 +171,7 @@ def test_snapshot_report_matches_the_views(tmp_path: Path) -> None:
     replay = snap.replay(0)
     assert summary.active["peak"]["bytes"] == int(replay.active.max())
     assert summary.peak_reserved == int(replay.reserved.max())
-    assert html.escape(human_bytes(summary.active["peak"]["bytes"])) in page
+    assert html.escape(format_bytes(summary.active["peak"]["bytes"])) in page
     assert len(models(page, "DataTable")) == 3  # cells, call tree, largest allocations
     assert out.stat().st_size < 4_000_000
 
@@ -255,14 +255,15 @@ def test_free_space_and_fragmentation() -> None:
     text = summary.format(top=3)
     assert text.count("\n    ") == 3  # three sites listed
     assert "fragmentation" in text
-    assert human_bytes(summary.active["peak"]["bytes"]) in text
+    assert format_bytes(summary.active["peak"]["bytes"]) in text
 
 
 @pytest.mark.parametrize(
-    ("n", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (-3 * MiB, "-3.00 MiB")]
+    ("n", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (1536, "1.50 KiB"), (-3 * MiB, "-3.00 MiB"), (None, "n/a")],
 )
-def test_human_bytes(n: int, text: str) -> None:
-    assert human_bytes(n) == text
+def test_format_bytes(n: int, text: str) -> None:
+    assert format_bytes(n) == text
 
 
 def test_render_without_anything_says_so() -> None:
@@ -346,7 +347,7 @@ def test_oom_report_has_the_segment_maps_fragmentation_and_reserved(tmp_path: Pa
     assert len(maps) == 2
     for quads in maps:  # the one block, allocated over the whole segment
         assert quads["state"] == ["allocated"]
-        assert quads["size"] == [human_bytes(stats["reserved_bytes.all.current"])]
+        assert quads["size"] == [format_bytes(stats["reserved_bytes.all.current"])]
     (reserved,) = [s for s in sources if "reserved_min" in s]
     assert reserved["reserved"].max() == stats["reserved_bytes.all.peak"]
     assert reserved["active"].max() == stats["active_bytes.all.peak"]
@@ -355,6 +356,6 @@ def test_oom_report_has_the_segment_maps_fragmentation_and_reserved(tmp_path: Pa
     assert "Allocator segments at the OOM" in text
     assert text.count("free inside used segments") == 2
     assert "failed request" in text  # only at the OOM
-    assert human_bytes(observer["requested"]) in text
+    assert format_bytes(observer["requested"]) in text
     assert "OOM caused by fragmentation" in text
     assert (tmp_path / "oom.html").stat().st_size < 4_000_000

@@ -109,19 +109,6 @@ def parse_oom_message(message: str) -> OomMessage:
     )
 
 
-def is_cuda_oom(error: BaseException | None) -> bool:
-    """A CUDA out-of-memory error: the caching allocator's, or a CUDA call's own (cuBLAS
-    workspaces, kernel launches: "CUDA error: out of memory", which carries no figures)."""
-    if error is None:
-        return False
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and (
-        "CUDA out of memory" in text or "CUDA error: out of memory" in text
-    )
-
-
 def current_alloc_conf() -> str | None:
     """The allocator configuration from the environment (as set when torch started)."""
     return next((os.environ[v] for v in ALLOC_CONF_VARIABLES if os.environ.get(v)), None)

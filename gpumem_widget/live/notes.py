@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpumem_widget.live.ledger import CellRecord
+from gpumem_widget.oom import is_cuda_oom
 
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate
@@ -72,8 +73,6 @@ class PostMortems:
         self.last: PostMortem | None = None
 
     def __call__(self, cell: FinishedCell) -> Any:
-        from gpumem_widget.holders.postmortem import is_cuda_oom
-
         record, error = cell.record, cell.error
         events = self.oom.drain() if self.oom is not None else []
         if not (record.oom or is_cuda_oom(error)):

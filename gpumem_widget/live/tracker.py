@@ -18,8 +18,10 @@ import numpy.typing as npt
 
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage
 from gpumem_widget.live.readers import AllocatorStats, Readers
-from gpumem_widget.live.readers.torch_cuda import ZERO_STATS, imported_torch
+from gpumem_widget.live.readers.torch_cuda import ZERO_STATS
 from gpumem_widget.live.sampler import Sampler, read_row
+from gpumem_widget.oom import is_cuda_oom
+from gpumem_widget.snapshot.tags import cell_tag
 from gpumem_widget.wire import protocol
 
 PeakMode = Literal["exact", "passive"]
@@ -88,7 +90,7 @@ class CellTracker:
             stats=stats,
             rss=self._value(row, protocol.HOST_RSS_COLUMN),
         )
-        self.readers.torch.set_tag(f"cell:{execution_count}")
+        self.readers.torch.set_tag(cell_tag(execution_count))
 
     def finish(
         self, error: BaseException | None = None, execution_count: int | None = None
@@ -124,7 +126,7 @@ class CellTracker:
             started=start.started,
             duration=duration,
             error=type(error).__name__ if error is not None else None,
-            oom=_is_oom(error) or any(d.ooms > 0 for d in devices),
+            oom=is_cuda_oom(error) or any(d.ooms > 0 for d in devices),
             devices=devices,
             host_rss_before=start.rss,
             host_rss_after=rss_after,
@@ -198,10 +200,3 @@ class CellTracker:
 def _max_known(*values: int | None) -> int | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
-
-
-def _is_oom(error: BaseException | None) -> bool:
-    torch = imported_torch()  # a cell that never imported torch cannot have run out of CUDA memory
-    if error is None or torch is None:
-        return False
-    return isinstance(error, torch.OutOfMemoryError)

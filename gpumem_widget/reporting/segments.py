@@ -17,7 +17,8 @@ from bokeh.models.annotations import Legend, LegendItem, Span
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
-from gpumem_widget.reporting.style import bytes_ticks, human_bytes
+from gpumem_widget.reporting.style import bytes_ticks
+from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import unpack_table
 
@@ -37,7 +38,7 @@ def _figure_value(f: payloads.Figure) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if f["unit"] == "bytes":
-        return human_bytes(float(value))
+        return format_bytes(float(value))
     if f["unit"] == "ratio":
         return f"{float(value):.2f}"
     return str(value)
@@ -47,7 +48,7 @@ def _hidden(hidden: payloads.Hidden) -> str:
     """What the view left out: smaller segments beyond its limit."""
     if not hidden["segments"]:
         return ""
-    return f"; {hidden['segments']} smaller, {human_bytes(hidden['bytes'])}, not shown"
+    return f"; {hidden['segments']} smaller, {format_bytes(hidden['bytes'])}, not shown"
 
 
 def _text(markup: str) -> Div:
@@ -80,8 +81,8 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
         cols["color"].append(COLORS[kind])
         cols["kind"].append(kind)
         cols["state"].append(b["state"])
-        cols["size"].append(human_bytes(b["size"]))
-        cols["requested"].append(human_bytes(b["requested_size"]) if b["state"] != "free" else "")
+        cols["size"].append(format_bytes(b["size"]))
+        cols["requested"].append(format_bytes(b["requested_size"]) if b["state"] != "free" else "")
         cols["stream"].append(b["stream"])
         cols["address"].append(hex(seg["address"] + b["offset"]))
         cols["site"].append(stack["site"])
@@ -125,7 +126,7 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
         )
     )
     fig.yaxis.major_label_overrides = {
-        i + 0.5: f"{hex(s['address'])} {human_bytes(s['size'])} {s['pool']}"
+        i + 0.5: f"{hex(s['address'])} {format_bytes(s['size'])} {s['pool']}"
         + (" exp" if s["expandable"] else "")
         for i, s in enumerate(segments)
     }
@@ -170,10 +171,10 @@ def bokeh_reserved_over_time(view: payloads.ReservedOverTime) -> Any:
         {
             "x": x,
             **{k: table[k] for k in ("reserved", "reserved_min", "active", "active_min")},
-            "reserved_text": [human_bytes(v) for v in table["reserved"]],
-            "active_text": [human_bytes(v) for v in table["active"]],
+            "reserved_text": [format_bytes(v) for v in table["reserved"]],
+            "active_text": [format_bytes(v) for v in table["active"]],
             "gap_text": [
-                human_bytes(r - a) for r, a in zip(table["reserved"], table["active"], strict=True)
+                format_bytes(r - a) for r, a in zip(table["reserved"], table["active"], strict=True)
             ],
         }
     )

@@ -24,7 +24,6 @@ from gpumem_widget.reporting.style import (
     bytes_hover,
     div,
     esc,
-    human_bytes,
     legend_outside,
     table,
     time_figure,
@@ -32,6 +31,7 @@ from gpumem_widget.reporting.style import (
 from gpumem_widget.reporting.summary import DeviceSummary
 from gpumem_widget.snapshot import Snapshot, alive_at, categories, cell_slices
 from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map_view
+from gpumem_widget.units import format_bytes
 from gpumem_widget.wire.protocol import unpack_table
 
 log = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ def _cell_bands(p: Any, view: dict[str, Any], cells: Sequence[dict[str, Any]], t
 def _cells_table(cells: Sequence[dict[str, Any]]) -> DataTable:
     def top_site(c: dict[str, Any]) -> str:
         top = c["top_at_peak"]
-        return f"{top[0]['label']} ({human_bytes(top[0]['bytes'])})" if top else ""
+        return f"{top[0]['label']} ({format_bytes(top[0]['bytes'])})" if top else ""
 
     rows = {
         "count": [c["execution_count"] for c in cells],
@@ -266,7 +266,7 @@ def _cells_table(cells: Sequence[dict[str, Any]]) -> DataTable:
 
 def _alive(when: str, view: dict[str, Any], summary: DeviceSummary) -> list[Any]:
     head = div(
-        f"<h3>Alive {esc(when)}: {esc(human_bytes(view['total_bytes']))} in "
+        f"<h3>Alive {esc(when)}: {esc(format_bytes(view['total_bytes']))} in "
         f"{view['count']:,} allocations</h3>"
     )
     return [head, _tree_table(view), _largest_table(view["largest"], summary)]

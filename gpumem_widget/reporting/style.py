@@ -17,13 +17,14 @@ from bokeh.models.widgets.tables import DataTable, HTMLTemplateFormatter, TableC
 from bokeh.palettes import Category20_20, Colorblind8
 from bokeh.plotting import figure
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-# The same rule as `human_bytes`, in BokehJS's CustomJS code (the variable is `tick` or `value`).
+from gpumem_widget.units import format_bytes
+
+# `units.format_bytes`'s rule in BokehJS's CustomJS code (the variable is `tick` or `value`).
 _JS_BYTES = """
 const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
 let v = Math.abs(X), i = 0;
 while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-const s = i == 0 ? v.toFixed(0) : v.toFixed(v >= 100 ? 0 : v >= 10 ? 1 : 2);
+const s = i == 0 ? Math.trunc(v).toString() : v.toFixed(2);
 return (X < 0 ? "-" : "") + s + " " + units[i];
 """
 SITE_COLORS = Category20_20
@@ -34,17 +35,6 @@ PEAK_COLOR = "#444444"
 TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 ROW_HEIGHT = 26
 MAX_VISIBLE_ROWS = 20
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    v, i = abs(float(n)), 0
-    while v >= 1024 and i < len(_UNITS) - 1:
-        v /= 1024
-        i += 1
-    digits = 0 if i == 0 or v >= 100 else 1 if v >= 10 else 2
-    return f"{'-' if n < 0 else ''}{v:.{digits}f} {_UNITS[i]}"
 
 
 def bytes_ticks() -> CustomJSTickFormatter:
@@ -108,7 +98,7 @@ def table(rows: dict[str, list[Any]], columns: list[TableColumn]) -> DataTable:
     data = dict(rows)
     for c in columns:
         if isinstance(c.formatter, HTMLTemplateFormatter):
-            data[f"{c.field}_text"] = [human_bytes(v) for v in rows[c.field]]
+            data[f"{c.field}_text"] = [format_bytes(v) for v in rows[c.field]]
     return DataTable(
         source=ColumnDataSource(data),
         columns=columns,

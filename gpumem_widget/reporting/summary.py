@@ -10,8 +10,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from gpumem_widget.reporting.style import human_bytes
 from gpumem_widget.snapshot import Snapshot, active_memory_view
+from gpumem_widget.units import format_bytes
 
 DEFAULT_WIDTH = 1200
 DEFAULT_TOP = 12
@@ -57,28 +57,33 @@ class DeviceSummary:
         a, f = self.active, self.free
         out = [
             ("trace", f"{a['entries']:,} entries, {a['allocations']:,} allocations"),
-            ("peak allocated", f"{human_bytes(a['peak']['bytes'])} at {self.when(a['peak']['t'])}"),
-            ("peak reserved", human_bytes(self.peak_reserved)),
+            (
+                "peak allocated",
+                f"{format_bytes(a['peak']['bytes'])} at {self.when(a['peak']['t'])}",
+            ),
+            ("peak reserved", format_bytes(self.peak_reserved)),
             (
                 "at the snapshot",
-                f"{human_bytes(a['end_bytes'])} allocated, "
-                f"{human_bytes(a['end_reserved'])} reserved in {plural(f.segments, 'segment')}",
+                f"{format_bytes(a['end_bytes'])} allocated, "
+                f"{format_bytes(a['end_reserved'])} reserved in {plural(f.segments, 'segment')}",
             ),
             (
                 "reserved but free",
-                f"{human_bytes(f.free)} in {plural(f.free_blocks, 'block')}, largest "
-                f"{human_bytes(f.largest_free)} (fragmentation {f.fragmentation:.0%})",
+                f"{format_bytes(f.free)} in {plural(f.free_blocks, 'block')}, largest "
+                f"{format_bytes(f.largest_free)} (fragmentation {f.fragmentation:.0%})",
             ),
         ]
         if a["active_before"]:
-            out.append(("before recording", f"{human_bytes(a['active_before'])} already allocated"))
+            out.append(
+                ("before recording", f"{format_bytes(a['active_before'])} already allocated")
+            )
         for oom in a["ooms"]:
             tag = f" [{oom['tag']}]" if oom["tag"] else ""
             out.append(
                 (
                     "OOM",
-                    f"at {self.when(oom['t'])}{tag}: requested {human_bytes(oom['requested'])}, "
-                    f"CUDA had {human_bytes(oom['device_free'])} free",
+                    f"at {self.when(oom['t'])}{tag}: requested {format_bytes(oom['requested'])}, "
+                    f"CUDA had {format_bytes(oom['device_free'])} free",
                 )
             )
         out += [("warning", w) for w in a["warnings"]]
@@ -95,8 +100,8 @@ class DeviceSummary:
             )
             for g in groups:
                 lines.append(
-                    f"    {human_bytes(g['peak_bytes']):>10}"
-                    f"  {human_bytes(g['bytes_allocated']):>10}"
+                    f"    {format_bytes(g['peak_bytes']):>10}"
+                    f"  {format_bytes(g['bytes_allocated']):>10}"
                     f"  {g['count']:>8,}  {g['label']}"
                 )
         return "\n".join(lines)

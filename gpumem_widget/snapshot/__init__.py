@@ -17,7 +17,6 @@ if TYPE_CHECKING:
         active_memory_view,
         alive_at,
         categories,
-        cell_of_tag,
         cell_slices,
         known_pointers,
     )
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
         take_snapshot,
     )
     from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom, Origin, Snapshot
+    from gpumem_widget.snapshot.tags import cell_of_tag
 
 # Imported on first use: loading the extension must stay fast, and these (numpy-heavy replay
 # and views) are only needed once a snapshot is shown.
@@ -46,7 +46,7 @@ _LAZY = {
     "active_memory_view": "aggregate",
     "alive_at": "aggregate",
     "categories": "aggregate",
-    "cell_of_tag": "aggregate",
+    "cell_of_tag": "tags",
     "cell_slices": "aggregate",
     "known_pointers": "aggregate",
     "export_memory_viz": "export",

@@ -26,11 +26,11 @@ import numpy.typing as npt
 from gpumem_widget.snapshot.attribution import SiteMode, folded_path, phase_of, site_of
 from gpumem_widget.snapshot.model import I64, NO_STACK, Action, Frame
 from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Origin, Snapshot
+from gpumem_widget.snapshot.tags import cell_of_tag
 from gpumem_widget.wire.payloads import PackedTable
 from gpumem_widget.wire.protocol import pack_f8
 
 F64 = npt.NDArray[np.float64]
-CELL_TAG_PREFIX = "cell:"
 BEFORE_RECORDING = "(allocated before recording)"
 NO_PYTHON_STACK = "(no Python stack)"
 CATEGORIES = (
@@ -569,13 +569,6 @@ def _allocation(
 
 
 # -- (c) per-cell slices -----------------------------------------------------------------------
-
-
-def cell_of_tag(tag: str) -> int | None:
-    """The execution count in a ``cell:N`` tag, or None."""
-    if tag.startswith(CELL_TAG_PREFIX) and tag[len(CELL_TAG_PREFIX) :].isdigit():
-        return int(tag[len(CELL_TAG_PREFIX) :])
-    return None
 
 
 def cell_slices(

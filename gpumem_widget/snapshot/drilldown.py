@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpumem_widget.snapshot.tags import CELL_TAG_PREFIX
+
 if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
     from gpumem_widget.snapshot.aggregate import Axis
@@ -155,7 +157,7 @@ def overview(
     from gpumem_widget.snapshot import active_memory_view, categories, cell_slices
     from gpumem_widget.snapshot.segment_views import reserved_over_time_view
 
-    tagged = any(s.startswith("cell:") for s in snap.data.strings)
+    tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
     devices = []
     for d in snap.devices:
         cells = None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
