@@ -10,24 +10,16 @@ import contextlib
 from typing import Any
 
 from gpumem_widget.live.session import Session
-from gpumem_widget.magics.core import CORE_COMMANDS, Command, run_magic
+from gpumem_widget.magics.core import Command, run_magic
 
 _session: Session | None = None
 
 
 def commands() -> tuple[Command, ...]:
-    from gpumem_widget.magics.commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
-    from gpumem_widget.magics.history import HISTORY_COMMANDS
-    from gpumem_widget.magics.workers import WORKER_COMMANDS
+    """Every subcommand (`magics/registry.py`), imported on the first `%gpumem`."""
+    from gpumem_widget.magics.registry import commands as registered
 
-    return (
-        CORE_COMMANDS
-        + FEATURE_COMMANDS
-        + REPORT_COMMANDS
-        + ALLOCATOR_COMMANDS
-        + HISTORY_COMMANDS
-        + WORKER_COMMANDS
-    )
+    return registered()
 
 
 def current_session() -> Session | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpumem_widget.magics.recording import configure_cell, configure_record, configure_snapshot
 from gpumem_widget.snapshot import (
     RecordingUnavailable,
     cell_slices,
@@ -17,13 +18,7 @@ from gpumem_widget.snapshot import (
     stop_recording,
     take_snapshot,
 )
-from gpumem_widget.snapshot.record import (
-    DEFAULT_MAX_ENTRIES,
-    configure_cell,
-    configure_record,
-    configure_snapshot,
-    recording_state,
-)
+from gpumem_widget.snapshot.record import DEFAULT_MAX_ENTRIES, recording_state
 
 torch = pytest.importorskip("torch")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA errors")

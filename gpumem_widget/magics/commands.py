@@ -102,7 +102,7 @@ def _publish(
 
 
 def _configure_record(p: argparse.ArgumentParser) -> None:
-    from gpumem_widget.snapshot.record import configure_record
+    from gpumem_widget.magics.recording import configure_record
 
     configure_record(p)
     p.add_argument(
@@ -135,7 +135,7 @@ def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any
 
 
 def _configure_snapshot(p: argparse.ArgumentParser) -> None:
-    from gpumem_widget.snapshot.record import configure_snapshot
+    from gpumem_widget.magics.recording import configure_snapshot
 
     configure_snapshot(p)
 
@@ -149,7 +149,7 @@ def _snapshot(session: Session, args: argparse.Namespace, cell: str | None) -> A
 
 
 def _configure_cell(p: argparse.ArgumentParser) -> None:
-    from gpumem_widget.snapshot.record import configure_cell
+    from gpumem_widget.magics.recording import configure_cell
 
     configure_cell(p)
 
