@@ -260,3 +260,46 @@ def test_each_update_carries_only_the_newest_records(ip: Any) -> None:
     ip.run_line_magic("gpumem", "reset")
     wait_for(lambda: s.widget.cells == [] and len(s.widget.cells_tail) <= 1)
     assert s.widget.ledger_extent["epoch"] == extent["epoch"] + 1
+
+
+def test_unload_frees_the_session(ip: Any) -> None:
+    """Nothing keeps a session alive after unload: not anywidget (an `_esm` given as a Path
+    made it keep every instance), not a thread, not a comm."""
+    import gc
+    import weakref
+
+    from ipywidgets.widgets.widget import _instances  # type: ignore[import-untyped]
+
+    sessions = []
+    for _ in range(3):
+        ip.run_line_magic("reload_ext", "gpumem_widget")
+        ip.run_cell("a = 1", store_history=True)
+        s = gpumem_widget.current_session()
+        assert s is not None
+        sessions.append(weakref.ref(s))
+        model_id = s.widget.model_id
+        del s
+    ip.run_line_magic("unload_ext", "gpumem_widget")
+    gc.collect()
+    assert [r() is None for r in sessions] == [True, True, True]
+    assert sampler_threads() == []
+    assert model_id not in _instances
+    ip.run_line_magic("load_ext", "gpumem_widget")  # for the fixture's teardown
+
+
+def test_show_replaces_a_widget_the_front_end_closed(ip: Any) -> None:
+    s = gpumem_widget.current_session()
+    assert s is not None
+    ip.run_cell("before = 1", store_history=True)
+    old = s.widget
+    old.comm.handle_close({"content": {"data": {}}})  # as when the front end closes the comm
+    assert not old.live
+    ip.run_line_magic("gpumem", "show")
+    new = s.widget
+    assert new is not old
+    assert new.live
+    # The new one gets everything afresh from the publisher, and answers page requests.
+    wait_for(lambda: new.ledger_extent.get("total") == len(gpumem_widget.ledger()))
+    assert [*new.cells, *new.cells_tail][-1]["source"] == "before = 1"
+    ip.run_line_magic("gpumem", "show")
+    assert s.widget is new  # a live one is shown again, not replaced

@@ -113,6 +113,9 @@ class CellRecord:
     notes: Mapping[str, Any] = field(default_factory=dict)
     # Per worker process and device, when workers reported during the cell (`workers/`).
     workers: tuple[WorkerCellUsage, ...] = ()
+    # Figures a reader could not give for this cell, and why: {"host_rss_before": "memory_info
+    # raised ...", "cuda:0": "memory_stats raised ..."} (a device's figures all go together).
+    missing: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def delta_allocated(self) -> int:
@@ -143,6 +146,7 @@ class CellRecord:
             "host_rss_after": self.host_rss_after,
             "host_rss_peak": self.host_rss_peak,
             "notes": dict(self.notes),
+            "missing": dict(self.missing),
             "devices": [d.to_wire() for d in self.devices],
         }
         if self.workers:  # absent without workers: most rows stay as small as before
@@ -152,6 +156,7 @@ class CellRecord:
     def flat(self) -> dict[str, Any]:
         """One flat row (for pandas/CSV): device fields prefixed ``cuda{i}_``."""
         row = self._scalars()
+        row["missing"] = "; ".join(f"{k}: {v}" for k, v in self.missing.items())
         for d in self.devices:
             p = f"cuda{d.device}_"
             row.update((p + k, v) for k, v in d.to_wire().items() if k != "device")
@@ -159,7 +164,9 @@ class CellRecord:
 
 
 _CELL_SCALARS = [
-    f for f in dataclasses.fields(CellRecord) if f.name not in ("devices", "notes", "workers")
+    f
+    for f in dataclasses.fields(CellRecord)
+    if f.name not in ("devices", "notes", "workers", "missing")
 ]
 
 

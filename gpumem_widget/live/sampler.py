@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def read_row(
-    readers: Readers, stats: Sequence[AllocatorStats] | None = None, nvml: bool = True
+    readers: Readers, stats: Sequence[AllocatorStats | None] | None = None, nvml: bool = True
 ) -> npt.NDArray[np.float64]:
     """One sample in `protocol.timeline_columns` order; NaN where a source has nothing.
     `stats`, when the caller has just read them, saves reading the allocator twice;
@@ -35,7 +35,8 @@ def read_row(
     k = 1
     for d in range(n):
         s = stats[d] if stats is not None else readers.torch.stats(d)
-        row[k : k + 3] = (s.allocated, s.reserved, s.active)
+        if s is not None:  # None: the caller could not read it (NaN here, a reason there)
+            row[k : k + 3] = (s.allocated, s.reserved, s.active)
         if nvml and readers.nvml.has(d):
             mine, others = readers.nvml.process_usage(d)
             row[k + 3 : k + 5] = (
@@ -74,7 +75,7 @@ class Sampler:
         self.idle_interval = idle_interval
         self.busy = False
         self.paused = False
-        self.error: str | None = None
+        self._errors: dict[str, str] = {}  # where -> what failed last; cleared on success
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -89,6 +90,11 @@ class Sampler:
         self.checkpoint: Callable[[npt.NDArray[np.float64] | None], None] | None = None
         self.checkpoint_interval = 1.0
         self._last_checkpoint = 0.0
+
+    @property
+    def error(self) -> str | None:
+        """What is failing now (sampling or publishing), None once it works again."""
+        return next(iter(self._errors.values()), None)
 
     @property
     def state(self) -> str:
@@ -194,6 +200,7 @@ class Sampler:
                 try:
                     self.sample()
                     failures = 0
+                    self._errors.pop("sampler", None)
                     self._maybe_checkpoint()
                 except Exception as e:
                     failures += 1
@@ -201,6 +208,7 @@ class Sampler:
             publish_due: float | None = None
             try:
                 publish_due = self._maybe_publish()
+                self._errors.pop("publisher", None)
             except Exception as e:  # a closed or broken widget must not stop the sampling
                 self._note_error("publisher", e)
             # Under the lock `_poke` takes, so a cell starting now either is seen here or sees
@@ -226,10 +234,9 @@ class Sampler:
             self.checkpoint(cell_max)
 
     def _note_error(self, where: str, e: Exception) -> None:
-        """Keep the first error for the widget's status; log each one."""
+        """Keep the error for the widget's status until `where` works again; log each one."""
         log.warning("gpumem_widget %s failed: %s: %s", where, type(e).__name__, e)
-        if self.error is None:
-            self.error = f"{where}: {type(e).__name__}: {e}"
+        self._errors[where] = f"{where}: {type(e).__name__}: {e}"
 
     def _maybe_publish(self) -> float | None:
         """Publish if the rate allows; else the seconds until it will (None: nothing to do)."""

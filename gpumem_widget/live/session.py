@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -17,7 +18,8 @@ import IPython
 
 from gpumem_widget.live import notes
 from gpumem_widget.live.history import History, start_history
-from gpumem_widget.live.ledger import Ledger, LedgerRecords
+from gpumem_widget.live.interrupts import InterruptGuard, RaiseInterrupt
+from gpumem_widget.live.ledger import CellRecord, Ledger, LedgerRecords
 from gpumem_widget.live.publisher import LedgerPages, Publisher
 from gpumem_widget.live.readers import Readers, imported_torch
 from gpumem_widget.live.sampler import Sampler
@@ -62,15 +64,29 @@ def _close(widget: GpuMemWidget) -> None:
 
 
 def guarded(method: F) -> F:
-    """Run a hook so that no exception escapes into the user's cell."""
+    """Run a hook so that no exception escapes into the user's cell, with SIGINT held (see
+    `interrupts.py`): the hook's work is never cut in half, and an interrupt is handed on."""
 
     @functools.wraps(method)
     def wrapper(self: Session, *args: Any, **kwargs: Any) -> Any:
+        guard = self.interrupts
         try:
-            return method(self, *args, **kwargs)
-        except Exception as e:
-            self.report_error(f"{method.__name__}: {type(e).__name__}: {e}")
-            return None
+            for _ in range(3):  # an interrupt before the hold took: the hook has not run yet
+                try:
+                    guard.hold()
+                    break
+                except KeyboardInterrupt:
+                    guard.pending = True
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:
+                self.report_error(f"{method.__name__}: {type(e).__name__}: {e}")
+                return None
+        finally:
+            try:
+                guard.release()
+            except KeyboardInterrupt:  # came just as it was released: the hook has done its work
+                guard.pending = True
 
     return wrapper  # type: ignore[return-value]
 
@@ -124,6 +140,8 @@ class Session:
         self.error: str | None = None
         # Worker processes reporting here (`workers.hub.listen`; the extension starts it).
         self.workers: WorkerHubLike | None = None
+        self.interrupts = InterruptGuard()
+        self._raise_interrupt = RaiseInterrupt()
         self.widget.status = self.status()
 
     def _new_widget(self) -> GpuMemWidget:
@@ -200,6 +218,8 @@ class Session:
     def status(self) -> payloads.Status:
         processes = self._processes()
         readers = self.readers.states()
+        if self.tracker.torch_failure is not None:
+            readers["torch"] = {"ok": False, "reason": self.tracker.torch_failure}
         for d, why in self.readers.nvml.process_reason.items():
             if why:
                 readers[f"nvml process (cuda:{d})"] = {"ok": False, "reason": why}
@@ -257,7 +277,18 @@ class Session:
     # IPython hooks ------------------------------------------------------------------------
     @guarded
     def pre_run_cell(self, info: Any) -> None:
-        self.attach_torch()  # torch imported between cells (by another extension, say)
+        try:
+            self.attach_torch()  # torch imported between cells (by another extension, say)
+            # A request that stores no history (a front end's silent request, run_cell inside a
+            # cell) has no prompt number of its own, so it gets no row: what it allocates shows
+            # in the timeline and in the next cell's "before" figures; a running cell goes on.
+            if getattr(info, "store_history", True):
+                self._start_cell(info)
+        finally:
+            if self.interrupts.take():  # Ctrl-C while we held it: the cell gets it first thing
+                self._interrupt_cell()
+
+    def _start_cell(self, info: Any) -> None:
         if self.oom is not None:
             self.oom.drain()  # events from between cells belong to no cell
         count = self._upcoming_count(info)
@@ -278,6 +309,10 @@ class Session:
 
     @guarded
     def post_run_cell(self, result: Any) -> None:
+        self._interrupt_cell(False)
+        if not getattr(getattr(result, "info", None), "store_history", True):
+            self.interrupts.take()  # its code has run; nobody sees its output
+            return  # no row: see pre_run_cell
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         self.attach_torch()  # this cell imported torch: its record has the GPU too
         record = self.tracker.finish(
@@ -285,6 +320,29 @@ class Session:
         )
         if record is None:
             return
+        try:
+            self._finish_cell(record, error)
+        finally:
+            if self.interrupts.take():
+                print(
+                    "KeyboardInterrupt: came as the cell finished (its code had run to the end; "
+                    "gpumem_widget held it to keep the cell's row)",
+                    file=sys.stderr,
+                )
+
+    def _interrupt_cell(self, on: bool = True) -> None:
+        """Arm (or disarm) the one-shot transformer that makes the cell raise KeyboardInterrupt."""
+        transformers = getattr(self.shell, "ast_transformers", None)
+        if transformers is None:
+            return
+        if on and self._raise_interrupt not in transformers:
+            transformers.insert(0, self._raise_interrupt)
+        elif not on and self._raise_interrupt in transformers:
+            transformers.remove(self._raise_interrupt)
+
+    def _finish_cell(self, record: CellRecord, error: BaseException | None) -> None:
+        if self.interrupts.pending and record.error is None:
+            record = dataclasses.replace(record, error="KeyboardInterrupt")
         cell_notes: dict[str, Any] = {}
         finished = notes.FinishedCell(record, error)
         for name, annotate in self.annotators:

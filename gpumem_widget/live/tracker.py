@@ -34,8 +34,9 @@ class _CellStart:
     source: str
     started: float
     t0: float
-    stats: list[AllocatorStats]
+    stats: list[AllocatorStats | None]  # None: the allocator could not be read (see missing)
     rss: int | None
+    missing: dict[str, str]
 
 
 @dataclass(slots=True)
@@ -52,6 +53,8 @@ class CellTracker:
         self.session_peaks = [SessionPeak() for _ in range(readers.num_devices)]
         self._cols = {c: i for i, c in enumerate(protocol.timeline_columns(readers.num_devices))}
         self._current: _CellStart | None = None
+        # Why the allocator's latest read at a cell's edge failed (None once one works).
+        self.torch_failure: str | None = None
 
     @property
     def running_cell(self) -> int | None:
@@ -69,16 +72,24 @@ class CellTracker:
         self._cols = {c: i for i, c in enumerate(protocol.timeline_columns(n))}
 
     def start(self, execution_count: int, source: str, cell_id: str | None = None) -> None:
+        """Open the cell's row. A reader that fails costs a figure, never the row: the record
+        says which figure is missing and why."""
         with self.sampler.layout_lock:
             self._start(execution_count, source, cell_id)
 
     def _start(self, execution_count: int, source: str, cell_id: str | None) -> None:
-        stats = [self.readers.torch.stats(d) for d in range(self.readers.num_devices)]
+        missing: dict[str, str] = {}
+        stats = [self._stats(d, missing) for d in range(self.readers.num_devices)]
         for d, s in enumerate(stats):
+            if s is None:
+                continue
             # Whatever happened between cells still counts toward the session peak.
             self._bump_session_peak(d, s.peak_allocated, s.peak_reserved)
             if self.peak_mode == "exact":
-                self.readers.torch.reset_peaks(d)
+                try:
+                    self.readers.torch.reset_peaks(d)
+                except Exception as e:
+                    missing.setdefault(f"cuda:{d} peak", _why("reset_peak_memory_stats", e))
         self.sampler.begin_cell()
         row = self.sampler.record(read_row(self.readers, stats, nvml=False))  # not needed here
         self._current = _CellStart(
@@ -89,8 +100,23 @@ class CellTracker:
             t0=time.perf_counter(),
             stats=stats,
             rss=self._value(row, protocol.HOST_RSS_COLUMN),
+            missing=missing,
         )
-        self.readers.torch.set_tag(cell_tag(execution_count))
+        if self._current.rss is None and self.readers.host.failure is not None:
+            missing["host_rss_before"] = self.readers.host.failure
+        try:
+            self.readers.torch.set_tag(cell_tag(execution_count))
+        except Exception as e:
+            missing["cell tag"] = _why("_set_memory_metadata", e)
+
+    def _stats(self, device: int, missing: dict[str, str]) -> AllocatorStats | None:
+        try:
+            stats = self.readers.torch.stats(device)
+        except Exception as e:
+            missing[f"cuda:{device}"] = self.torch_failure = _why("memory_stats", e)
+            return None
+        self.torch_failure = None
+        return stats
 
     def finish(
         self, error: BaseException | None = None, execution_count: int | None = None
@@ -108,17 +134,25 @@ class CellTracker:
         self, start: _CellStart, error: BaseException | None, execution_count: int | None
     ) -> CellRecord:
         duration = time.perf_counter() - start.t0
-        self.readers.torch.set_tag("")
-        after = [self.readers.torch.stats(d) for d in range(self.readers.num_devices)]
+        missing = start.missing
+        try:
+            self.readers.torch.set_tag("")
+        except Exception as e:
+            missing["cell tag"] = _why("_set_memory_metadata", e)
+        after = [self._stats(d, missing) for d in range(self.readers.num_devices)]
         row = self.sampler.record(read_row(self.readers, after))
         sampled = self.sampler.end_cell()
         # A device that appeared during the cell (the cell imported torch): its allocator held
         # nothing at the cell's start, and its peak counters count from then.
         before = start.stats + [ZERO_STATS] * (len(after) - len(start.stats))
         devices = tuple(
-            self._device_usage(d, before[d], after[d], row, sampled) for d in range(len(after))
+            self._device_usage(d, was, now, row, sampled)
+            for d, (was, now) in enumerate(zip(before, after, strict=True))
+            if was is not None and now is not None
         )
         rss_after = self._value(row, protocol.HOST_RSS_COLUMN)
+        if rss_after is None and self.readers.host.failure is not None:
+            missing["host_rss_after"] = self.readers.host.failure
         return CellRecord(
             execution_count=start.execution_count if execution_count is None else execution_count,
             cell_id=start.cell_id,
@@ -133,6 +167,7 @@ class CellTracker:
             host_rss_peak=_max_known(
                 start.rss, rss_after, self._value(sampled, protocol.HOST_RSS_COLUMN)
             ),
+            missing=missing,
         )
 
     def _device_usage(
@@ -195,6 +230,10 @@ class CellTracker:
 
     def reset(self) -> None:
         self.session_peaks = [SessionPeak() for _ in range(self.readers.num_devices)]
+
+
+def _why(call: str, e: Exception) -> str:
+    return f"{call} raised {type(e).__name__}: {e}"
 
 
 def _max_known(*values: int | None) -> int | None:

@@ -120,6 +120,7 @@ class _CellFields(TypedDict):
 
 class Cell(_CellFields, total=False):
     workers: list[dict[str, Any]]  # per rank (wire/workers.py); absent without workers
+    missing: dict[str, str]  # figures a reader could not give for this cell -> why
 
 
 class LedgerExtent(TypedDict):

@@ -67,6 +67,17 @@ export class Details {
     const parts: HTMLElement[] = [head];
     if (mode === "cuda" && cell.devices.length > 0) parts.push(deviceTable(cell.devices, devices));
     parts.push(hostLine(cell), ...workerSection(cell.workers), ...noteSections(cell.notes));
+    const missing = Object.entries(cell.missing ?? {});
+    if (missing.length > 0) {
+      const list = document.createElement("ul");
+      list.className = "gpumem-details-missing";
+      for (const [figure, why] of missing) {
+        const li = document.createElement("li");
+        li.textContent = `${figure} missing: ${why}`;
+        list.append(li);
+      }
+      parts.push(list);
+    }
     const source = document.createElement("pre");
     source.className = "gpumem-details-source";
     source.textContent = cell.source;

@@ -40,6 +40,7 @@ function cell(n: number, over: Partial<CellRecord> = {}): CellRecord {
     host_rss_peak: 2 * GiB,
     devices: [],
     notes: NO_NOTES,
+    missing: {},
     ...over,
   };
 }

@@ -17,6 +17,7 @@ function cell(n: number, error: string | null = null): CellRecord {
     host_rss_peak: null,
     devices: [],
     notes: NO_NOTES,
+    missing: {},
   };
 }
 

@@ -46,6 +46,7 @@ function cell(n: number, peak: number, over: Partial<CellRecord> = {}): CellReco
     host_rss_peak: null,
     devices: [usage(peak)],
     notes: NO_NOTES,
+    missing: {},
     ...over,
   };
 }
@@ -101,6 +102,16 @@ describe("ledger", () => {
 });
 
 describe("details", () => {
+  it("says which figures a reader could not give, and why, and marks an interrupted cell", () => {
+    const details = new Details(() => undefined);
+    const missing = { host_rss_before: "memory_info raised PermissionError: denied" };
+    details.show(cell(5, GiB, { error: "KeyboardInterrupt", missing }), [H200], "cuda");
+    const items = [...details.el.querySelectorAll(".gpumem-details-missing li")].map((li) => li.textContent);
+    expect(items).toEqual(["host_rss_before missing: memory_info raised PermissionError: denied"]);
+    expect(details.el.dataset["outcome"]).toBe("interrupted");
+    expect(details.el.textContent).toContain("interrupted");
+  });
+
   it("shows per-device figures, memory outside PyTorch and the source as text", () => {
     const details = new Details(() => undefined);
     details.show(cell(4, 3 * GiB, { oom: true, error: "OutOfMemoryError" }), [H200], "cuda");

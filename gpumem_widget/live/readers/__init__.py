@@ -55,10 +55,13 @@ class Readers:
         return True
 
     def states(self) -> dict[str, payloads.ReaderState]:
-        return {
+        states: dict[str, payloads.ReaderState] = {
             name: {"ok": r.available, "reason": r.reason}
             for name, r in (("torch", self.torch), ("nvml", self.nvml), ("host", self.host))
         }
+        if self.host.available and self.host.failure is not None:  # worked once, failing now
+            states["host"] = {"ok": False, "reason": self.host.failure}
+        return states
 
     def close(self) -> None:
         self.nvml.close()

@@ -9,6 +9,8 @@ class HostReader:
     def __init__(self) -> None:
         self.available = False
         self.reason: str | None = None
+        # Why the latest read failed (None once one succeeds): status shows it, a cell's row too.
+        self.failure: str | None = None
         try:
             import psutil
 
@@ -22,6 +24,9 @@ class HostReader:
         if not self.available:
             return None
         try:
-            return int(self._proc.memory_info().rss)
-        except Exception:
+            rss = int(self._proc.memory_info().rss)
+        except Exception as e:
+            self.failure = f"memory_info raised {type(e).__name__}: {e}"
             return None
+        self.failure = None
+        return rss

@@ -159,6 +159,7 @@ export interface CellRecord {
   devices: DeviceCellUsage[];
   notes: CellNotes;
   workers?: WorkerCellUsage[]; // per worker process and device, when workers reported
+  missing?: Record<string, string>; // figures a reader could not give for this cell, and why
 }
 
 export function parseDevices(raw: unknown): DeviceInfo[] {
@@ -302,7 +303,14 @@ export function parseCell(c: unknown, what: string): CellRecord {
     devices: devices.map((d, i) => parseDeviceUsage(d, `${what}.devices[${i}]`)),
     notes: parseNotes(c["notes"]),
     ...(c["workers"] !== undefined ? { workers: parseWorkerRows(c["workers"]) } : {}),
+    missing: parseMissing(c["missing"]),
   };
+}
+
+/** `missing`: figure -> why; absent (an older kernel) or malformed entries are left out. */
+function parseMissing(raw: unknown): Record<string, string> {
+  if (!isObject(raw)) return {};
+  return Object.fromEntries(Object.entries(raw).filter((e): e is [string, string] => isString(e[1])));
 }
 
 /** Every well-formed record, plus one message per malformed one (which is left out). */
