@@ -578,7 +578,7 @@ def ip() -> Iterator[Any]:
 
 
 def run(ip: Any, code: str) -> Any:
-    result = ip.run_cell(code)
+    result = ip.run_cell(code, store_history=True)  # a notebook cell: it gets a row
     result.raise_error()
     return result.result
 
