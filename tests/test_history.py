@@ -608,6 +608,59 @@ def test_how_a_session_ended_reads_as_the_issue_words_it() -> None:
     )
 
 
+FULL_DISK_SCRIPT = """
+import contextlib, io, json, os, resource, signal, time
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.history_manager.enabled = False  # IPython's own history file is not the one under test
+ip.run_line_magic("load_ext", "gpumem_widget")
+import gpumem_widget
+s = gpumem_widget.current_session()
+s.history.wait_written()
+# From here on no file of this process may grow past 256 KiB: a disk that is full.
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    for i in range(60):
+        r = ip.run_cell(f"v{i} = {'z' * 20_000!r}; print({i})", store_history=True)
+        assert r.success, r
+        if not s.history.on:
+            break
+deadline = time.monotonic() + 20
+while s.history.on and time.monotonic() < deadline:
+    ip.run_cell("print('after')", store_history=True)
+    time.sleep(0.1)
+print(json.dumps({"printed": out.getvalue().split(), "status": s.status()["history"],
+                  "cells": len(gpumem_widget.ledger()), "error": s.error}))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX resource limits")
+def test_a_full_disk_turns_history_off_and_cells_run(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "history.sqlite3"
+    env = {**os.environ, "PYTHONPATH": str(REPO), history_mod.ENV_PATH: str(path)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(FULL_DISK_SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    status = result["status"]
+    assert status["on"] is False, status
+    assert f"cannot write {path}" in status["reason"]
+    printed = result["printed"]
+    assert printed[: len(printed) - printed.count("after")] == [
+        str(i) for i in range(len(printed) - printed.count("after"))
+    ]  # every cell ran and printed, in order
+    assert result["cells"] >= 3
+    assert result["error"] is None  # nothing reached the extension's error line either
+
+
 # Retention -----------------------------------------------------------------------------------
 def test_the_size_cap_drops_the_oldest_sessions_first(db: pathlib.Path) -> None:
     settings = HistorySettings(path=db, max_bytes=256 * 1024)

@@ -167,6 +167,13 @@ def test_two_notebooks_write_at_once(
             assert state["on"] is True, state
             listing = ok(k, "%gpumem history")
             assert f"history of {name}.ipynb" in listing
+        # Each sees the other notebook's kernel as a live process, not a dead one.
+        everyone = ok(one, "%gpumem history --all")
+        other = next(ln for ln in everyone.splitlines() if "[two.ipynb]" in ln)
+        assert "still running (pid " in other, everyone
+        assert "still running (this kernel)" in next(
+            ln for ln in everyone.splitlines() if "[one.ipynb]" in ln
+        )
     with contextlib.closing(sqlite3.connect(history)) as c:
         for name in ("one", "two"):
             sources = [

@@ -893,7 +893,8 @@ class History:
                 return
             self._loop(store)
         except Exception as e:  # whatever it was, history stops and says why; cells go on
-            self._turn_off(f"{type(e).__name__}: {e}")
+            assert self.settings.path is not None
+            self._turn_off(_why(e, self.settings.path))
         finally:
             self._ready.set()
             if store is not None:
