@@ -461,12 +461,13 @@ def test_a_lock_held_too_long_turns_history_off_and_cells_run(db: pathlib.Path) 
     holder.execute("BEGIN EXCLUSIVE")
     shell = InteractiveShell.instance()
     try:
-        t0 = time.monotonic()
         s = cuda_session(shell)
         try:
+            t0 = time.monotonic()
             out = run(shell, "print('the cell ran')")
             assert out == "the cell ran\n"
-            assert time.monotonic() - t0 < history_mod.LOCK_TIMEOUT_S  # it did not wait
+            # It did not wait for the lock (only, once, for the previous run's peaks).
+            assert time.monotonic() - t0 < history_mod.FIRST_COMPARE_WAIT_S + 0.5
             deadline = time.monotonic() + 10
             while s.history.on and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -57,6 +57,7 @@ FILE_NAME = "history.sqlite3"
 OFF_WORDS = frozenset({"off", "0", "false", "no", "none", "disabled"})
 CHECKPOINT_S = 1.0  # how often the running cell's highest memory reaches the disk
 BATCH_S = 0.05  # the writer gathers what arrives within this long into one transaction
+FIRST_COMPARE_WAIT_S = 0.25  # the first cell waits this long at most for the previous run's peaks
 LOCK_TIMEOUT_S = 2.0  # how long a statement waits for another kernel's write lock
 LOCK_RETRIES = 5  # batches retried (a second apart) while the file stays locked
 SCHEMA_VERSION = 3  # PRAGMA user_version; a newer file is read, never written
@@ -838,7 +839,7 @@ class History:
         peaks, and whether the new one is a regression (see `HistorySettings`)."""
         if not self._waited:  # the first cell may come before the writer has read the file
             self._waited = True
-            self._ready.wait(1.0)
+            self._ready.wait(FIRST_COMPARE_WAIT_S)
         prev = self._previous.get(record.source)
         metric, peak = headline_peak(record)
         if prev is None or peak is None or prev.metric != metric:
