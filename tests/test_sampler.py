@@ -51,22 +51,46 @@ def test_busy_rate_starts_at_once_even_mid_publish() -> None:
         sampler.stop()
 
 
+class CountingEvent(threading.Event):
+    """The sampler's wake-up event, counting the thread's turns (each ends in one wait)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
 def test_idle_rate_is_slow_and_back_to_back_cells_do_not_wake_the_thread() -> None:
     sampler, timeline, _ = make()
+    wake = CountingEvent()
+    sampler._wake = wake
     sampler.start()
     try:
         time.sleep(0.2)
         t0 = time.time()
         time.sleep(1.5)
         assert samples_between(timeline, t0, time.time()) <= 3  # about 1 Hz idle
-        for _ in range(200):  # trivial cells: only the hooks' own edge samples
+        before, rows_before, started = wake.waits, len(timeline.column("t")), time.monotonic()
+        for _ in range(200):  # trivial cells (a millisecond each): the hooks' own edge samples
             sampler.begin_cell()
             sampler.record(timeline_row(sampler))
+            time.sleep(0.001)  # the cell runs: the thread could take the GIL now
             sampler.end_cell()
+        took = time.monotonic() - started
+        turns = wake.waits - before
+        taken_by_thread = len(timeline.column("t")) - rows_before - 200
         assert sampler.state == "running"
     finally:
         sampler.stop()
     assert sampler.state == "stopped"
+    # 400 cell edges; the thread is woken only when its next wake-up is further off than the
+    # busy rate (the first cell, after idling), then runs at the busy rate at most.
+    ticks = took / sampler.busy_interval
+    assert turns <= 2 + ticks, (turns, took)
+    assert taken_by_thread <= 2 + ticks, (taken_by_thread, took)
 
 
 def timeline_row(sampler: Sampler) -> np.ndarray:

@@ -5,7 +5,7 @@ CUDA allocations and an out-of-memory cell where a GPU is present, host allocati
 error otherwise; then writes the widget's traits exactly as ipywidgets sends them. View with
 `npm run dev` and /js/dev/index.html?state=<path of the JSON, relative to the repository root>.
 
-    PYTHONPATH=. /work/venv/bin/python js/dev/record_state.py js/dev/state.json
+    .venv/bin/python js/dev/record_state.py js/dev/state.json
 """
 
 from __future__ import annotations

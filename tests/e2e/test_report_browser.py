@@ -75,7 +75,7 @@ def hostile_snapshot() -> dict[str, Any]:
     sim = AllocatorSim(capacity=1 << 30)
     sim.start_recording()
     sim.set_metadata(f"cell:1 {HOSTILE}")
-    where = [frame(f"/work/{HOSTILE}.py", 7, HOSTILE)]
+    where = [frame(f"/srv/{HOSTILE}.py", 7, HOSTILE)]
     kept = sim.malloc(64 << 20, where)
     sim.free(sim.malloc(128 << 20, where))
     sim.free(kept)

@@ -1,4 +1,4 @@
-"""A real IPython shell with the extension loaded, for GPU tests (run through the device tool)."""
+"""A real IPython shell with the extension loaded, for GPU tests (run on a CUDA machine)."""
 
 from __future__ import annotations
 

@@ -1,44 +1,26 @@
-"""A real CUDA OOM in a real Jupyter kernel: the post-mortem's figures, then `%gpumem free`.
+"""A real CUDA OOM in a real IPython shell with the extension loaded, through the real hooks.
 
-The kernel runs this interpreter with the source tree on PYTHONPATH. Cells, in order:
-a baseline (a 256 MiB tensor kept in a variable), a 512 MiB tensor left in the output cache,
-a function that allocates 8 GiB and then asks for 1 GiB more than the device has free (a real
-OutOfMemoryError; its traceback keeps the 8 GiB alive), the post-mortem as the post_run_cell
-hook builds it, and the release. Every figure is compared with memory_stats in the same kernel.
+Cells, in order, as a notebook runs them: a baseline (a 256 MiB tensor kept in a variable),
+recording on, a 512 MiB tensor left in the output cache, a function that allocates 8 GiB and
+then asks for 1 GiB more than the device has free (a real OutOfMemoryError; its traceback keeps
+the 8 GiB alive). Nothing is called by hand between them: the session's post_run_cell builds the
+post-mortem from the OOM observer's event, puts it in the cell's ledger record, and offers the
+snapshot taken at the OOM to the Snapshot tab, which computes it when the browser asks
+(``{"type": "load"}``). Every figure is compared with memory_stats in the same process; then
+`%gpumem free` returns the device to the baseline.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.kernel, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 MiB, GiB = 2**20, 2**30
 KEEP, CACHED, HELD_BY_TRACEBACK = 256 * MiB, 512 * MiB, 8 * GiB
 
-SETUP = f"""
-import json, sys, torch
-from gpumem_widget.holders.variables import holders_for_shell
-from gpumem_widget.holders.postmortem import OomRecorder, build_postmortem, current_alloc_conf
-from gpumem_widget.holders.release import free_notebook_memory
-recorder = OomRecorder.install()
-keep = torch.empty({KEEP}, dtype=torch.uint8, device="cuda")
-torch.cuda.synchronize()
-baseline = torch.cuda.memory_allocated()
-stats_before = torch.cuda.memory_stats()
-print(json.dumps({{"baseline": baseline, "recorder": recorder is not None,
-                  "ooms": stats_before["num_ooms"], "retries": stats_before["num_alloc_retries"]}}))
-"""
-CACHED_OUTPUT = f"torch.ones({CACHED // 4}, dtype=torch.float32, device='cuda')"
 OOM = f"""
 def step():
     activations = torch.empty({HELD_BY_TRACEBACK}, dtype=torch.uint8, device="cuda")
@@ -46,75 +28,6 @@ def step():
     return torch.empty(free + {GiB}, dtype=torch.uint8, device="cuda")
 step()
 """
-# What the post_run_cell hook does after a cell that raised OutOfMemoryError.
-POSTMORTEM = """
-events = recorder.drain()
-stats_after = {i: torch.cuda.memory_stats(i) for i in range(torch.cuda.device_count())}
-pm = build_postmortem(getattr(sys, "last_exc", None) or sys.last_value, stats_after,
-                      events=events, holders=holders_for_shell(get_ipython()),
-                      alloc_conf=current_alloc_conf())
-print(json.dumps({"pm": pm.to_wire(), "events": [
-    {"device": e.device, "requested": e.requested, "limit": e.limit, "free": e.free,
-     "stats": e.stats} for e in events], "stats_after": stats_after[0]}))
-del events, stats_after
-"""
-FREE = "print(json.dumps(free_notebook_memory(get_ipython()).to_wire()))"
-AFTER = """
-print(json.dumps({"allocated": torch.cuda.memory_allocated(), "keep": keep.numel(),
-                  "Out": [type(v).__name__ for v in Out.values()],
-                  "last_value": hasattr(sys, "last_value")}))
-"""
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: str
-    ename: str | None
-    stdout: str
-
-
-class Kernel:
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    def run(self, code: str, timeout: float = 120) -> Reply:
-        out: list[str] = []
-
-        def collect(msg: dict[str, Any]) -> None:
-            if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
-                out.append(msg["content"]["text"])
-
-        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=collect)
-        content = reply["content"]
-        return Reply(content["status"], content.get("ename"), "".join(out))
-
-    def json(self, code: str) -> Any:
-        r = self.run(code)
-        assert r.status == "ok", r
-        return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-
-    spec = tmp_path_factory.mktemp("kernels") / "python3"
-    spec.mkdir()
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "language": "python"}))
-    specs = KernelSpecManager(kernel_dirs=[str(spec.parent)], ensure_native_kernel=False)
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=specs)
-    km.start_kernel(env={**os.environ, "PYTHONPATH": pythonpath})
-    client = km.blocking_client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        yield Kernel(client)
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def near(parsed: int | None, exact: int) -> bool:
@@ -123,69 +36,92 @@ def near(parsed: int | None, exact: int) -> bool:
     return parsed is not None and abs(parsed - exact) <= 0.005 * unit
 
 
-def test_oom_postmortem_matches_memory_stats_and_free_returns_to_baseline(
-    kernel: Kernel,
-) -> None:
-    setup = kernel.json(SETUP)
-    assert setup["recorder"], "the OOM observer hook is missing from this torch build"
-    baseline = setup["baseline"]
-    assert kernel.run(CACHED_OUTPUT).status == "ok"
-    oom = kernel.run(OOM)
-    assert (oom.status, oom.ename) == ("error", "OutOfMemoryError")
+def test_an_oom_cell_gets_its_postmortem_and_snapshot_through_the_hooks(shell: Any) -> None:
+    import torch
 
-    got = kernel.json(POSTMORTEM)
-    pm, after = got["pm"], got["stats_after"]
-    (event,) = got["events"]
-    at = event["stats"]
-    d = pm["devices"][0]
-    held = baseline + CACHED + HELD_BY_TRACEBACK
-    # At the OOM, from the observer, and exactly memory_stats (nothing changed since).
-    assert d["failed"]
-    assert d["source"] == "observer"
-    assert d["allocated"] == at["allocated_bytes.all.current"] == held
-    assert d["allocated"] == after["allocated_bytes.all.current"]
-    assert d["reserved"] == at["reserved_bytes.all.current"] == after["reserved_bytes.all.current"]
-    assert d["reserved_unallocated"] == d["reserved"] - d["allocated"]
-    assert d["inactive_split"] == at["inactive_split_bytes.all.current"]
-    assert d["alloc_retries"] == at["num_alloc_retries"] >= setup["retries"] + 1
-    assert d["ooms"] == at["num_ooms"] == setup["ooms"] + 1
-    assert (d["requested"], d["free"], d["capacity"]) == (
-        event["requested"],
-        event["free"],
-        event["limit"],
-    )
-    assert d["requested"] > d["free"]
-    # The message says the same, to its two decimals.
+    import gpumem_widget
     from gpumem_widget.holders.postmortem import parse_oom_message
+    from gpumem_widget.holders.release import free_notebook_memory
 
-    m = parse_oom_message(pm["message"])
-    assert m.device == 0
-    assert near(m.requested, event["requested"])
-    assert near(m.free, event["free"])
-    assert near(m.total, event["limit"])
-    assert near(m.allocated, at["allocated_bytes.all.current"])
-    assert near(m.reserved_unallocated, d["reserved_unallocated"])
-    # Who holds it: the traceback's frame, the output cache, the user's variable.
-    holders = {h["name"].split(" ")[0]: h for h in pm["holders"]["holders"]}
-    assert holders["step"]["section"] == "traceback"
-    assert holders["step"]["exclusive"] == {"cuda:0": HELD_BY_TRACEBACK}
-    assert holders["Out[2]"]["exclusive"] == {"cuda:0": CACHED}
-    assert holders["keep"]["exclusive"] == {"cuda:0": KEEP}
-    assert pm["holders"]["releasable"] == {"cuda:0": CACHED + HELD_BY_TRACEBACK}
-    first = pm["suggestions"][0]
-    assert first["key"] == "free_notebook"
-    assert first["sufficient"] is True  # 8.5 GiB held by the notebook, about 1 GiB short
+    session = gpumem_widget.current_session()
+    assert session is not None
+    assert session.oom is not None, "the OOM observer hook is missing from this torch build"
+    shell.run_cell(
+        f'import torch\nkeep = torch.empty({KEEP}, dtype=torch.uint8, device="cuda")',
+        store_history=True,
+    ).raise_error()
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    before = torch.cuda.memory_stats()
+    shell.run_line_magic("gpumem", "record on")
+    try:
+        cached = shell.run_cell(
+            f"torch.ones({CACHED // 4}, dtype=torch.float32, device='cuda')", store_history=True
+        )
+        cached.raise_error()
+        out_entry = f"Out[{cached.execution_count}]"
+        oom = shell.run_cell(OOM, store_history=True)
+        oom_cell, error = oom.execution_count, type(oom.error_in_exec).__name__
+        # The results hold the tensor and the traceback: only the notebook may keep them.
+        del cached, oom
+        assert error == "OutOfMemoryError"
+        at = torch.cuda.memory_stats()  # nothing was freed since: the traceback holds it
 
-    freed = kernel.json(FREE)
+        # post_run_cell: the ledger row is an OOM and carries the post-mortem.
+        record = session.records()[-1]
+        assert record.execution_count == oom_cell
+        assert (record.error, record.oom) == ("OutOfMemoryError", True)
+        pm = record.notes["postmortem"]
+        assert session.last_postmortem is not None
+        assert pm == session.last_postmortem.to_wire()
+        assert pm["execution_count"] == record.execution_count
+        assert pm["events"] == 1
+        d = pm["devices"][0]
+        held = baseline + CACHED + HELD_BY_TRACEBACK
+        # At the OOM, from the observer, and exactly memory_stats (nothing changed since).
+        assert d["failed"]
+        assert d["source"] == "observer"
+        assert d["allocated"] == at["allocated_bytes.all.current"] == held
+        assert d["reserved"] == at["reserved_bytes.all.current"]
+        assert d["reserved_unallocated"] == d["reserved"] - d["allocated"]
+        assert d["inactive_split"] == at["inactive_split_bytes.all.current"]
+        assert d["alloc_retries"] == at["num_alloc_retries"] >= before["num_alloc_retries"] + 1
+        assert d["ooms"] == at["num_ooms"] == before["num_ooms"] + 1
+        assert d["requested"] > d["free"]
+        # The message says the same, to its two decimals.
+        m = parse_oom_message(pm["message"])
+        assert m.device == 0
+        assert near(m.requested, d["requested"])
+        assert near(m.free, d["free"])
+        assert near(m.allocated, at["allocated_bytes.all.current"])
+        # Who holds it: the traceback's frame, the output cache, the user's variable.
+        holders = {h["name"].split(" ")[0]: h for h in pm["holders"]["holders"]}
+        assert holders["step"]["section"] == "traceback"
+        assert holders["step"]["exclusive"] == {"cuda:0": HELD_BY_TRACEBACK}
+        assert holders[out_entry]["exclusive"] == {"cuda:0": CACHED}
+        assert holders["keep"]["exclusive"] == {"cuda:0": KEEP}
+        assert pm["holders"]["releasable"] == {"cuda:0": CACHED + HELD_BY_TRACEBACK}
+        first = pm["suggestions"][0]
+        assert first["key"] == "free_notebook"
+        assert first["sufficient"] is True  # 8.5 GiB held by the notebook, about 1 GiB short
+        assert pm["snapshot_captured"] is True  # recording was on: the observer took one
+
+        # The snapshot at the OOM is offered to the Snapshot tab, computed when the browser asks.
+        label = f"OOM in cell {record.execution_count}"
+        assert session.widget.drilldown == {"pending": label}
+        session.widget._handle_custom_msg({"type": "load"}, [])  # as the comm delivers it
+        overview = session.widget.drilldown
+        assert overview["source"] == label
+        (device,) = (v for v in overview["devices"] if v["device"] == 0)
+        assert device["active"]["ooms"], "the snapshot taken at the OOM shows the OOM"
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+
+    freed = free_notebook_memory(shell).to_wire()
     (dev,) = [x for x in freed["devices"] if x["device"] == 0]
     assert dev["allocated_before"] == held
     assert dev["allocated_after"] == baseline
     assert dev["freed"] == CACHED + HELD_BY_TRACEBACK
-    assert freed["expected"] == {"cuda:0": CACHED + HELD_BY_TRACEBACK}
-    assert "Out[2]" in freed["cleared"]
-
-    state = kernel.json(AFTER)
-    assert state["allocated"] == baseline  # exactly the pre-cell baseline
-    assert state["keep"] == KEEP  # the user's variable survived
-    assert "Tensor" not in state["Out"]
-    assert state["last_value"] is False
+    assert out_entry in freed["cleared"]
+    assert torch.cuda.memory_allocated() == baseline  # exactly the pre-cell baseline
+    assert shell.user_ns["keep"].numel() == KEEP  # the user's variable survived
