@@ -250,7 +250,9 @@ def test_off_and_on(db: pathlib.Path, ip: Any) -> None:
     assert s is not None
     assert s.status()["history"]["on"] is False
     assert "turned off" in s.status()["history"]["reason"]
+    assert "history: off (turned off for this kernel" in run(ip, "%gpumem status")
     assert "history on" in run(ip, "%gpumem history --on")
+    assert f"history: on ({db})" in run(ip, "%gpumem status")
     run(ip, "after = 1")
     assert s.history.wait_written()
     sources = [r[0] for r in rows(db, "SELECT source FROM cells ORDER BY started")]

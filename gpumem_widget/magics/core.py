@@ -137,6 +137,15 @@ def format_status(status: Status) -> str:
     ]
     for name, r in status["readers"].items():
         lines.append(f"reader {name}: " + ("ok" if r["ok"] else f"unavailable ({r['reason']})"))
+    history = status.get("history")
+    if history is not None:
+        lines.append(
+            f"history: on ({history['path']})"
+            if history["on"]
+            else f"history: off ({history['reason']})"
+        )
+        if history["message"]:
+            lines.append(f"history: {history['message']}")
     if status.get("error"):
         lines.append(f"error: {status['error']}")
     return "\n".join(lines)
