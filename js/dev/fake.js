@@ -120,7 +120,7 @@ export function statusTrait(numDevices, runningCell = null, runningStarted = nul
     busy_interval: 0.01,
     idle_interval: 0.5,
     peak_mode: "exact",
-    readers: { torch: { ok: numDevices > 0, reason: numDevices > 0 ? null : "torch.cuda.is_available() is False" }, nvml: { ok: true, reason: null }, host: { ok: true, reason: null } },
+    readers: { torch: { ok: numDevices > 0, reason: numDevices > 0 ? null : "no CUDA device: host-memory mode" }, nvml: { ok: true, reason: null }, host: { ok: true, reason: null } },
     error: null,
     running_cell: runningCell,
     running_started: runningCell === null ? null : runningStarted,

@@ -91,6 +91,21 @@ function publishBase() {
   dev.model.set("timeline_tail", packTable(dev.cols, dev.tail));
 }
 
+/** The notebook imported torch and the kernel found `n` devices: as the publisher sends it, in
+ * one update, the devices, a base with each device's columns (empty before now, the host samples
+ * kept), an empty tail and the CUDA status. */
+function attachDevices(n) {
+  const { cols, data } = timelineData(n, dev.t0, dev.dt, dev.next);
+  for (const c of cols) if (c.startsWith("cuda:")) data[c] = data[c].map((v, i) => (i < dev.next - 1 ? NaN : v));
+  dev.devices = n;
+  dev.cols = cols;
+  dev.tail = emptyTail();
+  dev.model.set("devices", devicesTrait(n));
+  dev.model.set("timeline_base", packTable(cols, data));
+  dev.model.set("timeline_tail", packTable(cols, dev.tail));
+  dev.model.set("status", statusTrait(n));
+}
+
 function nextCount() {
   return (dev.cells[dev.cells.length - 1]?.execution_count ?? 0) + 1;
 }
@@ -134,7 +149,7 @@ async function mountRecorded(path, { width = null } = {}) {
   dev.cleanups.push(widget.render({ model: dev.model, el }));
 }
 
-window.gpumemDev = { mount, mountRecorded, unmount, addView, publishTail, publishBase, startCell, addCell, get model() { return dev.model; }, timelineColumns };
+window.gpumemDev = { mount, mountRecorded, unmount, addView, publishTail, publishBase, attachDevices, startCell, addCell, get model() { return dev.model; }, timelineColumns };
 
 if (params.has("state")) {
   mountRecorded(params.get("state"));

@@ -22,6 +22,7 @@ interface DevWindow {
     addView(): void;
     unmount(): void;
     publishTail(k?: number): number;
+    attachDevices(n: number): void;
     model: { set(name: string, value: unknown): void; listenerCount(): number; trigger(event: string, ...args: unknown[]): void; sent?: Record<string, unknown>[] };
   };
 }
@@ -108,6 +109,18 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
       return n;
     });
     expect(inked).toBeGreaterThan(5);
+  });
+
+  it("gains a device's panel when the notebook imports torch after loading", async () => {
+    await mount({ samples: 200, devices: 0, cells: 2 });
+    expect(await page.locator(".gpumem-chart canvas").count()).toBe(1); // host RSS only
+    expect(await page.locator(".gpumem-mode").innerText()).toBe("host memory");
+    await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.attachDevices(1));
+    await page.waitForFunction(() => document.querySelectorAll(".gpumem-chart canvas").length === 2);
+    expect(await page.locator(".gpumem-header").innerText()).toContain("cuda:0 NVIDIA H200");
+    expect(await page.locator(".gpumem-mode").innerText()).toBe("CUDA");
+    expect(await page.locator(".gpumem-chart").getAttribute("data-samples")).toBe("200"); // host samples kept
+    expect(await page.locator('.gpumem-problems li[data-kind="display"]').count()).toBe(0);
   });
 
   it("keeps several views in sync, and a closed view stops listening", async () => {
