@@ -181,3 +181,109 @@ def test_report_wire_and_text(ip: Any) -> None:
     assert wire["recovered"] == {}
     assert "Out[" in report.format()
     assert "No variable of yours was deleted." in report.format()
+
+
+GENERATOR = """\
+def producer():
+    try:
+        1 / 0
+    except ZeroDivisionError as e:
+        caught = e
+    yield 0, caught
+    yield 1, None
+
+g = producer()
+n0, err = next(g)
+"""
+
+
+def test_a_live_generator_in_the_last_traceback_is_left_alone(ip: Any) -> None:
+    """Issue 13: `free` used to clear the suspended frame of a generator that yielded the
+    exception it caught, ending it (its next `next` raised StopIteration)."""
+    run(ip, GENERATOR)
+    run(ip, "raise err", raises=True)
+    report = free_notebook_memory(ip, devices="cpu")
+    run(ip, "n1, _ = next(g)")
+    assert ip.user_ns["n1"] == 1  # the generator goes on
+    assert not [f for f in report.frames if f.startswith("producer")]  # IPython's own: cleared
+    assert report.kept == ("producer (a cell, line 3): its generator or coroutine is still live",)
+    assert "Left alone: producer (a cell, line 3)" in report.format()
+    # Once it has finished, its frame is a finished traceback frame like any other.
+    run(ip, "list(g)")
+    run(ip, "raise err", raises=True)
+    again = free_notebook_memory(ip, devices="cpu")
+    assert "producer (a cell, line 3)" in again.frames
+    assert "finished traceback frame(s): " in again.format()
+
+
+def test_a_suspended_coroutine_in_the_last_traceback_is_left_alone(ip: Any) -> None:
+    run(
+        ip,
+        "import types\n"
+        "@types.coroutine\n"
+        "def pause(value):\n"
+        "    return (yield value)\n"
+        "async def worker():\n"
+        "    try:\n"
+        "        1 / 0\n"
+        "    except ZeroDivisionError as e:\n"
+        "        caught = e\n"
+        "    got = await pause(caught)\n"
+        "    return got\n"
+        "c = worker()\n"
+        "err = c.send(None)\n",
+    )
+    run(ip, "raise err", raises=True)
+    report = free_notebook_memory(ip, devices="cpu")
+    assert [k.split(" ")[0] for k in report.kept] == ["worker"]
+    run(ip, "try:\n    c.send('done')\nexcept StopIteration as stop:\n    result = stop.value\n")
+    assert ip.user_ns["result"] == "done"  # the coroutine was resumed, not closed
+
+
+HOSTILE = """\
+class Meta(type):
+    @property
+    def __module__(cls):
+        raise RuntimeError("no module for you")
+    @property
+    def __mro__(cls):
+        raise RuntimeError("no mro for you")
+
+class Hostile(metaclass=Meta):
+    def __init__(self):
+        self.t = track("hostile", torch.ones(256))
+
+class BadDict(dict):
+    def items(self):
+        raise RuntimeError("items refused")
+    def keys(self):
+        raise RuntimeError("keys refused")
+    def __getitem__(self, key):
+        raise RuntimeError("getitem refused")
+
+class Plain:
+    pass
+
+def odd():
+    o = Plain()
+    o.__dict__ = BadDict(t=track("odd", torch.ones(256)))
+    return o
+"""
+
+
+def test_hostile_objects_in_the_output_cache_never_break_free_or_vars(ip: Any) -> None:
+    """Issue 13: a metaclass with a raising `__module__` property, or a `__dict__` that is a
+    dict subclass with a raising `items()`, made `free` crash (every time after)."""
+    from gpumem_widget.holders.variables import holders_for_shell
+
+    run(ip, HOSTILE)
+    run(ip, "Hostile()")
+    run(ip, "odd()")
+    report = holders_for_shell(ip, devices="cpu")  # what `%gpumem vars` shows
+    names = {h.name for h in report.holders}
+    assert names  # it walked, and found the odd object's tensor through dict's own methods
+    released = free_notebook_memory(ip, devices="cpu")
+    assert any(c.startswith("Out[") for c in released.cleared), released.cleared
+    assert alive(ip)["odd"] is False  # released: read through dict.items, not BadDict.items
+    again = free_notebook_memory(ip, devices="cpu")  # and it keeps working
+    assert "Nothing to release" in again.format() or again.cleared

@@ -32,6 +32,9 @@ from gpumem_widget.holders.variables import (
 from gpumem_widget.units import format_bytes
 
 _CO_OPTIMIZED = 0x0001  # a function frame: its fast locals are what a traceback keeps alive
+# Generator, coroutine, iterable-coroutine and async-generator frames: clearing one that is still
+# suspended would end it (Python < 3.13 finalizes the generator), so those are left alone.
+_CO_RESUMABLE = 0x0020 | 0x0080 | 0x0100 | 0x0200
 _EXCEPTION_GROUP: Any = getattr(builtins, "BaseExceptionGroup", ())  # Python >= 3.11
 
 
@@ -63,6 +66,9 @@ class ReleaseReport:
     expected_by_device: Mapping[str, int]  # what the walk found held only by the cleared places
     devices: tuple[DeviceRelease, ...]  # measured; empty where CUDA was never initialized
     elapsed_s: float
+    # Whose locals were cleared ("f (cell 3, line 4)"), and the frames left alone and why.
+    frames: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
 
     @property
     def recovered_by_device(self) -> dict[str, int]:
@@ -72,9 +78,13 @@ class ReleaseReport:
         if not self.cleared:
             lines = ["Nothing to release: no traceback, and no output-cache entry holds memory."]
         else:
-            what = ", ".join(self.cleared)
-            frames = f" ({self.frames_cleared} traceback frame(s) cleared)"
-            lines = [f"Released: {what}{frames if self.frames_cleared else ''}."]
+            lines = [f"Released: {', '.join(self.cleared)}."]
+        if self.frames:
+            lines.append(
+                f"Cleared the local variables of {len(self.frames)} finished traceback "
+                f"frame(s): {', '.join(self.frames)}."
+            )
+        lines.extend(f"Left alone: {k}." for k in self.kept)
         for d in self.devices:
             lines.append(
                 f"cuda:{d.device}: allocated {format_bytes(d.allocated_before)} -> "
@@ -89,6 +99,8 @@ class ReleaseReport:
         return {
             "cleared": list(self.cleared),
             "frames_cleared": self.frames_cleared,
+            "frames": list(self.frames),
+            "kept": list(self.kept),
             "expected": dict(self.expected_by_device),
             "recovered": self.recovered_by_device,
             "devices": [
@@ -118,7 +130,7 @@ def free_notebook_memory(shell: Any, *, devices: DeviceFilter = "cuda") -> Relea
     before = _allocator_readings()
     expected = holders_for_shell(shell, devices=devices).releasable_by_device
     cleared: list[str] = []
-    frames = _clear_last_traceback(shell, cleared)
+    frames, kept = _clear_last_traceback(shell, cleared)
     _clear_output_cache(shell, devices, cleared)
     gc.collect()
     if _cuda_initialized():
@@ -126,7 +138,9 @@ def free_notebook_memory(shell: Any, *, devices: DeviceFilter = "cuda") -> Relea
     after = _allocator_readings()
     return ReleaseReport(
         cleared=tuple(cleared),
-        frames_cleared=frames,
+        frames_cleared=len(frames),
+        frames=tuple(frames),
+        kept=tuple(kept),
         expected_by_device=expected,
         devices=tuple(
             DeviceRelease(i, before[i][0], after[i][0], before[i][1], after[i][1])
@@ -151,7 +165,7 @@ def _allocator_readings() -> dict[int, tuple[int, int]]:
     }
 
 
-def _clear_last_traceback(shell: Any, cleared: list[str]) -> int:
+def _clear_last_traceback(shell: Any, cleared: list[str]) -> tuple[list[str], list[str]]:
     """Clear the function frames of the last error's traceback and drop every reference to it."""
     result = getattr(shell, "last_execution_result", None)
     error = getattr(result, "error_in_exec", None)
@@ -160,7 +174,7 @@ def _clear_last_traceback(shell: Any, cleared: list[str]) -> int:
     exceptions = [getattr(sys, "last_exc", None), getattr(sys, "last_value", None), error]
     tracebacks = [getattr(sys, "last_traceback", None), formatter_tb]
     tracebacks += [e.__traceback__ for e in _exception_chain(exceptions)]
-    frames = _clear_frames(tracebacks)
+    frames, kept = _clear_frames(tracebacks)
 
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
@@ -172,7 +186,7 @@ def _clear_last_traceback(shell: Any, cleared: list[str]) -> int:
     if error is not None:
         shell.last_execution_result = None  # as IPython's own del_var does
         cleared.append("last_execution_result")
-    return frames
+    return frames, kept
 
 
 def _exception_chain(roots: Iterable[object]) -> list[BaseException]:
@@ -191,30 +205,68 @@ def _exception_chain(roots: Iterable[object]) -> list[BaseException]:
     return out
 
 
-def _clear_frames(tracebacks: Iterable[types.TracebackType | None]) -> int:
-    """`traceback.clear_frames`, for function frames only, counting each frame once.
+def _clear_frames(
+    tracebacks: Iterable[types.TracebackType | None],
+) -> tuple[list[str], list[str]]:
+    """`traceback.clear_frames`, for finished function frames only, each once: (the frames
+    cleared, the frames left alone and why).
 
     A module-level frame's locals are its module's namespace (for a cell: the user's), so those
-    are left alone; frames still running refuse to clear and are skipped.
+    are left alone; so are frames still running, and the frame of a generator or coroutine that
+    is still suspended (clearing it would end it: the user's `next(g)` would raise
+    StopIteration).
     """
     done: set[int] = set()
+    cleared: list[str] = []
+    kept: list[str] = []
     for first in tracebacks:
         tb = first
         while tb is not None:
             frame = tb.tb_frame
-            if id(frame) not in done and frame.f_code.co_flags & _CO_OPTIMIZED:
+            code = frame.f_code
+            if id(frame) in done or not code.co_flags & _CO_OPTIMIZED:
+                tb = tb.tb_next
+                continue
+            done.add(id(frame))
+            where = _frame_label(frame, tb.tb_lineno)
+            if code.co_flags & _CO_RESUMABLE and _suspended_owner(frame):
+                kept.append(f"{where}: its generator or coroutine is still live")
+            else:
                 try:
                     frame.clear()
                 except RuntimeError:
-                    pass
+                    kept.append(f"{where}: still running")
                 else:
-                    done.add(id(frame))
+                    cleared.append(where)
                     # Before Python 3.13, reading f_locals (as traceback formatters and our walk
                     # do) leaves a dict snapshot on the frame that clear() keeps; reading it
                     # again re-syncs it, dropping the cleared names.
                     _ = frame.f_locals
             tb = tb.tb_next
-    return len(done)
+    return cleared, kept
+
+
+def _frame_label(frame: types.FrameType, line: int) -> str:
+    """``f (cell 3, line 4)`` or ``f (module.py:12)``."""
+    name = frame.f_code.co_name
+    file = frame.f_code.co_filename
+    if file.startswith("<ipython-input-") or "/ipykernel_" in file:
+        return f"{name} (a cell, line {line})"
+    return f"{name} ({file.rsplit('/', 1)[-1]}:{line})"
+
+
+def _suspended_owner(frame: types.FrameType) -> bool:
+    """Whether a generator, coroutine or async generator still owns `frame` (it is suspended
+    and may be resumed). A finished one has let go of its frame (``gi_frame`` is None); rare
+    enough (a resumable frame in the last traceback) that asking the collector is fine."""
+    for owner in gc.get_referrers(frame):
+        if isinstance(owner, types.GeneratorType) and owner.gi_frame is frame:
+            return True
+        if isinstance(owner, types.CoroutineType) and owner.cr_frame is frame:
+            return True
+        if isinstance(owner, types.AsyncGeneratorType) and owner.ag_frame is frame:
+            return True
+    return False
 
 
 def _clear_output_cache(shell: Any, devices: DeviceFilter, cleared: list[str]) -> None:

@@ -225,7 +225,8 @@ class HoldersReport:
             )
         if self.unreadable:
             lines.append(
-                f"{self.unreadable} tensor(s) had no readable storage and were not counted."
+                f"{self.unreadable} object(s) raised when read (a tensor without readable "
+                "storage, a class or __dict__ that refuses) and were not counted."
             )
         return "\n".join(lines)
 
@@ -278,6 +279,16 @@ def has_type(obj: object, cls: tuple[type, ...]) -> bool: ...
 def has_type(obj: object, cls: type | tuple[type, ...]) -> bool:
     """isinstance by the object's real type: never asks the object for its ``__class__``."""
     return issubclass(type(obj), cls)
+
+
+_TYPE_MRO: Any = type.__dict__["__mro__"]
+_TYPE_DICT: Any = type.__dict__["__dict__"]
+
+
+def _type_namespace(tp: type) -> Mapping[str, Any]:
+    """A class's own namespace (its mappingproxy), whatever its metaclass defines."""
+    ns: Mapping[str, Any] = _TYPE_DICT.__get__(tp)
+    return ns
 
 
 # A path is built only when a tensor makes a holder's top list: (parent, separator, key) links.
@@ -370,9 +381,17 @@ class _Walker:
         return c
 
     def _classify(self, tp: type) -> int:
+        try:
+            return self._classify_type(tp)
+        except Exception:  # a hostile metaclass (a raising __mro__, __subclasscheck__): skip it
+            self.unreadable += 1
+            return _SKIP
+
+    def _classify_type(self, tp: type) -> int:
         if issubclass(tp, torch.Tensor):
             return _TENSOR
-        module = getattr(tp, "__module__", None)
+        # The class's own namespace, not getattr: a metaclass may make `__module__` a property.
+        module = _type_namespace(tp).get("__module__")
         if issubclass(tp, _SKIP_TYPES) or (
             isinstance(module, str) and module.startswith(_SKIP_MODULE_PREFIXES)
         ):
@@ -396,20 +415,19 @@ class _Walker:
         cached = self.fields.get(tp)
         if cached is not None:
             return cached
-        mro = tp.__mro__
-        getattribute = next(
-            k.__dict__["__getattribute__"] for k in mro if "__getattribute__" in k.__dict__
-        )
+        mro = _TYPE_MRO.__get__(tp)  # never a metaclass's own `__mro__` or `__dict__`
+        spaces = [_type_namespace(k) for k in mro]
+        getattribute = next(ns["__getattribute__"] for ns in spaces if "__getattribute__" in ns)
         dict_descr: Any = None
         slots: list[tuple[str, Any]] = []
         if any(getattribute is g for g in _GENERIC_GETATTRIBUTE):
-            found = next((k.__dict__["__dict__"] for k in mro if "__dict__" in k.__dict__), None)
+            found = next((ns["__dict__"] for ns in spaces if "__dict__" in ns), None)
             if isinstance(found, (types.GetSetDescriptorType, types.MemberDescriptorType)):
                 dict_descr = found
-            for k in mro:
-                names = k.__dict__.get("__slots__", ())
+            for ns in spaces:
+                names = ns.get("__slots__", ())
                 for name in (names,) if isinstance(names, str) else names:
-                    d = k.__dict__.get(name)
+                    d = ns.get(name)
                     if isinstance(d, types.MemberDescriptorType):
                         slots.append((name, d))
         result = (dict_descr, tuple(slots))
@@ -417,11 +435,13 @@ class _Walker:
         return result
 
     def instance_dict(self, obj: object) -> dict[str, Any]:
+        """The instance's ``__dict__``, possibly a dict subclass: read it only through `dict`'s
+        own methods (``dict.items(d)``), never its overrides."""
         dict_descr, _ = self._fields(type(obj))
         if dict_descr is None:
             return {}
         d = dict_descr.__get__(obj, type(obj))
-        return d if isinstance(d, dict) else {}
+        return d if has_type(d, dict) else {}
 
     def dtype_name(self, dtype: torch.dtype) -> str:
         s = self.dtypes.get(dtype)
@@ -431,6 +451,12 @@ class _Walker:
 
     # Walking -------------------------------------------------------------------------------------
     def walk(self, acc: _Acc, obj: object, path: _Path, depth: int, kind: Kind = "tensor") -> None:
+        try:
+            self._walk(acc, obj, path, depth, kind)
+        except Exception:  # an object that raises when read (a hostile __dict__, a slot): skip it
+            self.unreadable += 1
+
+    def _walk(self, acc: _Acc, obj: object, path: _Path, depth: int, kind: Kind) -> None:
         c = self.category(type(obj))
         if c == _TENSOR:
             self.tensor(acc, obj, path, kind)  # type: ignore[arg-type]
@@ -487,7 +513,7 @@ class _Walker:
             acc.truncated = True
 
     def attributes(self, obj: object) -> Iterator[tuple[str, Any]]:
-        yield from self.instance_dict(obj).items()
+        yield from dict.items(self.instance_dict(obj))
         for name, descr in self._fields(type(obj))[1]:
             try:
                 yield name, descr.__get__(obj, type(obj))
@@ -504,15 +530,15 @@ class _Walker:
             here: _Path = (path, ".", prefix) if prefix else path
             d = self.instance_dict(sub)
             for registry, kind in _MODULE_REGISTRIES:
-                tensors = d.get(registry)
+                tensors = dict.get(d, registry)
                 for name, t in dict.items(tensors) if has_type(tensors, dict) else ():
                     if t is not None:
                         self.tensor(acc, t, (here, ".", name), kind)
             if depth >= self.max_depth:
                 continue
             # Tensors kept as plain attributes (caches, masks) are in the instance dict only.
-            for k in d.keys() - self.module_internals:
-                v = d[k]
+            for k in dict.keys(d) - self.module_internals:
+                v = dict.__getitem__(d, k)
                 if self.category(type(v)) not in (_SKIP, _MODULE):
                     self.walk(acc, v, (here, ".", k), depth + 1)
 
@@ -520,7 +546,7 @@ class _Walker:
         """Parameters (and grads) of every group, then per-parameter state. False: not a plain
         optimizer (a wrapper without its own state): walk it as an object instead."""
         d = self.instance_dict(opt)
-        groups, state = d.get("param_groups"), d.get("state")
+        groups, state = dict.get(d, "param_groups"), dict.get(d, "state")
         if not (has_type(groups, list) and has_type(state, dict)):
             return False
         for gi, group in enumerate(groups):
