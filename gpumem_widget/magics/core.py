@@ -85,7 +85,15 @@ def run_magic(
     command runs the body; anything else refuses before doing anything and says the body did
     not run, so a cell's code is never dropped silently."""
     parser = build_parser(commands)
-    words = shlex.split(line)
+    try:
+        words = shlex.split(line)
+    except ValueError as e:  # an unclosed quote: say what to fix, not a raw traceback
+        raise UsageError(
+            f"%gpumem: cannot read the arguments ({e}): close the quote, or put a path with "
+            "spaces in matching quotes"
+            + (f" ({BODY_NOT_RUN})" if cell is not None else "")
+            + "\n(see `%gpumem --help`)"
+        ) from None
     names = {c.name for c in commands}
     if cell is not None and not (words and (words[0] in names or words[0] in ("-h", "--help"))):
         words.insert(0, CELL_COMMAND)  # `%%gpumem [options]`: record this cell
