@@ -306,7 +306,7 @@ def test_show_replaces_a_widget_the_front_end_closed(ip: Any) -> None:
 
 
 def test_an_unclosed_quote_is_a_usage_error(ip: Any) -> None:
-    with pytest.raises(UsageError, match="cannot read the arguments .*No closing quotation"):
+    with pytest.raises(UsageError, match=r"cannot read the arguments .*No closing quotation"):
         ip.run_line_magic("gpumem", '"x')
     result = ip.run_cell('%%gpumem "x\nbody_ran = True\n', store_history=True)
     assert isinstance(result.error_in_exec, UsageError)
