@@ -8,7 +8,7 @@ slices) and what is alive at the peak; then the bytes ipywidgets would send for 
 Browser (headless Chromium, bench_drilldown.mjs): the Snapshot tab mounted on that state, to its
 first drawn chart. Targets: under 10 s in all, under 2 GB peak RSS, a few MB sent at most.
 The file is made by scripts/make_big_snapshot.py when absent (cached under benchmarks/results/).
-For the baseline, DESIGN.md's measurement of PyTorch's memory_viz on a 1M-entry file (a median
+For the baseline, an earlier measurement of PyTorch's memory_viz on a 1M-entry file (a median
 4.8 s to draw in headless Chromium on a 2-core machine); its page loads its code from a CDN, so
 it cannot run offline here.
 """
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         **kernel,
         **browser,
         "total_to_first_drawn_view_s": round(total, 3),
-        "memory_viz_baseline_s": 4.8,  # DESIGN.md, same machine class; not re-run here
+        "memory_viz_baseline_s": 4.8,  # measured earlier on this machine class; not re-run here
     }
     print(json.dumps(result, indent=1))
     (RESULTS / "bench_drilldown.json").write_text(json.dumps(result, indent=1) + "\n")

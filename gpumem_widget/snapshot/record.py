@@ -1,7 +1,7 @@
 """Record PyTorch's memory history and take snapshots (`postmortem.OomRecorder` takes the one
 at an OOM). The `%gpumem` arguments that drive it are in `magics/recording.py`.
 
-What recording costs (torch's documentation, and DESIGN.md's measurements on an H200):
+What recording costs (torch's documentation, and measurements on an H200):
 - ``stacks="python"`` records Python frames, about 2 us per allocator event; `_snapshot()`
   took 0.07 s for 47,541 entries, whose pickle was 4.3 MB.
 - ``stacks="all"`` adds C++ frames (about 50 ns a frame to capture), but symbolizing them made

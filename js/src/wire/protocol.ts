@@ -50,10 +50,9 @@ export type Traits = {
   timeline_tail: unknown;
   drilldown: unknown; // ./drilldown parseDrilldown
   drilldown_alive: unknown; // ./drilldown parseAlive
-  // Sent by the kernel, not drawn by this bundle yet (snapshot views):
-  drilldown_view: unknown;
-  drilldown_search: unknown;
-  drilldown_compare: unknown;
+  drilldown_view: unknown; // ./drilldown parseRangeView (a zoom, or another axis)
+  drilldown_search: unknown; // ./drilldown parseSearch
+  drilldown_compare: unknown; // ./drilldown parseCompare
   workers: unknown; // ./workers parseWorkers
 };
 
