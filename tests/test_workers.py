@@ -258,7 +258,8 @@ def test_forged_unsigned_malformed_oversized_and_replayed_are_dropped_and_counte
         tx.send(signer.frames(good))  # replayed
         tx.send([good])  # unsigned
         tx.send([Signer(new_key()).sign(good), good])  # forged: another key
-        tx.send([signer.sign(good)[:-1] + b"0", good])  # forged: one digit off
+        sig = signer.sign(good)
+        tx.send([sig[:-1] + (b"1" if sig[-1:] == b"0" else b"0"), good])  # forged: one digit off
         tx.send([b"x" * 64, good])  # forged: garbage signature
         tx.send(signer.frames(b"{not json"))  # malformed, signed
         tx.send([b"a", b"b", b"c"])  # malformed framing
@@ -692,3 +693,46 @@ def test_a_rows_worker_figures_survive_the_on_disk_history() -> None:
         workers=(row,),
     )
     assert record_from("spawn()", record_json(record)) == record
+
+
+def test_an_agent_follows_only_its_kernels_signed_controls_and_swallows_its_errors(
+    hub: WorkerHub,
+) -> None:
+    """An agent in this process (host mode): it follows the cell's edges, ignores a control
+    signed with another key or older than its newest, and a failing reader never stops it."""
+    agent = agent_module.Agent(hub.address)
+    agent.start()
+    try:
+        wait_for(lambda: agent._control is not None, 10, "the first control")
+        hub.cell_started(7, time.time(), "exact", 0.02, 1.0)
+        wait_for(lambda: agent._cell is not None and agent._cell.n == 7, 10, "cell 7")
+        assert agent._cell is not None
+        assert agent._cell.exact  # it saw the start: its counters were reset then
+        seq = agent._control.seq if agent._control is not None else -1
+        forged = Control(seq + 5, 99, time.time(), "exact", 0.02, 1.0, None, "/tmp")
+        errors = agent.errors
+        hub.listener._pub.send_multipart(Signer(new_key()).frames(forged.encode()))
+        stale = Control(seq - 1, 98, time.time(), "exact", 0.02, 1.0, None, "/tmp")
+        hub.listener.publish(stale)
+        wait_for(lambda: agent.errors > errors, 10, "the forged control counted")
+        time.sleep(0.2)
+        assert agent._cell is not None
+        assert agent._cell.n == 7  # neither the forged nor the stale state was applied
+        rows = hub.cell_finished(timeout=5.0)
+        (row,) = rows
+        assert row.pid == os.getpid()
+        assert row.final
+        assert row.rss_after is not None
+
+        def broken() -> int:
+            raise OSError("reader gone")
+
+        agent._host = broken
+        errors = agent.errors
+        wait_for(lambda: agent.errors > errors, 10, "the reader's error counted")
+        assert agent.running
+    finally:
+        agent._host = lambda: None
+        agent.stop()
+    w = hub.store.get(f"{agent.who.host}:{os.getpid()}")
+    wait_for(lambda: w is not None and w.state == "exited", 10, "goodbye")

@@ -50,6 +50,7 @@ BEFORE_CONTROL = 0.25  # seconds between samples until the kernel's first contro
 # is per message, and it publishes to the browser at most 4 times a second anyway.
 SEND_PERIOD = 0.25
 MAX_HISTORY = 32
+SCAN_PERIOD = 1.0  # seconds between looks at devices this worker has not used yet
 
 _agent: Agent | None = None
 _agent_lock = threading.Lock()
@@ -133,6 +134,7 @@ class _Devices:
         self._torch: Any = None
         self._uuids: dict[int, str | None] = {}
         self._seen: set[int] = set()
+        self._scanned = 0.0  # monotonic time of the last scan of every device
         self._nvml: Any = None
         self._nvml_failed = False
 
@@ -145,14 +147,20 @@ class _Devices:
             self._torch = torch
         return self._torch
 
-    def read(self) -> tuple[DeviceReading, ...]:
+    def read(self, every: bool = False) -> tuple[DeviceReading, ...]:
+        """This process's devices now; `every`: look at devices not used yet too (a cell's edges,
+        a goodbye: a device first used moments ago must be in the figures)."""
         torch = self.cuda()
         if torch is None:
             return ()
         from gpumem_widget.live.readers.torch_cuda import stats_from_nested
 
         out = []
-        for d in range(torch.cuda.device_count()):
+        # Devices this worker uses, every sample; the others once a second (74 us a device).
+        scan = every or time.monotonic() - self._scanned >= SCAN_PERIOD
+        if scan:
+            self._scanned = time.monotonic()
+        for d in range(torch.cuda.device_count()) if scan else sorted(self._seen):
             s = stats_from_nested(torch.cuda.memory.memory_stats_as_nested_dict(d))
             if d not in self._seen and s.peak_reserved == 0:
                 continue  # never used here: not this worker's device
@@ -334,7 +342,7 @@ class Agent:
 
     def stop(self) -> None:
         """Send the goodbye with the final figures, then close (idempotent)."""
-        if self._stop.is_set():
+        if self._stop.is_set() or os.getpid() != self.pid:  # a forked child: not its sockets
             return
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -367,7 +375,8 @@ class Agent:
             try:
                 timeout = max(next_sample - time.monotonic(), 0.0)
                 if poller.poll(int(timeout * 1000)) and self._receive():
-                    next_sample = time.monotonic()  # a cell's edge: a reading now
+                    self._emit("sample")  # a cell started: the kernel hears of it at once
+                    next_sample = time.monotonic() + self.interval
                 if time.monotonic() >= next_sample:
                     self._hook_oom()
                     self._sync_recording()
@@ -422,7 +431,7 @@ class Agent:
         assert control.cell is not None
         started = control.cell_started if control.cell_started is not None else time.time()
         born_inside = self.born >= started - 0.5
-        devices = self._devices.read()
+        devices = self._devices.read(every=True)
         rss = self._host()
         if born_inside:
             # Every byte this process ever allocated belongs to the cell: nothing to reset.
@@ -430,7 +439,7 @@ class Agent:
         else:
             if control.peak_mode == "exact":
                 self._devices.reset_peaks(devices)
-                devices = self._devices.read()
+                devices = self._devices.read(every=True)
             cell = _Cell(
                 control.cell, not joined_late and control.peak_mode == "exact", devices, rss
             )
@@ -460,7 +469,7 @@ class Agent:
         held since the last one."""
         import zmq
 
-        devices = self._devices.read()
+        devices = self._devices.read(every=kind != "sample")
         rss = self._host()
         control = self._control
         with self._state_lock:
@@ -510,7 +519,7 @@ class Agent:
     def _on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
         """Called by the allocator on the failing thread: report, dump if recording, return."""
         try:
-            s = self._devices.read()
+            s = self._devices.read(every=True)
             mine = next((d for d in s if d.device == device), None)
             oom = OomReport(
                 device,

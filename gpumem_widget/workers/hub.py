@@ -119,18 +119,23 @@ class WorkerHub:
         if n is None or not (self.store.live or self._heard_in_cell):
             return ()
         self._broadcast()
+        end = self._seq
         deadline = time.monotonic() + timeout
         with self._answers:
-            while (left := deadline - time.monotonic()) > 0 and self._waiting_for(n):
+            while (left := deadline - time.monotonic()) > 0 and self._waiting_for(n, end):
                 self._answers.wait(left)
         return tuple(u for w in self.store.workers() for u in cell_usage(w, n, started))
 
-    def _waiting_for(self, n: int) -> bool:
+    def _waiting_for(self, n: int, end: int) -> bool:
+        """Whether a live worker that follows the kernel's broadcasts has not answered the end
+        of cell `n` yet. A worker answers in order: its final figures for the cell (if it saw
+        the cell start), then messages that carry the end's sequence number."""
         for w in self.store.workers():
-            if w.state == "live" and (n in w.during or n in w.cells):
-                report = w.cells.get(n)
-                if report is None or not report[1]:
-                    return True
+            if w.state != "live" or w.last.control_seq == 0:
+                continue  # gone, or never heard a broadcast: nothing will come
+            report = w.cells.get(n)
+            if not (report is not None and report[1]) and w.last.control_seq < end:
+                return True
         return False
 
     # Recording ------------------------------------------------------------------------------
@@ -166,7 +171,7 @@ class WorkerHub:
             self._heard_in_cell = True
         if msg.control_seq < self._seq and time.monotonic() - self._last_resend > RESEND_PERIOD:
             self._broadcast()  # a worker that joined, or missed a broadcast: send it the state
-        if msg.kind in ("ack", "bye", "oom", "snapshot"):
+        if msg.kind != "sample" or self._cell is None:  # an answer, or between cells
             with self._answers:
                 self._answers.notify_all()
         return True
