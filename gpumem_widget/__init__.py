@@ -132,17 +132,21 @@ def history(
         store.close()
 
 
-def show_snapshot(src: Source | Snapshot) -> Snapshot:
+def show_snapshot(
+    src: Source | Snapshot, *, max_bytes: int | None = None, max_memory: int | None = None
+) -> Snapshot:
     """Open a snapshot (a `_dump_snapshot` file, its bytes, a `_snapshot()` dict, or a
     `Snapshot`) in the widget's Snapshot tab; without the extension loaded, just open it.
 
+    Files are converted in a child process reading at most `max_bytes` (decompressed; default
+    16 GiB) and using at most `max_memory` (default 80% of what is free); see `open_snapshot`.
     A bad file raises `SnapshotLoadError` and leaves the widget as it was."""
     from gpumem_widget.snapshot import open_snapshot
 
     session = current_session()
     if session is None:
-        return open_snapshot(src)
-    return session.drilldown.show(src)
+        return open_snapshot(src, max_bytes=max_bytes, max_memory=max_memory)
+    return session.drilldown.show(src, max_bytes=max_bytes, max_memory=max_memory)
 
 
 def compare_snapshots(

@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
+
+from gpumem_widget.units import parse_bytes
 
 if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
@@ -63,8 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     for p in (report, summary):
         p.add_argument(
             "--max-bytes",
-            type=int,
-            help="refuse snapshot files larger than this uncompressed (default 16 GiB)",
+            type=parse_bytes,
+            help="refuse snapshot files larger than this uncompressed (e.g. 2G; default 16G)",
+        )
+        p.add_argument(
+            "--max-memory",
+            type=parse_bytes,
+            help="memory each conversion process may use (e.g. 4G; default 80%% of what is free)",
         )
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return parser
@@ -98,19 +106,72 @@ def _one_line(e: BaseException) -> str:
 
 
 def _load(
-    paths: Sequence[Path], max_bytes: int | None, progress: _Progress
+    paths: Sequence[Path], args: argparse.Namespace, progress: _Progress
 ) -> list[tuple[str, Snapshot]]:
+    """Open every file, converting them in parallel (one child process each, as many at once
+    as there are cores, the memory budget shared among them); a bar on stderr follows them."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from gpumem_widget.snapshot import open_snapshot
+    from gpumem_widget.snapshot.isolate import default_max_memory
     from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES
 
-    out: list[tuple[str, Snapshot]] = []
-    for path in paths:
-        size = os.path.getsize(path) if path.is_file() else 0
-        progress(f"reading {path} ({size / 1e6:.1f} MB)")
-        out.append(
-            (_label(path, paths), open_snapshot(path, max_bytes=max_bytes or DEFAULT_MAX_BYTES))
+    workers = max(1, min(len(paths), os.cpu_count() or 1))
+    max_memory = args.max_memory or default_max_memory() // workers
+    total = sum(os.path.getsize(p) if p.is_file() else 0 for p in paths)
+    progress(f"reading {len(paths)} file{'s' * (len(paths) > 1)} ({total / 1e6:.1f} MB)")
+    bar = _Bar(progress, [_label(p, paths) for p in paths])
+
+    def one(i: int) -> Snapshot:
+        return open_snapshot(
+            paths[i],
+            max_bytes=args.max_bytes or DEFAULT_MAX_BYTES,
+            max_memory=max_memory,
+            progress=lambda stage, fraction: bar.update(i, stage, fraction),
         )
-    return out
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="gpumem-cli") as pool:
+        snaps = list(pool.map(one, range(len(paths))))
+    bar.done()
+    return [(_label(p, paths), s) for p, s in zip(paths, snaps, strict=True)]
+
+
+class _Bar:
+    """One line on stderr, redrawn in place: each file's stage and how much of it is read."""
+
+    def __init__(self, progress: _Progress, labels: list[str]) -> None:
+        self.progress = progress
+        self.labels = labels
+        self.states = ["waiting"] * len(labels)
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._drawn = False
+
+    def update(self, i: int, stage: str, fraction: float | None) -> None:
+        with self._lock:
+            self.states[i] = stage if fraction is None else f"{stage} {fraction:4.0%}"
+            now = time.perf_counter()
+            if not self.progress.enabled or now - self._last < 0.1:
+                return
+            self._last = now
+            width = 24
+            filled = round(width * sum(map(_fraction, self.states)) / len(self.states))
+            line = " | ".join(f"{n}: {s}" for n, s in zip(self.labels, self.states, strict=True))
+            bar = "#" * filled + "-" * (width - filled)
+            print(f"\r{PROG}: [{bar}] {line}"[:200].ljust(120), end="",
+                  file=self.progress.stream, flush=True)  # fmt: skip
+            self._drawn = True
+
+    def done(self) -> None:
+        if self._drawn:
+            print(file=self.progress.stream, flush=True)
+
+
+def _fraction(state: str) -> float:
+    """How far a file is, 0 to 1: reading is the first half, converting and writing the rest."""
+    if state.startswith("reading"):
+        return float(state.rsplit(maxsplit=1)[-1].rstrip("%")) / 200 if "%" in state else 0.0
+    return {"converting": 0.5, "writing": 0.8, "mapping": 1.0}.get(state, 0.0)
 
 
 def _label(path: Path, paths: Sequence[Path]) -> str:
@@ -122,7 +183,7 @@ def _label(path: Path, paths: Sequence[Path]) -> str:
 def _report(args: argparse.Namespace, progress: _Progress) -> int:
     from gpumem_widget.reporting import report
 
-    snapshots = _load(args.snapshots, args.max_bytes, progress)
+    snapshots = _load(args.snapshots, args, progress)
     out = report(args.output, snapshots=snapshots, title=args.title, progress=progress)
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1e6:.1f} MB)")
@@ -134,7 +195,7 @@ def _summary(args: argparse.Namespace, progress: _Progress) -> int:
 
     if args.top < 0:
         raise ValueError("--top must be 0 or more")
-    for label, snap in _load(args.snapshots, args.max_bytes, progress):
+    for label, snap in _load(args.snapshots, args, progress):
         progress(f"summarizing {label}")
         for device in summarize(snap, label, top=max(args.top, 1)):
             print(device.format(top=args.top))

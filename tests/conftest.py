@@ -15,6 +15,9 @@ from recorded_cuda import RecordedAllocator, recorded_readers
 from gpumem_widget.live.history import ENV_PATH as HISTORY_ENV
 from gpumem_widget.live.session import Session
 
+# Converted snapshots are cached in a directory of the test run's own, never the user's.
+os.environ["GPUMEM_WIDGET_CACHE"] = tempfile.mkdtemp(prefix="gpumem-widget-cache-")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every test (and every kernel a test starts) writes its on-disk history to a folder of its

@@ -81,7 +81,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
         "truncated gzip": (tmp / "cut.pickle.gz", "truncated or corrupt gzip"),
         "empty": (tmp / "empty.pickle", "truncated or corrupt"),
         "not a snapshot": (tmp / "list.pickle", "not a PyTorch memory snapshot"),
-        "a folder": (tmp / "folder", "cannot read"),
+        "a folder": (tmp / "folder", "not a regular file (it is a directory)"),
     }
     (tmp / "cut.pickle").write_bytes(raw[: len(raw) // 2])
     (tmp / "cut.pickle.gz").write_bytes(TAGGED.read_bytes()[:2000])
@@ -153,3 +153,55 @@ def test_max_bytes_refuses_a_large_file(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["summary", str(TAGGED), "--max-bytes", "1000"]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert "larger than 1000 bytes" in line
+
+
+def test_many_rank_files_are_worked_in_parallel_with_a_progress_bar(tmp_path: Path) -> None:
+    import pty
+    import shutil
+
+    ranks = []
+    for rank, name in enumerate(("train_tagged", "oom", "expandable", "toy_linear")):
+        (tmp_path / f"rank{rank}").mkdir()
+        ranks.append(tmp_path / f"rank{rank}" / "snapshot.pickle.gz")
+        shutil.copy(SNAPSHOTS / f"{name}.pickle.gz", ranks[-1])
+    controller, terminal = pty.openpty()  # stderr a terminal: the bar is drawn
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpumem_widget.cli", "summary", *map(str, ranks)],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    os.close(terminal)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(controller)
+    assert done.returncode == 0, err
+    # Each rank's summary, in the order given, labelled by its path (the names repeat).
+    starts = [done.stdout.index(str(r)) for r in ranks]
+    assert starts == sorted(starts)
+    text = err.decode(errors="replace")
+    assert "reading 4 files" in text
+    assert "[########################]" in text or "mapping" in text
+    for r in ranks:
+        assert str(r) in text
+
+
+def test_a_bad_rank_file_among_many_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "rank1.pickle"
+    bad.write_bytes(b"not a pickle")
+    assert main(["summary", str(TAGGED), str(bad)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert str(bad) in line

@@ -57,7 +57,8 @@ def test_help_says_what_each_option_costs(ip: Any, capsys: pytest.CaptureFixture
     assert "usage: %gpumem snapshot [-h] [-o PATH]" in out
     assert "usage: %%gpumem [cell]" in out
     assert "taken even when the cell raises" in out
-    assert "usage: %gpumem show-snapshot [-h] path" in out
+    assert "usage: %gpumem show-snapshot [-h] [--max-bytes MAX_BYTES]" in out
+    assert "--max-memory MAX_MEMORY memory the conversion process may use" in out
 
 
 def test_recording_without_cuda_is_one_clear_error(ip: Any) -> None:

@@ -190,14 +190,28 @@ def _show_snapshot(session: Session, args: argparse.Namespace, cell: str | None)
     from gpumem_widget.snapshot import SnapshotLoadError
 
     try:
-        snap = session.drilldown.show(args.path)
+        snap = session.drilldown.show(
+            args.path, max_bytes=args.max_bytes, max_memory=args.max_memory
+        )
     except SnapshotLoadError as e:
         raise UsageError(f"%gpumem show-snapshot: {e}") from None
     print(f"gpumem: {snap!r} is in the widget's Snapshot tab")
 
 
 def _configure_show_snapshot(p: argparse.ArgumentParser) -> None:
+    from gpumem_widget.units import parse_bytes
+
     p.add_argument("path", help="a torch.cuda.memory._dump_snapshot file (.pickle, .gz or .xz)")
+    p.add_argument(
+        "--max-bytes",
+        type=parse_bytes,
+        help="refuse files larger than this uncompressed (e.g. 2G; default 16G)",
+    )
+    p.add_argument(
+        "--max-memory",
+        type=parse_bytes,
+        help="memory the conversion process may use (e.g. 4G; default 80%% of what is free)",
+    )
 
 
 FEATURE_COMMANDS: tuple[Command, ...] = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
         known_pointers,
     )
     from gpumem_widget.snapshot.export import export_memory_viz
+    from gpumem_widget.snapshot.isolate import LoadInfo, Progress
     from gpumem_widget.snapshot.load import (
         DEFAULT_MAX_BYTES,
         SnapshotLoadError,
@@ -50,6 +52,7 @@ _LAZY = {
     "cell_slices": "aggregate",
     "known_pointers": "aggregate",
     "export_memory_viz": "export",
+    "LoadInfo": "isolate",
     "DEFAULT_MAX_BYTES": "load",
     "SnapshotLoadError": "load",
     "Source": "load",
@@ -77,23 +80,47 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_snapshot(src: Source | Snapshot, *, max_bytes: int | None = None) -> Snapshot:
+def open_snapshot(
+    src: Source | Snapshot,
+    *,
+    max_bytes: int | None = None,
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    cache: bool = True,
+) -> Snapshot:
     """Load a snapshot: a path (pickle, .gz, .xz), pickled bytes, or a `_snapshot()` dict.
 
     Files are read with an unpickler that resolves no globals; a truncated, corrupt, hostile,
     inconsistent (negative sizes) or non-snapshot input raises `SnapshotLoadError` (one line)
-    and runs nothing.
+    and runs nothing. A file is converted in a child process (at most `max_bytes` read,
+    decompressed, default 16 GiB; at most `max_memory` used, default 80% of what is free) into
+    columns cached under the user's cache directory, which this process memory-maps: opening
+    it again is near-instant. `progress(stage, fraction)` follows the conversion; an interrupt
+    or `cancel` stops it. Pickled bytes are read here, under the same byte limit.
     """
-    from gpumem_widget.snapshot.load import read_snapshot
+    from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES, read_snapshot
     from gpumem_widget.snapshot.replay import Snapshot
     from gpumem_widget.snapshot.validate import check_data
 
     if isinstance(src, Snapshot):
         return src
-    from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES
+    limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+    if isinstance(src, (str, os.PathLike)):
+        from gpumem_widget.snapshot.isolate import open_file
 
-    data = read_snapshot(src, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
-    check_data(data, os.fspath(src) if isinstance(src, (str, os.PathLike)) else "snapshot")
+        data, info = open_file(
+            src,
+            max_bytes=limit,
+            max_memory=max_memory,
+            progress=progress,
+            cancel=cancel,
+            cache=cache,
+        )
+        check_data(data, os.fspath(src))
+        return Snapshot(data, info)
+    data = read_snapshot(src, max_bytes=limit)
+    check_data(data, "snapshot")
     return Snapshot(data)
 
 
@@ -103,6 +130,7 @@ __all__ = [
     "CellRecording",
     "DeviceReplay",
     "Intervals",
+    "LoadInfo",
     "Oom",
     "Origin",
     "RecordingUnavailable",

@@ -149,37 +149,70 @@ def range_view(
 
 
 def overview(
-    snap: Snapshot, source: str, ledger_cells: Sequence[CellWindow] = ()
+    snap: Snapshot,
+    source: str,
+    ledger_cells: Sequence[CellWindow] = (),
+    *,
+    first_only: bool = False,
 ) -> dict[str, Any]:
     """Every device's views: active memory by site, categories, reserved beside active (the
     cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
-    ``cell:N`` tags where it has them, else by the ledger's time windows)."""
+    ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
+    memory alone, what the tab draws first (``"partial": true``) while the rest is computed."""
     from gpumem_widget.snapshot import active_memory_view, categories, cell_slices
     from gpumem_widget.snapshot.segment_views import reserved_over_time_view
 
     tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
-    devices = []
+    devices: list[dict[str, Any]] = []
     for d in snap.devices:
-        cells = None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
-        slices = cell_slices(snap, d, cells)
-        reserved: dict[str, Any] = dict(reserved_over_time_view(snap, d, WIDTH))
-        del reserved["table"]  # the active view carries reserved on its own columns
-        devices.append(
-            {
-                "device": d,
-                "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
-                "categories": categories(snap, d, width=WIDTH, axis="event", full_columns=False),
-                "reserved": reserved,
-                "cells": slices,
-                "bands": _cell_bands(snap, d, slices, "event"),
-            }
-        )
-    return {
+        view: dict[str, Any] = {
+            "device": d,
+            "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
+        }
+        if not first_only:
+            cells = (
+                None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
+            )
+            slices = cell_slices(snap, d, cells)
+            reserved: dict[str, Any] = dict(reserved_over_time_view(snap, d, WIDTH))
+            del reserved["table"]  # the active view carries reserved on its own columns
+            view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
+            view["reserved"] = reserved
+            view["cells"] = slices
+            view["bands"] = _cell_bands(snap, d, slices, "event")
+        devices.append(view)
+    out = {
         "source": source,
         "taken_at": snap.end_time,
         "cells_by": "tag" if tagged else "time" if snap.data.has_time else "none",
         "devices": devices,
     }
+    if first_only:
+        out["partial"] = True
+    return out
+
+
+class _LoadingBar:
+    """Publishes a file's conversion progress to the tab (``{"loading": ...}``), a few times a
+    second at most."""
+
+    def __init__(self, widget: GpuMemWidget, source: str) -> None:
+        self.widget = widget
+        self.source = source
+        self.shown = False
+        self._last = 0.0
+
+    def __call__(self, stage: str, fraction: float | None) -> None:
+        now = time.perf_counter()
+        if now - self._last < 0.1 and stage == "reading":
+            return
+        self._last = now
+        self.shown = True
+        self.widget.drilldown = {
+            "loading": self.source,
+            "stage": stage,
+            "fraction": None if fraction is None else round(float(fraction), 3),
+        }
 
 
 def _overlapping(snap: Snapshot, device: int, windows: Sequence[CellWindow]) -> list[CellWindow]:
@@ -224,24 +257,52 @@ class Drilldown:
         src: Source | Snapshot,
         source: str | None = None,
         extra_cells: Sequence[CellWindow] = (),
+        *,
+        max_bytes: int | None = None,
+        max_memory: int | None = None,
     ) -> Snapshot:
-        """Load `src` (raising `SnapshotLoadError` and changing nothing when it is bad), compute
-        its views and publish them. `extra_cells` adds windows the ledger does not hold yet
-        (the running ``%%gpumem`` cell)."""
+        """Load `src` (raising `SnapshotLoadError` and leaving the tab as it was when it is bad;
+        files are converted in a child process, see `open_snapshot`), compute its views and
+        publish them, the first view as soon as it is ready: active memory by site, then the
+        categories, reserved memory and per-cell slices, then what is alive at the peak with
+        its segment map. The browser draws each as it arrives (kernel messages flow while the
+        cell runs). `extra_cells` adds windows the ledger does not hold yet (the running
+        ``%%gpumem`` cell)."""
         from gpumem_widget.snapshot import open_snapshot
 
-        snap = open_snapshot(src)
         label = source or describe_source(src)
+        previous = self.widget.drilldown
+        progress = _LoadingBar(self.widget, label)
+        try:
+            snap = open_snapshot(
+                src,
+                max_bytes=max_bytes,
+                max_memory=max_memory,
+                progress=progress,
+            )
+        except BaseException:
+            if progress.shown:
+                self.widget.drilldown = previous
+            raise
         cells = [*(self._ledger_cells() if self._ledger_cells else ()), *extra_cells]
         started = time.perf_counter()
-        view = overview(snap, label, cells)
-        alive = alive_view(snap, snap.devices[0], None) if snap.devices else {}
-        view["compute_s"] = time.perf_counter() - started
+        first = overview(snap, label, cells, first_only=True)
+        first["compute_s"] = time.perf_counter() - started
         with self._lock:
             self._current = _Current(snap, label)
             self._pending = None
             with self.widget.hold_sync():
-                self.widget.drilldown = view
+                self.widget.drilldown = first
+                self.widget.drilldown_alive = {}
+        view = overview(snap, label, cells)
+        view["compute_s"] = time.perf_counter() - started
+        with self._lock:
+            if self._current is None or self._current.snap is not snap:
+                return snap  # another snapshot was shown meanwhile
+            self.widget.drilldown = view
+        alive = alive_view(snap, snap.devices[0], None) if snap.devices else {}
+        with self._lock:
+            if self._current is not None and self._current.snap is snap:
                 self.widget.drilldown_alive = alive
         return snap
 

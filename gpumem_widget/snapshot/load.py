@@ -16,9 +16,9 @@ import io
 import lzma
 import os
 import pickle
+import stat
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
@@ -41,6 +41,9 @@ RECORDER_KEY = "gpumem_widget"
 # Refuse to decompress or read more than this: a small .gz must not fill the kernel's memory.
 DEFAULT_MAX_BYTES = 16 << 30
 _CHUNK = 16 << 20
+_PROGRESS_EVERY = 8 << 20
+# The fewest pickle bytes a trace entry or block of its own takes (see `_check_expansion`).
+MIN_ENTRY_BYTES = 8
 _MAX_NESTING = 32
 
 Source = str | os.PathLike[str] | bytes | Mapping[str, Any] | Sequence[Any]
@@ -48,6 +51,10 @@ Source = str | os.PathLike[str] | bytes | Mapping[str, Any] | Sequence[Any]
 
 class SnapshotLoadError(ValueError):
     """A snapshot could not be loaded; the message is one line saying why. Nothing was run."""
+
+
+class OutOfMemory(SnapshotLoadError):
+    """Reading or converting needed more memory than this process may use."""
 
 
 class _Refused(Exception):
@@ -68,19 +75,37 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise _Refused("a persistent id")
 
 
-def read_snapshot(src: Source, *, max_bytes: int = DEFAULT_MAX_BYTES) -> SnapshotData:
-    """Load a snapshot from a path, pickled bytes, or a `_snapshot()` dict into typed data."""
+def read_snapshot(
+    src: Source,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+    stats: dict[str, int] | None = None,
+) -> SnapshotData:
+    """Load a snapshot from a path, pickled bytes, or a `_snapshot()` dict into typed data.
+
+    This runs in the calling process: `open_snapshot` calls it in a child process for files.
+    `progress(done, total)` is told the file bytes read so far now and then; `stats` gets
+    ``"bytes"``, how many (decompressed) bytes the pickle took."""
     with _collector_paused():
         if isinstance(src, (str, os.PathLike)):
             where = os.fspath(src)
-            raw = _unpickle(_read_file(Path(src), max_bytes), where)
+            with open_regular(where) as f:
+                total = os.fstat(f.fileno()).st_size
+                raw, read = _unpickle_stream(f, max_bytes, where, progress, total)
+            if progress is not None:
+                progress(total, total)  # read: conversion starts
         elif isinstance(src, (bytes, bytearray, memoryview)):
             where = "snapshot bytes"
-            raw = _unpickle(_decompress(io.BytesIO(bytes(src)), max_bytes, where), where)
+            raw, read = _unpickle_stream(io.BytesIO(bytes(src)), max_bytes, where, None, 0)
         else:
             where = "snapshot"
-            raw = src
+            raw, read = src, -1
+        if stats is not None:
+            stats["bytes"] = read
         try:
+            if read >= 0:
+                _check_expansion(raw, read, where)
             return _convert(raw)
         except _Invalid as e:
             raise SnapshotLoadError(f"{where}: not a PyTorch memory snapshot: {e}") from None
@@ -102,57 +127,186 @@ def _collector_paused() -> Iterator[None]:
 # -- bytes -------------------------------------------------------------------------------------
 
 
-def _read_file(path: Path, max_bytes: int) -> bytes:
-    where = str(path)
+def check_regular(path: str | os.PathLike[str]) -> os.stat_result:
+    """The file's status; a device, pipe, socket or directory is refused before it is opened
+    (reading /dev/zero never ends, opening a pipe with no writer never returns)."""
+    where = os.fspath(path)
     try:
-        with path.open("rb") as f:
-            return _decompress(f, max_bytes, where)
+        st = os.stat(where)
     except OSError as e:
         raise SnapshotLoadError(f"{where}: cannot read: {e.strerror or e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise SnapshotLoadError(f"{where}: not a regular file (it is {_kind(st.st_mode)})")
+    return st
 
 
-def _decompress(f: BinaryIO, max_bytes: int, where: str) -> bytes:
-    """The file's bytes, gunzipped or unxz'd when its magic number says so (not its name)."""
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a regular file for reading; anything else is refused without blocking."""
+    where = os.fspath(path)
+    check_regular(where)
+    try:
+        # O_NONBLOCK: should the path become a pipe after the check, opening it still returns.
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise SnapshotLoadError(f"{where}: cannot read: {e.strerror or e}") from e
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise SnapshotLoadError(f"{where}: not a regular file (it is {_kind(st.st_mode)})")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _LimitedReader:
+    """The reads the unpickler makes, counted: more than `max_bytes` in all raises at once,
+    before a huge read is even attempted, so the limit holds while streaming."""
+
+    def __init__(
+        self,
+        stream: Any,
+        max_bytes: int,
+        raw: BinaryIO | None,
+        progress: Callable[[int, int], None] | None,
+        total: int,
+    ) -> None:
+        self.stream = stream
+        self.max_bytes = max_bytes
+        self.count = 0
+        self._raw = raw
+        self._progress = progress
+        self._total = total
+        self._next_report = 0
+
+    def _take(self, n: int) -> None:
+        if self.count + n > self.max_bytes:
+            raise _TooLarge
+        if self._progress is not None and self.count >= self._next_report:
+            self._next_report = self.count + _PROGRESS_EVERY
+            done = self._raw.tell() if self._raw is not None else self.count
+            self._progress(done, self._total)
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.max_bytes - self.count + 1
+        self._take(min(n, _CHUNK))
+        data: bytes = self.stream.read(n) if n <= _CHUNK else self._read_big(n)
+        self.count += len(data)
+        return data
+
+    def _read_big(self, n: int) -> bytes:
+        self._take(n)  # a frame or a string this long would pass the limit: refuse it unread
+        parts = []
+        while n > 0 and (chunk := self.stream.read(min(n, _CHUNK))):
+            parts.append(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        self._take(len(view))
+        got: int = self.stream.readinto(view)
+        self.count += got
+        return got
+
+    def readline(self) -> bytes:
+        line: bytes = self.stream.readline(max(1, min(_CHUNK, self.max_bytes - self.count + 1)))
+        self._take(len(line))
+        self.count += len(line)
+        return line
+
+
+def _unpickle_stream(
+    f: BinaryIO,
+    max_bytes: int,
+    where: str,
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> tuple[Any, int]:
+    """Unpickle from `f` (gunzipped or unxz'd when its magic number says so), reading at most
+    `max_bytes` decompressed bytes; the object and how many bytes it took."""
     magic = f.read(6)
     f.seek(0)
-    if magic.startswith(b"\x1f\x8b"):
-        with gzip.GzipFile(fileobj=f) as g:
-            return _read_limited(g, max_bytes, where, "gzip")
-    if magic.startswith(b"\xfd7zXZ\x00"):
-        with lzma.LZMAFile(f) as x:
-            return _read_limited(x, max_bytes, where, "xz")
-    return _read_limited(f, max_bytes, where, "")
-
-
-def _read_limited(stream: Any, max_bytes: int, where: str, kind: str) -> bytes:
-    out = io.BytesIO()
-    try:
-        while chunk := stream.read(_CHUNK):
-            out.write(chunk)
-            if out.tell() > max_bytes:
+    kind = ""
+    with contextlib.ExitStack() as closing:
+        stream: Any = f
+        if magic.startswith(b"\x1f\x8b"):
+            kind, stream = "gzip", closing.enter_context(gzip.GzipFile(fileobj=f))
+        elif magic.startswith(b"\xfd7zXZ\x00"):
+            kind, stream = "xz", closing.enter_context(lzma.LZMAFile(f))
+        reader = _LimitedReader(stream, max_bytes, f, progress, total)
+        try:
+            return _unpickle(reader, where), reader.count
+        except _TooLarge:
+            raise SnapshotLoadError(
+                f"{where}: larger than {max_bytes} bytes{' uncompressed' if kind else ''}; "
+                "pass a larger max_bytes to load it"
+            ) from None
+        except (EOFError, gzip.BadGzipFile, lzma.LZMAError, zlib.error) as e:
+            if not kind:
                 raise SnapshotLoadError(
-                    f"{where}: larger than {max_bytes} bytes{' uncompressed' if kind else ''}; "
-                    "pass a larger max_bytes to load it"
-                )
-    except (EOFError, gzip.BadGzipFile, lzma.LZMAError, zlib.error) as e:
-        raise SnapshotLoadError(f"{where}: truncated or corrupt {kind} data ({e})") from None
-    return out.getvalue()
+                    f"{where}: not a readable pickle, truncated or corrupt "
+                    f"({type(e).__name__}: {e})"
+                ) from None
+            raise SnapshotLoadError(f"{where}: truncated or corrupt {kind} data ({e})") from None
 
 
-def _unpickle(data: bytes, where: str) -> Any:
+def _unpickle(reader: _LimitedReader, where: str) -> Any:
     try:
-        return _DataOnlyUnpickler(io.BytesIO(data)).load()
+        return _DataOnlyUnpickler(reader).load()
     except _Refused as e:
         raise SnapshotLoadError(
             f"{where}: refused: the pickle asks for {e}, but a memory snapshot holds only plain "
             "data; nothing in it was run"
         ) from None
-    # The bytes are untrusted: any failure of the C unpickler (EOFError, UnpicklingError,
-    # ValueError, MemoryError, ...) means the same thing to the user.
+    except (_TooLarge, EOFError, gzip.BadGzipFile, lzma.LZMAError, zlib.error):
+        raise
+    except MemoryError:
+        raise OutOfMemory(f"{where}: ran out of memory while reading it") from None
+    # The bytes are untrusted: any failure of the C unpickler (UnpicklingError, ValueError,
+    # ...) means the same thing to the user.
     except Exception as e:
         raise SnapshotLoadError(
             f"{where}: not a readable pickle, truncated or corrupt ({type(e).__name__}: {e})"
         ) from None
+
+
+def _check_expansion(raw: Any, read: int, where: str) -> None:
+    """Refuse a pickle whose entries outnumber what its bytes can describe.
+
+    A real entry is a dict of its own: at least an action and a size, 11 pickle bytes or more.
+    Memo references make one object appear millions of times for 2 bytes each; converting
+    those would take gigabytes, so they are refused before conversion starts."""
+    traces = raw.get("device_traces") if isinstance(raw, dict) else None
+    segments = raw.get("segments") if isinstance(raw, dict) else raw
+    entries = 0
+    if isinstance(traces, list):
+        entries += sum(len(t) for t in traces if isinstance(t, list))
+    if isinstance(segments, list):
+        entries += len(segments)
+        for s in segments:
+            if isinstance(s, dict) and isinstance(s.get("blocks"), list):
+                entries += len(s["blocks"])
+    if entries * MIN_ENTRY_BYTES > max(read, 0):
+        raise SnapshotLoadError(
+            f"{where}: refused: {entries} entries from {read} bytes of pickle (objects repeated "
+            f"through memo references); a real snapshot spends at least {MIN_ENTRY_BYTES} bytes "
+            "an entry"
+        )
 
 
 # -- structure ---------------------------------------------------------------------------------
@@ -189,6 +343,10 @@ class _Interner:
 
     def table(self) -> StackTable:
         return StackTable(tuple(self.frames), tuple(self.stacks))
+
+
+_ACTION_CODES = {name: int(a) for name, a in ACTION_NAMES.items()}
+_OTHER = int(Action.OTHER)
 
 
 def _is_int(v: Any) -> bool:
@@ -231,18 +389,16 @@ def _trace(entries: list[Any], device: int, interner: _Interner) -> DeviceTrace:
     by_ids: dict[tuple[int, ...], int] = {}
     empty: tuple[()] = ()
     try:
-        action = [ACTION_NAMES.get(e["action"], Action.OTHER) for e in entries]
+        action = [_ACTION_CODES.get(e["action"], _OTHER) for e in entries]
         addr = [e.get("addr", 0) for e in entries]
         size = [e["size"] for e in entries]
         stream = [e.get("stream", 0) for e in entries]
         time_us = [e.get("time_us", 0) for e in entries]
         tag = [strings.setdefault(e.get("user_metadata", ""), len(strings)) for e in entries]
         ctx = [strings.setdefault(e.get("compile_context", ""), len(strings)) for e in entries]
-        # Frame dicts are shared objects in real snapshots, so a stack's frame ids identify it
-        # cheaply; each distinct id tuple is validated and interned by content once, below.
-        by_frame_ids = [
-            by_ids.setdefault(tuple(map(id, e.get("frames", empty))), len(by_ids)) for e in entries
-        ]
+        # Each distinct frames list is looked at once: a pickle can repeat one long list at
+        # no cost through memo references.
+        frame_lists = [e.get("frames", empty) for e in entries]
     except (KeyError, TypeError, AttributeError):
         _explain(entries, device)
     where = f"device_traces[{device}]"
@@ -256,7 +412,19 @@ def _trace(entries: list[Any], device: int, interner: _Interner) -> DeviceTrace:
     addrs = _int_column(addr, where, "addr")
     for i in np.flatnonzero(actions == Action.OOM):
         addrs[i] = _int_or_invalid(entries[i].get("device_free", 0), f"{where}[{i}]['device_free']")
-    ids = np.array(by_frame_ids, dtype=np.int64)
+    # Frame dicts are shared objects in real snapshots, so a stack's frame ids identify it
+    # cheaply; each distinct id tuple is validated and interned by content once, below.
+    list_ids = np.fromiter(map(id, frame_lists), np.int64, len(frame_lists))
+    _, first_of_list, lists = np.unique(list_ids, return_index=True, return_inverse=True)
+    del frame_lists
+    key_of_list = np.array(
+        [
+            by_ids.setdefault(tuple(map(id, entries[i].get("frames", empty))), len(by_ids))
+            for i in first_of_list
+        ],
+        dtype=np.int64,
+    )
+    ids = key_of_list[lists.reshape(-1)] if len(lists) else lists
     first = np.unique(ids, return_index=True)[1] if len(ids) else np.zeros(0, np.int64)
     to_stack = np.array(
         [interner.stack(entries[i].get("frames", empty), f"{where}[{i}]") for i in first],

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from gpumem_widget.snapshot.model import (
     SnapshotData,
     StackTable,
 )
+
+if TYPE_CHECKING:
+    from gpumem_widget.snapshot.isolate import LoadInfo
 
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
@@ -253,8 +256,9 @@ def _empty_trace() -> DeviceTrace:
 class Snapshot:
     """A loaded snapshot; each device is replayed the first time it is asked for."""
 
-    def __init__(self, data: SnapshotData) -> None:
+    def __init__(self, data: SnapshotData, load_info: LoadInfo | None = None) -> None:
         self.data = data
+        self.load_info = load_info  # how a file was opened (cache or child); None otherwise
         self._replays: dict[int, DeviceReplay] = {}
         self._lock = threading.Lock()
 

@@ -58,6 +58,7 @@ export class DrilldownPanel {
   private readonly cells = el("section", "gpumem-drilldown-cells");
   private readonly categories = el("section", "gpumem-drilldown-categories");
   private readonly message = el("p", "gpumem-drilldown-empty", "No snapshot loaded");
+  private readonly progress = el("progress", "gpumem-drilldown-progress");
   private overview: Overview | null = null;
   private device = 0;
   private stacking: Stacking = "sites";
@@ -79,7 +80,7 @@ export class DrilldownPanel {
       (p) => this.pickColumn(p),
       (r) => this.zoom(r),
     );
-    this.el.append(this.message, this.summary, this.warnings, this.controls, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
+    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
     this.compare.hidden = true;
     this.showBody(false);
   }
@@ -87,6 +88,7 @@ export class DrilldownPanel {
   private showBody(visible: boolean): void {
     for (const part of [this.summary, this.warnings, this.controls, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories]) part.hidden = !visible;
     this.message.hidden = visible;
+    this.progress.hidden = true;
   }
 
   private current(): DeviceOverview | undefined {
@@ -98,6 +100,17 @@ export class DrilldownPanel {
       this.overview = null;
       this.message.textContent = "No snapshot loaded: run `%gpumem record on` then `%gpumem record off`, wrap a cell in `%%gpumem cell`, or call gpumem_widget.show_snapshot(path).";
       this.showBody(false);
+      return;
+    }
+    if (state.kind === "loading") {
+      // The kernel's child process converts the file; the bar follows it (no fraction: busy).
+      const { source, stage, fraction } = state.loading;
+      this.overview = null;
+      this.showBody(false);
+      this.message.textContent = `Opening ${source}: ${stage}${fraction === null ? "" : ` ${Math.round(fraction * 100)}%`}\u2026`;
+      this.progress.hidden = false;
+      if (fraction === null) this.progress.removeAttribute("value");
+      else this.progress.value = fraction;
       return;
     }
     if (state.kind === "pending") {
@@ -143,8 +156,8 @@ export class DrilldownPanel {
     this.drawControls(o);
     this.drawChart();
     this.drawSearch();
-    this.drawCells(d.cells, o.cellsBy);
-    this.drawCategories(d);
+    this.drawCells(d.cells, o.cellsBy, o.partial);
+    this.drawCategories(d, o.partial);
   }
 
   /** The views drawn now: the kernel's range answer when it matches the device, else the
@@ -154,7 +167,7 @@ export class DrilldownPanel {
     if (!d) return null;
     const r = this.range;
     if (r && r.device === d.device && r.axis === this.axis) return r;
-    return { sites: d.sites, categories: d.categories, bands: d.bands };
+    return { sites: d.sites, categories: d.categories ?? d.sites, bands: d.bands };
   }
 
   private button(label: string, className: string, pressed: boolean | null, onClick: () => void): HTMLButtonElement {
@@ -217,6 +230,7 @@ export class DrilldownPanel {
         this.drawChart();
       });
       b.dataset["mode"] = mode;
+      if (mode === "categories" && o.partial) b.disabled = true; // still being computed
       return b;
     });
     const reset = this.button("Whole snapshot", "gpumem-drilldown-reset", null, () => this.request(this.axis, null));
@@ -528,8 +542,12 @@ export class DrilldownPanel {
     });
   }
 
-  private drawCells(cells: CellSlice[], by: string): void {
+  private drawCells(cells: CellSlice[], by: string, partial: boolean): void {
     this.cells.replaceChildren();
+    if (partial) {
+      this.cells.append(el("h4", "gpumem-drilldown-heading", "Per cell: computing\u2026"));
+      return;
+    }
     const how = by === "tag" ? "by the cell tags on each allocation" : "by the ledger's cell times";
     this.cells.append(el("h4", "gpumem-drilldown-heading", cells.length ? `Per cell (${how})` : "No cell of the ledger falls within this snapshot"));
     if (!cells.length) return;
@@ -555,8 +573,12 @@ export class DrilldownPanel {
     this.cells.append(t.table);
   }
 
-  private drawCategories(d: DeviceOverview): void {
+  private drawCategories(d: DeviceOverview, partial: boolean): void {
     this.categories.replaceChildren();
+    if (partial) {
+      this.categories.append(el("h4", "gpumem-drilldown-heading", "By category: computing\u2026"));
+      return;
+    }
     const shown = d.atPeak.filter((c) => c.bytes > 0);
     this.categories.append(el("h4", "gpumem-drilldown-heading", "At the peak, by category (from each allocation's phase and lifetime)"));
     const t = table("gpumem-drilldown-category-table", ["category", "bytes"]);

@@ -311,4 +311,27 @@ describe("the chart's axis and labels", () => {
     expect(oomText(oom)).toBe("OOM: requested 3.00 GiB, 1.00 GiB free \u00b7 cell [7]");
     expect(oomText({ ...oom, cell: null, tag: "" })).toBe("OOM: requested 3.00 GiB, 1.00 GiB free");
   });
+  it("shows the conversion's progress, then the first view, then the rest as it arrives", () => {
+    const { el, model, stop } = mount({ drilldown: {}, drilldown_alive: {} });
+    model.set("drilldown", { loading: "big.pickle", stage: "reading", fraction: 0.42 });
+    const bar = el.querySelector<HTMLProgressElement>(".gpumem-drilldown-progress");
+    expect(bar?.hidden).toBe(false);
+    expect(bar?.value).toBeCloseTo(0.42);
+    expect(el.textContent).toContain("Opening big.pickle: reading 42%");
+    model.set("drilldown", { loading: "big.pickle", stage: "converting", fraction: null });
+    expect(bar?.hasAttribute("value")).toBe(false); // busy: no fraction known
+    expect(el.textContent).toContain("converting");
+    // The first view: active memory by site alone; categories and cells still computing.
+    const full = received()["drilldown"] as Record<string, unknown>;
+    const devices = (full["devices"] as Record<string, unknown>[]).map((d) => ({ device: d["device"], active: d["active"] }));
+    model.set("drilldown", { ...full, devices, partial: true });
+    expect(bar?.hidden).toBe(true);
+    expect(el.querySelector("canvas")).not.toBeNull();
+    expect(el.textContent).toContain("Per cell: computing");
+    expect(el.querySelector<HTMLButtonElement>("button[data-mode='categories']")?.disabled).toBe(true);
+    model.set("drilldown", full);
+    expect(el.textContent).not.toContain("computing");
+    expect(el.querySelector<HTMLButtonElement>("button[data-mode='categories']")?.disabled).toBe(false);
+    stop();
+  });
 });

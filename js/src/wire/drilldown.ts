@@ -3,7 +3,7 @@
 // (through ./table, as float64). Any malformed part raises ProtocolError, which the panel shows
 // instead of drawing.
 
-import { describe, field, isNumber, isNumberOrNull, isObject, isString, isStringOrNull, optional, ProtocolError, type Json } from "./json";
+import { describe, field, isBool, isNumber, isNumberOrNull, isObject, isString, isStringOrNull, optional, ProtocolError, type Json } from "./json";
 import { decodeF64Columns } from "./table";
 
 export type Columns = Map<string, Float64Array>;
@@ -335,7 +335,7 @@ function parseReserved(raw: unknown, what: string): ReservedOverTime | null {
 export interface DeviceOverview {
   device: number;
   sites: Stacked;
-  categories: Stacked;
+  categories: Stacked | null; // null while the kernel is still computing it (a partial overview)
   reserved: ReservedOverTime | null;
   atPeak: SiteBytes[]; // bytes per category at the peak
   cells: CellSlice[];
@@ -347,14 +347,34 @@ export interface Overview {
   takenAt: number | null;
   cellsBy: string;
   devices: DeviceOverview[];
+  partial: boolean; // the first view only: categories, reserved and per-cell slices follow
 }
 
-export type DrilldownState = { kind: "empty" } | { kind: "pending"; source: string } | { kind: "ready"; overview: Overview };
+/** A file being converted in the kernel's child process: stage "reading" (fraction of the file
+ * read), "converting", "writing", "mapping". */
+export interface Loading {
+  source: string;
+  stage: string;
+  fraction: number | null;
+}
+
+export type DrilldownState =
+  | { kind: "empty" }
+  | { kind: "pending"; source: string }
+  | { kind: "loading"; loading: Loading }
+  | { kind: "ready"; overview: Overview };
 
 export function parseDrilldown(raw: unknown): DrilldownState {
   if (raw == null || (isObject(raw) && Object.keys(raw).length === 0)) return { kind: "empty" };
   if (!isObject(raw)) throw new ProtocolError(`drilldown: expected an object, got ${describe(raw)}`);
   if (isString(raw["pending"])) return { kind: "pending", source: raw["pending"] };
+  if (isString(raw["loading"])) {
+    const fraction = optional(raw, "fraction", isNumberOrNull, null);
+    return {
+      kind: "loading",
+      loading: { source: raw["loading"], stage: optional(raw, "stage", isString, "reading"), fraction: fraction === null ? null : Math.min(1, Math.max(0, fraction)) },
+    };
+  }
   const devices = field(raw, "devices", "drilldown", isArray, "a list").map((d, i): DeviceOverview => {
     const what = `drilldown.devices[${i}]`;
     if (!isObject(d)) throw new ProtocolError(`${what}: expected an object`);
@@ -364,7 +384,7 @@ export function parseDrilldown(raw: unknown): DrilldownState {
     return {
       device: field(d, "device", what, isNumber, "a device index"),
       sites: parseStacked(d["active"], `${what}.active`, true),
-      categories: parseStacked(cats, `${what}.categories`, false),
+      categories: cats === undefined ? null : parseStacked(cats, `${what}.categories`, false),
       reserved: parseReserved(d["reserved"], `${what}.reserved`),
       atPeak: Object.entries(atPeak)
         .filter((e): e is [string, number] => isNumber(e[1]))
@@ -380,6 +400,7 @@ export function parseDrilldown(raw: unknown): DrilldownState {
       takenAt: optional(raw, "taken_at", isNumberOrNull, null),
       cellsBy: optional(raw, "cells_by", isString, "none"),
       devices,
+      partial: optional(raw, "partial", isBool, false),
     },
   };
 }

@@ -1,0 +1,304 @@
+"""The compact columnar form of a snapshot: a directory of .npy columns and one small index.
+
+A converted snapshot is cached under the user's cache directory (``$GPUMEM_WIDGET_CACHE``, else
+``$XDG_CACHE_HOME/gpumem_widget``, else ``~/.cache/gpumem_widget``), keyed by the source file's
+identity (its real path, size, mtime and inode), so opening the same file again maps the columns
+instead of converting it. Per device: action, addr, size, stream, time_us, stack, tag and
+compile_context; segments and blocks as columns too. The index (``index.pickle``) holds the
+interned strings, the frame table, the stacks and the small metadata, and each column's dtype,
+length and CRC-32; it is read back with the same data-only unpickler as snapshots, so a cache
+file can never run code. A column that does not match its index (a partial write, a truncated
+or corrupt file, an older format) makes the whole entry invalid: it is removed and rebuilt.
+
+Entries are written to a temporary directory and renamed into place, so a reader never sees a
+half-written one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import pickle
+import shutil
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpumem_widget.snapshot.model import (
+    BLOCK_STATES,
+    Action,
+    Block,
+    DeviceTrace,
+    Frame,
+    Segment,
+    SnapshotData,
+    StackTable,
+)
+
+FORMAT = 1
+INDEX = "index.pickle"
+TRACE_COLUMNS = {
+    "action": np.int8,
+    "addr": np.int64,
+    "size": np.int64,
+    "stream": np.int64,
+    "time_us": np.int64,
+    "stack": np.int32,
+    "tag": np.int32,
+    "compile_context": np.int32,
+}
+SEGMENT_COLUMNS = {
+    "device": np.int64,
+    "address": np.int64,
+    "total_size": np.int64,
+    "stream": np.int64,
+    "pool_a": np.int64,
+    "pool_b": np.int64,
+    "expandable": np.int8,
+    "stack": np.int32,
+    "type": np.int32,  # into the strings
+    "first_block": np.int64,  # blocks of segment i: first_block[i] to first_block[i + 1]
+}
+BLOCK_COLUMNS = {
+    "address": np.int64,
+    "size": np.int64,
+    "requested_size": np.int64,
+    "state": np.int8,  # into BLOCK_STATES
+    "stack": np.int32,
+}
+# Keep at most this much cache: the least recently used entries go first.
+DEFAULT_CACHE_LIMIT = 8 << 30
+
+
+class CacheInvalid(Exception):
+    """A cache entry is partial, corrupt or from another format; it is rebuilt."""
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("GPUMEM_WIDGET_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpumem_widget"
+
+
+def entry_for(st: os.stat_result, path: str | os.PathLike[str]) -> Path:
+    """Where the columns of the file with this status live."""
+    identity = f"{FORMAT}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    key = hashlib.sha256(f"{identity}|{st.st_dev}".encode()).hexdigest()[:32]
+    return cache_root() / "snapshots" / key
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def write(data: SnapshotData, entry: Path, source_bytes: int) -> None:
+    """Write `data` as `entry`, atomically (a temporary directory renamed into place);
+    `source_bytes`: how many decompressed bytes its pickle took (the byte limit applies to a
+    reopen too)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        columns: dict[str, dict[str, Any]] = {}
+
+        def put(name: str, values: Any, dtype: Any) -> None:
+            arr = np.ascontiguousarray(values, dtype=dtype)
+            np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+            columns[name] = {
+                "dtype": arr.dtype.str,
+                "length": len(arr),
+                "crc32": zlib.crc32(arr.tobytes()) if len(arr) else 0,
+            }
+
+        for d, trace in data.traces.items():
+            for col, dtype in TRACE_COLUMNS.items():
+                put(f"trace{d}.{col}", getattr(trace, col), dtype)
+        strings = list(data.strings)
+        string_ids = {s: i for i, s in enumerate(strings)}
+        seg_types = [string_ids.setdefault(s.segment_type, len(string_ids)) for s in data.segments]
+        strings = list(string_ids)
+        blocks = [b for s in data.segments for b in s.blocks]
+        first_block = np.cumsum([0] + [len(s.blocks) for s in data.segments])
+        segs = data.segments
+        seg_values: dict[str, Any] = {
+            "device": [s.device for s in segs],
+            "address": [s.address for s in segs],
+            "total_size": [s.total_size for s in segs],
+            "stream": [s.stream for s in segs],
+            "pool_a": [s.pool_id[0] for s in segs],
+            "pool_b": [s.pool_id[1] for s in segs],
+            "expandable": [s.is_expandable for s in segs],
+            "stack": [s.stack for s in segs],
+            "type": seg_types,
+            "first_block": first_block,
+        }
+        for col, dtype in SEGMENT_COLUMNS.items():
+            put(f"segment.{col}", seg_values[col], dtype)
+        block_values: dict[str, Any] = {
+            "address": [b.address for b in blocks],
+            "size": [b.size for b in blocks],
+            "requested_size": [b.requested_size for b in blocks],
+            "state": [BLOCK_STATES.index(b.state) for b in blocks],
+            "stack": [b.stack for b in blocks],
+        }
+        for col, dtype in BLOCK_COLUMNS.items():
+            put(f"block.{col}", block_values[col], dtype)
+        index = {
+            "format": FORMAT,
+            "source_bytes": source_bytes,
+            "devices": sorted(data.traces),
+            "columns": columns,
+            "strings": strings,
+            "n_strings": len(data.strings),
+            "frames": [(f.filename, f.line, f.name) for f in data.stacks.frames],
+            "stacks": [list(s) for s in data.stacks.stacks],
+            "has_time": data.has_time,
+            "allocator_settings": data.allocator_settings,
+            "external_annotations": data.external_annotations,
+            "overflow_flags": data.overflow_flags,
+            "recorder": data.recorder,
+        }
+        # Written last: an entry without its index is incomplete.
+        (tmp / INDEX).write_bytes(pickle.dumps(index, protocol=4))
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(entry)
+        try:
+            tmp.rename(entry)
+        except OSError:  # another process put it there first: theirs is as good
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _trim(entry.parent, keep=entry)
+
+
+def _trim(root: Path, keep: Path, limit: int = DEFAULT_CACHE_LIMIT) -> None:
+    """Remove the least recently used entries beyond `limit` bytes."""
+    entries = []
+    for child in root.iterdir():
+        with contextlib.suppress(OSError):
+            files = list(child.iterdir()) if child.is_dir() else []
+            size = sum(f.stat().st_size for f in files)
+            entries.append((child.stat().st_mtime, size, child))
+    total = sum(size for _, size, _ in entries)
+    for _, size, child in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if child != keep:
+            shutil.rmtree(child, ignore_errors=True)
+            total -= size
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def read(entry: Path) -> tuple[SnapshotData, int]:
+    """The snapshot in `entry`, its columns memory-mapped, and the decompressed size of the
+    pickle it came from; `CacheInvalid` if it is not whole."""
+    from gpumem_widget.snapshot.load import SnapshotLoadError, _DataOnlyUnpickler
+
+    try:
+        index_bytes = (entry / INDEX).read_bytes()
+    except OSError as e:
+        raise CacheInvalid(f"no index: {e}") from None
+    try:
+        index = _DataOnlyUnpickler(io.BytesIO(index_bytes)).load()
+    except Exception as e:
+        raise CacheInvalid(f"unreadable index: {type(e).__name__}") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise CacheInvalid("another format")
+    try:
+        return _from_index(entry, index), int(index["source_bytes"])
+    except CacheInvalid:
+        raise
+    except (SnapshotLoadError, OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise CacheInvalid(f"{type(e).__name__}: {e}") from None
+
+
+def _column(entry: Path, index: dict[str, Any], name: str, dtype: Any) -> np.ndarray[Any, Any]:
+    meta = index["columns"][name]
+    path = entry / f"{name}.npy"
+    # An empty column cannot be mapped (mmap refuses length 0); it is read instead.
+    arr = np.load(path, mmap_mode="r" if meta["length"] else None, allow_pickle=False)
+    if arr.dtype != np.dtype(dtype) or arr.ndim != 1 or len(arr) != meta["length"]:
+        raise CacheInvalid(f"{name}: not the column the index describes")
+    if len(arr) and zlib.crc32(_bytes_of(arr)) != meta["crc32"]:
+        raise CacheInvalid(f"{name}: corrupt (checksum)")
+    out: np.ndarray[Any, Any] = arr.view(np.ndarray)
+    return out
+
+
+def _bytes_of(arr: np.ndarray[Any, Any]) -> memoryview:
+    """The array's bytes without a copy (a mapped column stays mapped)."""
+    return memoryview(arr.view(np.uint8))  # type: ignore[arg-type]
+
+
+def _from_index(entry: Path, index: dict[str, Any]) -> SnapshotData:
+    strings = tuple(index["strings"])
+    if not all(isinstance(s, str) for s in strings):
+        raise CacheInvalid("strings")
+    frames = tuple(Frame(str(f), int(ln), str(n)) for f, ln, n in index["frames"])
+    stacks = tuple(tuple(int(i) for i in s) for s in index["stacks"])
+    if any(i < 0 or i >= len(frames) for s in stacks for i in s) or not stacks:
+        raise CacheInvalid("stacks")
+    n_strings = int(index["n_strings"])
+    traces = {}
+    for d in index["devices"]:
+        cols = {c: _column(entry, index, f"trace{d}.{c}", t) for c, t in TRACE_COLUMNS.items()}
+        _in_range(cols["stack"], len(stacks), "stack")
+        _in_range(cols["tag"], n_strings, "tag")
+        _in_range(cols["compile_context"], n_strings, "compile_context")
+        _in_range(cols["action"], len(Action), "action")
+        if len({len(c) for c in cols.values()}) > 1:
+            raise CacheInvalid("columns of different lengths")
+        traces[int(d)] = DeviceTrace(**cols)
+    seg = {c: _column(entry, index, f"segment.{c}", t) for c, t in SEGMENT_COLUMNS.items()}
+    blk = {c: _column(entry, index, f"block.{c}", t) for c, t in BLOCK_COLUMNS.items()}
+    _in_range(blk["state"], len(BLOCK_STATES), "state")
+    _in_range(blk["stack"], len(stacks), "block stack")
+    _in_range(seg["stack"], len(stacks), "segment stack")
+    _in_range(seg["type"], len(strings), "segment type")
+    bounds = seg["first_block"].tolist()
+    if bounds and (bounds[-1] != len(blk["state"]) or sorted(bounds) != bounds):
+        raise CacheInvalid("segment blocks")
+    b_rows = list(zip(*(blk[c].tolist() for c in BLOCK_COLUMNS), strict=True))
+    blocks = [Block(a, s, r, BLOCK_STATES[st], k) for a, s, r, st, k in b_rows]
+    s_rows = zip(*(seg[c].tolist() for c in SEGMENT_COLUMNS if c != "first_block"), bounds[:-1],
+                 strict=True)  # fmt: skip
+    segments = tuple(
+        Segment(dev, addr, total, stream, strings[kind], (pa, pb), bool(exp), stack,
+                tuple(blocks[first : bounds[i + 1]]))
+        for i, (dev, addr, total, stream, pa, pb, exp, stack, kind, first) in enumerate(s_rows)
+    )  # fmt: skip
+    if len(segments) != len(bounds) - 1:
+        raise CacheInvalid("segments")
+    return SnapshotData(
+        traces=traces,
+        segments=segments,
+        stacks=StackTable(frames, stacks),
+        strings=strings[:n_strings],
+        has_time=bool(index["has_time"]),
+        allocator_settings=dict(index["allocator_settings"]),
+        external_annotations=list(index["external_annotations"]),
+        overflow_flags=dict(index["overflow_flags"]),
+        recorder=dict(index["recorder"]),
+    )
+
+
+def _in_range(values: np.ndarray[Any, Any], n: int, name: str) -> None:
+    if len(values) and (int(values.min()) < 0 or int(values.max()) >= n):
+        raise CacheInvalid(f"{name} out of range")
+
+
+def touch(entry: Path) -> None:
+    """Mark `entry` as just used (the cache trims the least recently used)."""
+    with contextlib.suppress(OSError):
+        now = time.time()
+        os.utime(entry, (now, now))

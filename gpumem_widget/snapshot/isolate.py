@@ -1,0 +1,318 @@
+"""Open snapshot files without endangering the process that asks: convert in a child process.
+
+Unpickling a snapshot builds a Python dict per trace entry (half a kilobyte each: 6 GB for 12
+million entries), so a big, hostile or broken file could take the user's kernel and every
+variable in it down. Here a child process does everything that builds per-entry objects (the
+safe unpickle, the checks, the columns) and writes the compact columnar form to the cache
+(`columnar`); the caller then memory-maps the columns. The child runs under a memory cap
+(RLIMIT_AS, and the parent watches its resident memory too), streams its input under the byte
+limit, reports progress line by line, and is killed when the caller is interrupted or
+cancels. Whatever goes wrong ends in one `SnapshotLoadError`; the caller's memory never holds
+more than the columns.
+
+A second open of an unchanged file finds its columns in the cache and starts no child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import selectors
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpumem_widget.snapshot import columnar
+from gpumem_widget.snapshot.load import (
+    DEFAULT_MAX_BYTES,
+    OutOfMemory,
+    SnapshotLoadError,
+    check_regular,
+    open_regular,
+    read_snapshot,
+)
+from gpumem_widget.snapshot.model import SnapshotData
+
+# progress(stage, fraction): stage is "reading", "converting", "writing" or "mapping"; fraction
+# is in [0, 1] for reading, None where it is not known.
+Progress = Callable[[str, float | None], None]
+_POLL_S = 0.05
+# Resident memory of a child that has only imported numpy, on top of which the cap applies.
+_CHILD_BASE_RSS = 120 << 20
+# The peak resident memory (bytes) of the last conversion child, whatever its end.
+last_child_peak: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadInfo:
+    """How a file was opened: from the cache, or converted by a child (and its peak memory)."""
+
+    cached: bool
+    seconds: float
+    child_peak_rss: int | None = None  # bytes
+    entry: str = ""
+
+
+def default_max_memory() -> int:
+    """Most of the memory available now: a child that needs more fails, the machine does not."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * 0.8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 8 << 30
+
+
+def open_file(
+    path: str | os.PathLike[str],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    cache: bool = True,
+) -> tuple[SnapshotData, LoadInfo]:
+    """The snapshot in the file at `path`, its columns memory-mapped from the cache.
+
+    A device, pipe or directory is refused at once; a file read before (same path, size,
+    mtime, inode) is mapped without a child. Interrupting (KeyboardInterrupt) or setting
+    `cancel` kills the child; the interrupt is re-raised, a cancel ends in `SnapshotLoadError`.
+    """
+    started = time.perf_counter()
+    where = os.fspath(path)
+    if max_bytes <= 0:
+        raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+    st = check_regular(where)
+    entry = columnar.entry_for(st, where)
+    if cache and entry.is_dir():
+        if progress is not None:
+            progress("mapping", None)
+        try:
+            data, source_bytes = columnar.read(entry)
+        except columnar.CacheInvalid:
+            shutil.rmtree(entry, ignore_errors=True)  # partial or corrupt: converted again
+        else:
+            if source_bytes > max_bytes:
+                raise SnapshotLoadError(
+                    f"{where}: larger than {max_bytes} bytes uncompressed ({source_bytes}); "
+                    "pass a larger max_bytes to load it"
+                )
+            columnar.touch(entry)
+            return data, LoadInfo(True, time.perf_counter() - started, entry=str(entry))
+    if not cache:
+        entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
+    peak = _run_child(
+        where,
+        st=st,
+        entry=entry,
+        max_bytes=max_bytes,
+        max_memory=max_memory or default_max_memory(),
+        progress=progress,
+        cancel=cancel,
+    )
+    if progress is not None:
+        progress("mapping", None)
+    try:
+        data, _ = columnar.read(entry)
+    except columnar.CacheInvalid as e:
+        raise SnapshotLoadError(f"{where}: its converted columns are unreadable ({e})") from None
+    finally:
+        if not cache:  # the mapped columns stay readable after their files are unlinked
+            shutil.rmtree(entry, ignore_errors=True)
+    return data, LoadInfo(False, time.perf_counter() - started, peak, str(entry))
+
+
+def _run_child(
+    where: str,
+    *,
+    st: os.stat_result,
+    entry: Path,
+    max_bytes: int,
+    max_memory: int,
+    progress: Progress | None,
+    cancel: threading.Event | None,
+) -> int | None:
+    """Run the conversion in a child; its peak resident memory (bytes) when it told it."""
+    job = {
+        "path": where,
+        "entry": str(entry),
+        "max_bytes": max_bytes,
+        "max_memory": max_memory,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "progress": progress is not None,
+    }
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"  # one thread: no per-thread arenas eating the memory cap
+    child = subprocess.Popen(
+        [sys.executable, "-m", "gpumem_widget.snapshot.isolate", json.dumps(job)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # a Ctrl-C in a terminal reaches the parent only
+    )
+    assert child.stdout is not None
+    assert child.stderr is not None
+    result: dict[str, Any] = {}
+    global last_child_peak
+    limit_rss = max_memory + _CHILD_BASE_RSS
+    over = False
+    sampled = 0
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(child.stdout, selectors.EVENT_READ)
+            buffered = b""
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled
+                rss = _rss(child.pid)
+                sampled = max(sampled, rss)
+                if rss > limit_rss:
+                    over = True
+                    child.kill()
+                if sel.select(_POLL_S):
+                    chunk = os.read(child.stdout.fileno(), 65536)
+                    if not chunk:
+                        break
+                    buffered += chunk
+                    *lines, buffered = buffered.split(b"\n")
+                    for line in lines:
+                        msg = json.loads(line)
+                        if "stage" in msg and progress is not None:
+                            progress(msg["stage"], msg.get("fraction"))
+                        else:
+                            result = msg
+        code = child.wait()
+    except _Cancelled:
+        _kill(child)
+        shutil.rmtree(entry, ignore_errors=True)
+        raise SnapshotLoadError(f"{where}: cancelled") from None
+    except BaseException:  # KeyboardInterrupt above all: the child goes, the interrupt goes on
+        _kill(child)
+        raise
+    finally:
+        child.stdout.close()
+        stderr = child.stderr.read().decode(errors="replace")
+        child.stderr.close()
+        # The child's own high-water mark when it told it (rusage would include the parent's
+        # memory at fork), else the most this process saw.
+        told = result.get("peak_rss")
+        last_child_peak = told if isinstance(told, int) else sampled or None
+    if "error" in result:
+        raise SnapshotLoadError(result["error"])
+    if over or (code < 0 and not result):
+        raise SnapshotLoadError(
+            f"{where}: converting it needs more than {max_memory >> 20} MB of memory; pass a "
+            "larger max_memory to open it"
+            if over or code == -9
+            else f"{where}: the conversion process died (signal {-code})"
+        )
+    if code != 0 or not result.get("done"):
+        tail = stderr.strip().splitlines()[-1:] or [f"exit status {code}"]
+        raise SnapshotLoadError(f"{where}: the conversion process failed ({tail[0]})")
+    return last_child_peak
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    child.wait()
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+
+def _vm_size() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _child(job: dict[str, Any]) -> dict[str, Any]:
+    where = job["path"]
+    with contextlib.suppress(OSError, ValueError):
+        # Virtual memory: what is mapped now (interpreter, numpy) plus the cap.
+        cap = _vm_size() + int(job["max_memory"])
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    def say(stage: str, fraction: float | None = None) -> None:
+        if job["progress"]:
+            print(json.dumps({"stage": stage, "fraction": fraction}), flush=True)
+
+    def reading(done: int, total: int) -> None:
+        if done >= total:
+            say("converting")
+        else:
+            say("reading", done / total)
+
+    try:
+        with open_regular(where) as f:
+            st = os.fstat(f.fileno())
+        if (st.st_size, st.st_mtime_ns) != (job["size"], job["mtime_ns"]):
+            return {"error": f"{where}: the file changed while it was being opened"}
+        say("reading", 0.0)
+        stats: dict[str, int] = {}
+        data = read_snapshot(where, max_bytes=int(job["max_bytes"]), progress=reading, stats=stats)
+        say("writing")
+        columnar.write(data, Path(job["entry"]), stats["bytes"])
+    except SnapshotLoadError as e:
+        if not isinstance(e, OutOfMemory):
+            return {"error": str(e)}
+        return {
+            "error": f"{where}: converting it needs more than {int(job['max_memory']) >> 20} MB "
+            "of memory; pass a larger max_memory to open it"
+        }
+    except MemoryError:
+        return {
+            "error": f"{where}: converting it needs more than {int(job['max_memory']) >> 20} MB "
+            "of memory; pass a larger max_memory to open it"
+        }
+    except OSError as e:
+        return {"error": f"{where}: {e.strerror or e}"}
+    return {"done": True}
+
+
+def _peak_rss() -> int | None:
+    """This process's resident high-water mark (VmHWM), bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def main() -> None:
+    result = _child(json.loads(sys.argv[1]))
+    print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

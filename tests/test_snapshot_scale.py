@@ -1,0 +1,260 @@
+"""Opening snapshot files at scale: bombs end in one clear error, fast, in a child process that
+stays under its memory cap; the columnar cache makes reopening instant and survives corruption.
+
+Each bomb of issue 15 in a test-sized version, opened with a limit: the error must come within
+2 s, the conversion child's peak resident memory must stay within the limit + 100 MB, and the
+process that asked must not grow (the kernel-level checks are in `test_kernel_survives_...`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+import pickle
+import resource
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from allocator_sim import AllocatorSim, frame
+
+from gpumem_widget.snapshot import SnapshotLoadError, isolate, open_snapshot
+
+MB = 1 << 20
+LIMIT = 64 * MB  # the byte limit the bombs are opened with
+MEMORY = 256 * MB  # the conversion child's memory cap
+TRAIN = frame("/home/u/train.py", 10, "step")
+
+
+def small_snapshot() -> dict[str, Any]:
+    sim = AllocatorSim()
+    sim.malloc(4096)
+    sim.start_recording()
+    for i in range(50):
+        a = sim.malloc((i + 1) << 12, [TRAIN])
+        if i % 3:
+            sim.free(a, [TRAIN])
+    return sim.snapshot()
+
+
+def _self_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def refused(path: Path | str, match: str, **limits: Any) -> SnapshotLoadError:
+    """Open `path`, expecting `SnapshotLoadError` matching `match` within 2 s, with the child (if
+    one ran) under its cap + 100 MB and this process no bigger than before + 100 MB."""
+    isolate.last_child_peak = None
+    before = _self_rss()
+    started = time.perf_counter()
+    with pytest.raises(SnapshotLoadError, match=match) as info:
+        open_snapshot(path, **{"max_bytes": LIMIT, "max_memory": MEMORY, **limits})
+    seconds = time.perf_counter() - started
+    assert seconds < 2.0, f"{path}: the error took {seconds:.2f} s"
+    assert "\n" not in str(info.value)
+    if isolate.last_child_peak is not None:
+        cap = limits.get("max_memory", MEMORY)
+        assert isolate.last_child_peak <= cap + 100 * MB, isolate.last_child_peak
+    assert _self_rss() - before < 100 * MB
+    return info.value
+
+
+def _big_bytes_pickle(n: int) -> bytes:
+    """A valid pickle of one `n`-byte string: it must be read to the end to be refused."""
+    return pickle.dumps(b"\0" * n, protocol=4)
+
+
+def test_compressed_files_expanding_past_the_limit_are_refused_while_streaming(
+    tmp_path: Path,
+) -> None:
+    raw = _big_bytes_pickle(4 * LIMIT)  # 256 MB of data in a few hundred KB
+    for name, data in (("a.xz", lzma.compress(raw)), ("a.gz", gzip.compress(raw, 1))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert path.stat().st_size < 2 * MB
+        # The unpickler reserves the string's room before reading it (untouched, so not
+        # resident): the cap must leave room for that, the byte limit then refuses.
+        refused(path, f"larger than {LIMIT} bytes uncompressed", max_memory=1 << 30)
+        refused(path, "needs more than 128 MB of memory", max_memory=128 * MB)
+
+
+def test_a_plain_file_past_the_limit_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    path = tmp_path / "big.pickle"
+    path.write_bytes(_big_bytes_pickle(2 * LIMIT))
+    refused(path, f"larger than {LIMIT} bytes")
+
+
+def test_devices_pipes_and_directories_are_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # no writer: opening it would block forever
+    refused(fifo, "not a regular file .it is a named pipe")
+    refused("/dev/zero", "not a regular file .it is a character device")
+    refused(tmp_path, "not a regular file .it is a directory")
+
+
+def test_zeros_compressed_or_not_are_refused_at_the_first_byte(tmp_path: Path) -> None:
+    zeros = tmp_path / "zeros.pickle"
+    with zeros.open("wb") as f:
+        f.truncate(2 << 30)  # 2 GB of zeros (sparse: no disk used)
+    refused(zeros, "not a readable pickle", max_bytes=16 << 30)
+    gz = tmp_path / "zeros.gz"
+    with gzip.open(gz, "wb", compresslevel=1) as g:
+        block = b"\0" * (16 * MB)
+        for _ in range(32):  # 512 MB of zeros
+            g.write(block)
+    refused(gz, "not a readable pickle", max_bytes=16 << 30)
+
+
+def test_memo_reference_bomb_is_refused_before_conversion(tmp_path: Path) -> None:
+    entry = {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": 1, "frames": []}
+    bomb = {"segments": [], "device_traces": [[entry] * 2_000_000]}
+    path = tmp_path / "memo.pickle"
+    path.write_bytes(pickle.dumps(bomb, protocol=4))
+    assert path.stat().st_size < 5 * MB  # two bytes an entry
+    refused(path, "refused: 2000000 entries from .* memo references")
+
+
+def test_a_shared_frames_list_is_looked_at_once(tmp_path: Path) -> None:
+    deep = [{"filename": "a.py", "line": i, "name": "f"} for i in range(20_000)]
+    entries = [
+        {"action": "alloc", "addr": i * 512, "size": 512, "stream": 0, "time_us": i, "frames": deep}
+        for i in range(20_000)
+    ]  # 400 million frame references, 20,000 distinct ones
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    started = time.perf_counter()
+    snap = open_snapshot(path, max_memory=MEMORY)
+    assert time.perf_counter() - started < 10
+    assert len(snap.stacks.stacks) == 2  # the empty stack and the deep one
+
+
+def test_a_snapshot_needing_more_than_the_memory_cap_is_a_clear_error(tmp_path: Path) -> None:
+    entries = [
+        {"action": "alloc", "addr": i, "size": 512, "stream": 0, "time_us": i, "frames": []}
+        for i in range(400_000)
+    ]
+    path = tmp_path / "many.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    del entries
+    refused(path, "needs more than 48 MB of memory; pass a larger max_memory", max_memory=48 * MB)
+
+
+def test_reopening_maps_the_cached_columns(tmp_path: Path) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    stages: list[str] = []
+    first = open_snapshot(path, progress=lambda stage, fraction: stages.append(stage))
+    assert first.load_info is not None
+    assert not first.load_info.cached
+    assert first.load_info.child_peak_rss
+    assert stages[0] == "reading"
+    assert "converting" in stages
+    assert stages[-1] == "mapping"
+    again = open_snapshot(path)
+    assert again.load_info is not None
+    assert again.load_info.cached
+    assert isinstance(again.data.traces[0].addr.base, np.memmap)  # mapped, not read
+    with pytest.raises(SnapshotLoadError, match="larger than 100 bytes"):
+        open_snapshot(path, max_bytes=100)  # the limit holds for the cached columns too
+    in_process = open_snapshot(small_snapshot())
+    for snap in (first, again):
+        a, b = snap.replay(0), in_process.replay(0)
+        assert np.array_equal(a.active, b.active)
+        assert np.array_equal(a.reserved, b.reserved)
+        assert snap.data.segments == in_process.data.segments
+        assert snap.data.stacks == in_process.data.stacks
+        assert snap.data.strings == in_process.data.strings
+
+
+def test_a_changed_file_is_converted_again(tmp_path: Path) -> None:
+    path = tmp_path / "s.pickle"
+    snap = small_snapshot()
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    assert len(open_snapshot(path).replay(0).active) == len(snap["device_traces"][0])
+    snap["device_traces"][0] = snap["device_traces"][0][:10]
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    reopened = open_snapshot(path)
+    assert reopened.load_info is not None
+    assert not reopened.load_info.cached
+    assert len(reopened.replay(0).active) == 10
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "index", "remove"])
+def test_a_damaged_cache_entry_is_detected_and_rebuilt(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    first = open_snapshot(path)
+    assert first.load_info is not None
+    entry = Path(first.load_info.entry)
+    column = entry / "trace0.size.npy"
+    if damage == "truncate":
+        column.write_bytes(column.read_bytes()[:-8])
+    elif damage == "flip":
+        data = bytearray(column.read_bytes())
+        data[-3] ^= 0xFF
+        column.write_bytes(bytes(data))
+    elif damage == "index":
+        (entry / "index.pickle").write_bytes(b"\x80\x04garbage")
+    else:
+        column.unlink()
+    again = open_snapshot(path)
+    assert again.load_info is not None
+    assert not again.load_info.cached  # rebuilt
+    assert np.array_equal(again.replay(0).active, first.replay(0).active)
+    assert open_snapshot(path).load_info.cached  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def slow_file(tmp_path: Path) -> Path:
+    """A file whose conversion takes a few seconds."""
+    entries = [
+        {"action": "alloc", "addr": i, "size": 512, "stream": 0, "time_us": i, "frames": []}
+        for i in range(1_500_000)
+    ]
+    path = tmp_path / "slow.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    return path
+
+
+def test_cancel_kills_the_child(slow_file: Path) -> None:
+    cancel = threading.Event()
+    stages: list[str] = []
+
+    def progress(stage: str, fraction: float | None) -> None:
+        stages.append(stage)
+        cancel.set()
+
+    started = time.perf_counter()
+    with pytest.raises(SnapshotLoadError, match="cancelled"):
+        open_snapshot(slow_file, progress=progress, cancel=cancel)
+    assert time.perf_counter() - started < 2
+    assert stages
+    assert _children() == []
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    kids = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and Path(f"/proc/{pid}/stat").read_text().split()[3] == me:
+                kids.append(int(pid))
+        except (OSError, IndexError):
+            continue
+    return kids
+
+
+def test_peak_memory_of_this_process_is_the_columns_not_the_dicts(slow_file: Path) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    snap = open_snapshot(slow_file, max_memory=2 << 30)
+    assert snap.load_info is not None
+    assert snap.load_info.child_peak_rss is not None
+    # 1.5 million entries: the child held them as dicts (hundreds of MB); here only columns.
+    assert snap.load_info.child_peak_rss > 300 * MB
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 150 * MB, grown
