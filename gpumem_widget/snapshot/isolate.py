@@ -47,6 +47,17 @@ Progress = Callable[[str, float | None], None]
 _POLL_S = 0.05
 # Resident memory of a child that has only imported numpy, on top of which the cap applies.
 _CHILD_BASE_RSS = 120 << 20
+# The child starts with the package as a bare namespace: its __init__ (the extension, the
+# session, ipywidgets) is half a second the conversion never needs.
+_PACKAGE = Path(__file__).resolve().parents[1]
+_BOOTSTRAP = f"""
+import sys, types
+package = types.ModuleType("gpumem_widget")
+package.__path__ = [{str(_PACKAGE)!r}]
+sys.modules["gpumem_widget"] = package
+from gpumem_widget.snapshot.isolate import main
+main()
+"""
 # The peak resident memory (bytes) of the last conversion child, whatever its end.
 last_child_peak: int | None = None
 
@@ -158,7 +169,7 @@ def _run_child(
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = "1"  # one thread: no per-thread arenas eating the memory cap
     child = subprocess.Popen(
-        [sys.executable, "-m", "gpumem_widget.snapshot.isolate", json.dumps(job)],
+        [sys.executable, "-c", _BOOTSTRAP, json.dumps(job)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
