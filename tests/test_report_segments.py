@@ -13,7 +13,7 @@ from bokeh.resources import INLINE
 
 from gpumem_widget.reporting.segments import MIN_BAR, bokeh_reserved_over_time, bokeh_segment_map
 from gpumem_widget.snapshot import open_snapshot
-from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map_view
+from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map_view
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 HOSTILE = "<img src=x onerror=alert(1)>$$x$$"
@@ -34,7 +34,7 @@ def test_segment_map_and_reserved_render_offline() -> None:
     assert drawn == pytest.approx(sum(max(MIN_BAR, s["size"] / widest) for s in view["segments"]))
     assert "waste" in quads["kind"]
     assert HOSTILE in quads["site"]  # hover fields are text for Bokeh's tooltips
-    reserved = bokeh_reserved_over_time(reserved_over_time_view(snap, 0, width=400))
+    reserved = bokeh_reserved_over_time(reserved_over_time(snap, 0, width=400))
     # Bytes in byte units ("1.86 GiB"), as every other chart: not Bokeh's "2.000e+9".
     assert isinstance(reserved.yaxis[0].formatter, CustomJSTickFormatter)
     assert "GiB" in reserved.yaxis[0].formatter.code

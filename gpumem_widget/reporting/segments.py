@@ -1,8 +1,8 @@
 """Bokeh figures of the allocator's segments, for the standalone report (offline, no CDN):
 the segment map with fragmentation figures and advice, and reserved beside active over time.
 
-Both take the kernel's views as they are (`snapshot.segment_views.segment_map_view`,
-`reserved_over_time_view`), so the report draws exactly what the widget draws. Text goes into
+Both take what the widget's views are made of (`snapshot.segment_views.segment_map_view` and
+`reserved_over_time`), so the report draws exactly what the widget draws. Text goes into
 Divs escaped and with TeX off, so file paths and tags print as written.
 """
 
@@ -18,9 +18,9 @@ from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
 from gpumem_widget.reporting.style import bytes_ticks
+from gpumem_widget.snapshot.segment_views import ReservedOverTime
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
-from gpumem_widget.wire.protocol import unpack_table
 
 COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
 LABELS = {
@@ -161,20 +161,22 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
     )
 
 
-def bokeh_reserved_over_time(view: payloads.ReservedOverTime) -> Any:
+def bokeh_reserved_over_time(rot: ReservedOverTime) -> Any:
     """Reserved (cached segments) and active (live allocations) over time, with the band each
     screen column spans, and OOMs marked."""
-    table = unpack_table(view["table"])
-    seconds = view["x_unit"] == "s"
-    x = table["t"] * 1000.0 if seconds else table["t"]
+    seconds = rot.x_unit == "s"
+    x = rot.t * 1000.0 if seconds else rot.t
     source = ColumnDataSource(
         {
             "x": x,
-            **{k: table[k] for k in ("reserved", "reserved_min", "active", "active_min")},
-            "reserved_text": [format_bytes(v) for v in table["reserved"]],
-            "active_text": [format_bytes(v) for v in table["active"]],
+            "reserved": rot.reserved,
+            "reserved_min": rot.reserved_min,
+            "active": rot.active,
+            "active_min": rot.active_min,
+            "reserved_text": [format_bytes(v) for v in rot.reserved],
+            "active_text": [format_bytes(v) for v in rot.active],
             "gap_text": [
-                format_bytes(r - a) for r, a in zip(table["reserved"], table["active"], strict=True)
+                format_bytes(r - a) for r, a in zip(rot.reserved, rot.active, strict=True)
             ],
         }
     )
@@ -183,7 +185,7 @@ def bokeh_reserved_over_time(view: payloads.ReservedOverTime) -> Any:
         sizing_mode="stretch_width",
         x_axis_type="datetime" if seconds else "linear",
         tools="xpan,xwheel_zoom,box_zoom,reset,save",
-        title=f"cuda:{view['device']} reserved vs active",
+        title=f"cuda:{rot.device} reserved vs active",
     )
     fig.varea(x="x", y1="reserved_min", y2="reserved", source=source, color="#9ecae9", alpha=0.5)
     reserved = fig.line(
@@ -191,7 +193,7 @@ def bokeh_reserved_over_time(view: payloads.ReservedOverTime) -> Any:
     )
     fig.varea(x="x", y1="active_min", y2="active", source=source, color="#f2cf5b", alpha=0.5)
     fig.line(x="x", y="active", source=source, color="#b07aa1", legend_label="active")
-    for t in view["ooms"]:
+    for t in rot.ooms:
         if t is not None:
             fig.add_layout(
                 Span(

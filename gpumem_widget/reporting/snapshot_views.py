@@ -30,7 +30,7 @@ from gpumem_widget.reporting.style import (
 )
 from gpumem_widget.reporting.summary import DeviceSummary
 from gpumem_widget.snapshot import Snapshot, alive_at, categories, cell_slices
-from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map_view
+from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map_view
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire.protocol import unpack_table
 
@@ -72,7 +72,7 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     shown = [(g["column"], g["label"]) for g in cat["groups"] if g["peak_bytes"] > 0]
     by_category = _stacked("Active memory by category", cat, shown, datetime, slices["cells"])
     by_category.x_range = parts[-1].x_range  # zoom all three together
-    reserved = bokeh_reserved_over_time(reserved_over_time_view(snap, d, view["width"]))
+    reserved = bokeh_reserved_over_time(reserved_over_time(snap, d, view["width"]))
     reserved.x_range = parts[-1].x_range
     parts += [by_category, reserved]
     if slices["cells"]:

@@ -7,6 +7,7 @@ fragmentation figures and advice for the instant shown.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -166,14 +167,65 @@ def _segment_wire(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> pay
     }
 
 
-def reserved_over_time_view(
-    snap: Snapshot, device: int | None = None, width: int = 1200
-) -> payloads.ReservedOverTime:
-    """Reserved (cached segments) beside active (live blocks) over time, `width` columns.
+@dataclass(frozen=True, slots=True)
+class ReservedOverTime:
+    """Reserved (cached segments) beside active (live blocks) over time, one row a screen
+    column: each column's highest and lowest of both, so no spike or dip is lost."""
 
-    Each column holds the highest and lowest of both within it (``reserved``, ``reserved_min``,
-    ``active``, ``active_min``), so no spike or dip is lost; the table is packed as
-    `aggregate.pack_f8` packs its series."""
+    device: int
+    x_unit: Literal["s", "entry"]
+    entries: int
+    t0: float
+    t1: float
+    t: F64  # column start times
+    reserved: F64
+    reserved_min: F64
+    active: F64
+    active_min: F64
+    peak_active: int
+    peak_reserved: int
+    end_active: int
+    end_reserved: int
+    largest_gap: int  # the most reserved beyond active at any entry
+    largest_gap_event: int
+    largest_gap_t: float | None
+    ooms: list[float | None]  # where each OOM happened
+
+    def to_wire(self) -> payloads.ReservedOverTime:
+        """The browser's form: the columns as one packed table."""
+        columns = {
+            "t": self.t,
+            "active": self.active,
+            "active_min": self.active_min,
+            "reserved": self.reserved,
+            "reserved_min": self.reserved_min,
+        }
+        return {
+            "view": "reserved_over_time",
+            "device": self.device,
+            "x_unit": self.x_unit,
+            "entries": self.entries,
+            "t0": self.t0,
+            "t1": self.t1,
+            "width": len(self.t),
+            "table": pack_f8(columns),
+            "peak_active": self.peak_active,
+            "peak_reserved": self.peak_reserved,
+            "end_active": self.end_active,
+            "end_reserved": self.end_reserved,
+            "largest_gap": {
+                "bytes": self.largest_gap,
+                "event": self.largest_gap_event,
+                "t": self.largest_gap_t,
+            },
+            "ooms": self.ooms,
+        }
+
+
+def reserved_over_time(
+    snap: Snapshot, device: int | None = None, width: int = 1200
+) -> ReservedOverTime:
+    """Reserved beside active over time, at `width` columns."""
     rep = snap.replay(device)
     n = rep.n_events
     width = max(1, int(width))
@@ -184,7 +236,7 @@ def reserved_over_time_view(
     bounds = np.searchsorted(col, np.arange(width + 1))
     nonempty = bounds[1:] > bounds[:-1]
     starts = bounds[:-1][nonempty]
-    columns: dict[str, F64] = {"t": t0 + np.arange(width, dtype=np.float64) * (span / width)}
+    columns: dict[str, F64] = {}
     for name, values, before in (
         ("active", rep.active, rep.active_before),
         ("reserved", rep.reserved, rep.reserved_before),
@@ -198,23 +250,30 @@ def reserved_over_time_view(
         columns[name], columns[f"{name}_min"] = high, low
     gap = rep.reserved - rep.active if n else np.zeros(0, np.int64)
     peak_gap = int(np.argmax(gap)) if n else -1
-    return {
-        "view": "reserved_over_time",
-        "device": rep.device,
-        "x_unit": _x_unit(snap),
-        "entries": n,
-        "t0": t0,
-        "t1": t0 + span,
-        "width": width,
-        "table": pack_f8(columns),
-        "peak_active": int(rep.active.max()) if n else rep.active_before,
-        "peak_reserved": int(rep.reserved.max()) if n else rep.reserved_before,
-        "end_active": int(rep.active[-1]) if n else rep.active_before,
-        "end_reserved": int(rep.reserved[-1]) if n else rep.reserved_before,
-        "largest_gap": {
-            "bytes": int(gap[peak_gap]) if n else rep.reserved_before - rep.active_before,
-            "event": peak_gap,
-            "t": _x_of(snap, rep, peak_gap),
-        },
-        "ooms": [_x_of(snap, rep, o.event) for o in rep.ooms],
-    }
+    return ReservedOverTime(
+        device=rep.device,
+        x_unit=_x_unit(snap),
+        entries=n,
+        t0=t0,
+        t1=t0 + span,
+        t=t0 + np.arange(width, dtype=np.float64) * (span / width),
+        reserved=columns["reserved"],
+        reserved_min=columns["reserved_min"],
+        active=columns["active"],
+        active_min=columns["active_min"],
+        peak_active=int(rep.active.max()) if n else rep.active_before,
+        peak_reserved=int(rep.reserved.max()) if n else rep.reserved_before,
+        end_active=int(rep.active[-1]) if n else rep.active_before,
+        end_reserved=int(rep.reserved[-1]) if n else rep.reserved_before,
+        largest_gap=int(gap[peak_gap]) if n else rep.reserved_before - rep.active_before,
+        largest_gap_event=peak_gap,
+        largest_gap_t=_x_of(snap, rep, peak_gap),
+        ooms=[_x_of(snap, rep, o.event) for o in rep.ooms],
+    )
+
+
+def reserved_over_time_view(
+    snap: Snapshot, device: int | None = None, width: int = 1200
+) -> payloads.ReservedOverTime:
+    """`reserved_over_time` as the browser gets it (the table packed as `pack_f8` packs)."""
+    return reserved_over_time(snap, device, width).to_wire()
