@@ -39,7 +39,7 @@ def report(
     """
     loaded = [_labeled(i, s) for i, s in enumerate(snapshots)]
     data = (
-        SessionData(session.timeline, session.records(), len(session.widget.devices))
+        SessionData(session.timeline, session.records(), session.readers.num_devices)
         if session is not None
         else None
     )
