@@ -146,8 +146,10 @@ export class WorkersView {
     ctx.clearRect(0, 0, width, HEIGHT);
     this.paintBands(ctx, p, x, t0, t1);
     paintAxes(ctx, p, ticks, y, width, t0, t1);
+    let lines = 0;
     s.ranks.forEach((r, i) => {
       const color = rankColor(i);
+      if (r.series.n > 0) lines += metric === "gpu" ? 2 : 1;
       if (metric === "gpu") {
         line(ctx, r, r.series.allocated, x, y, color, []);
         line(ctx, r, r.series.reserved, x, y, color, [4, 3]);
@@ -160,6 +162,7 @@ export class WorkersView {
         mark(ctx, x(r.series.t[last] as number), y((col[last] as number) || 0), r.oom ? p.capacity : p.muted, r.oom ? "OOM" : r.state);
       }
     });
+    this.canvas.dataset["lines"] = String(lines); // what was drawn, for tests
   }
 
   private paintBands(ctx: CanvasRenderingContext2D, p: Palette, x: (t: number) => number, t0: number, t1: number): void {
