@@ -109,7 +109,7 @@ def open_snapshot(
     if isinstance(src, (str, os.PathLike)):
         from gpumem_widget.snapshot.isolate import open_file
 
-        data, info = open_file(
+        data, info, replays = open_file(
             src,
             max_bytes=limit,
             max_memory=max_memory,
@@ -118,7 +118,7 @@ def open_snapshot(
             cache=cache,
         )
         check_data(data, os.fspath(src))
-        return Snapshot(data, info)
+        return Snapshot(data, info, replays)
     data = read_snapshot(src, max_bytes=limit)
     check_data(data, "snapshot")
     return Snapshot(data)

@@ -24,6 +24,7 @@ import pickle
 import shutil
 import time
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from gpumem_widget.snapshot.model import (
     SnapshotData,
     StackTable,
 )
+from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom
 
 FORMAT = 1
 INDEX = "index.pickle"
@@ -71,6 +73,19 @@ BLOCK_COLUMNS = {
     "state": np.int8,  # into BLOCK_STATES
     "stack": np.int32,
 }
+REPLAY_COLUMNS = ("time_us", "active", "reserved", "snapshot_events")
+INTERVAL_COLUMNS = {
+    "addr": np.int64,
+    "size": np.int64,
+    "start": np.int64,
+    "free_requested": np.int64,
+    "end": np.int64,
+    "stack": np.int32,
+    "tag": np.int32,
+    "stream": np.int64,
+    "origin": np.int8,
+    "block_size": np.int64,
+}
 # Keep at most this much cache: the least recently used entries go first.
 DEFAULT_CACHE_LIMIT = 8 << 30
 
@@ -87,9 +102,24 @@ def cache_root() -> Path:
     return Path(base) / "gpumem_widget"
 
 
+def _code_version() -> str:
+    """A digest of the code that makes the columns and the replay: changed code, new entries."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in ("load.py", "model.py", "replay.py", "columnar.py"):
+        with contextlib.suppress(OSError):
+            digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_CODE = _code_version()
+
+
 def entry_for(st: os.stat_result, path: str | os.PathLike[str]) -> Path:
     """Where the columns of the file with this status live."""
-    identity = f"{FORMAT}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    identity = (
+        f"{FORMAT}|{_CODE}|{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    )
     key = hashlib.sha256(f"{identity}|{st.st_dev}".encode()).hexdigest()[:32]
     return cache_root() / "snapshots" / key
 
@@ -97,10 +127,15 @@ def entry_for(st: os.stat_result, path: str | os.PathLike[str]) -> Path:
 # -- writing -----------------------------------------------------------------------------------
 
 
-def write(data: SnapshotData, entry: Path, source_bytes: int) -> None:
+def write(
+    data: SnapshotData,
+    entry: Path,
+    source_bytes: int,
+    replays: Mapping[int, DeviceReplay] | None = None,
+) -> None:
     """Write `data` as `entry`, atomically (a temporary directory renamed into place);
     `source_bytes`: how many decompressed bytes its pickle took (the byte limit applies to a
-    reopen too)."""
+    reopen too); `replays`, each device's replay, kept so a reopen need not replay again."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -150,8 +185,25 @@ def write(data: SnapshotData, entry: Path, source_bytes: int) -> None:
         }
         for col, dtype in BLOCK_COLUMNS.items():
             put(f"block.{col}", block_values[col], dtype)
+        replayed: dict[int, dict[str, Any]] = {}
+        for d, rep in (replays or {}).items():
+            for col in REPLAY_COLUMNS:
+                put(f"replay{d}.{col}", getattr(rep, col), np.int64)
+            for col, dtype in INTERVAL_COLUMNS.items():
+                put(f"intervals{d}.{col}", getattr(rep.intervals, col), dtype)
+            replayed[d] = {
+                "active_before": rep.active_before,
+                "reserved_before": rep.reserved_before,
+                "overflowed": rep.overflowed,
+                "anomalies": dict(rep.anomalies),
+                "ooms": [
+                    (o.event, o.time_us, o.requested, o.device_free, o.stack, o.tag)
+                    for o in rep.ooms
+                ],
+            }
         index = {
             "format": FORMAT,
+            "replays": replayed,
             "source_bytes": source_bytes,
             "devices": sorted(data.traces),
             "columns": columns,
@@ -199,9 +251,9 @@ def _trim(root: Path, keep: Path, limit: int = DEFAULT_CACHE_LIMIT) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 
-def read(entry: Path) -> tuple[SnapshotData, int]:
-    """The snapshot in `entry`, its columns memory-mapped, and the decompressed size of the
-    pickle it came from; `CacheInvalid` if it is not whole."""
+def read(entry: Path) -> tuple[SnapshotData, int, dict[int, DeviceReplay]]:
+    """The snapshot in `entry`, its columns memory-mapped, the decompressed size of the pickle
+    it came from, and the devices' replays kept with it; `CacheInvalid` if it is not whole."""
     from gpumem_widget.snapshot.load import SnapshotLoadError, _DataOnlyUnpickler
 
     try:
@@ -215,7 +267,12 @@ def read(entry: Path) -> tuple[SnapshotData, int]:
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise CacheInvalid("another format")
     try:
-        return _from_index(entry, index), int(index["source_bytes"])
+        data = _from_index(entry, index)
+        replays = {
+            int(d): _replay(entry, index, int(d), data, meta)
+            for d, meta in index["replays"].items()
+        }
+        return data, int(index["source_bytes"]), replays
     except CacheInvalid:
         raise
     except (SnapshotLoadError, OSError, ValueError, KeyError, TypeError, IndexError) as e:
@@ -289,6 +346,36 @@ def _from_index(entry: Path, index: dict[str, Any]) -> SnapshotData:
         external_annotations=list(index["external_annotations"]),
         overflow_flags=dict(index["overflow_flags"]),
         recorder=dict(index["recorder"]),
+    )
+
+
+def _replay(
+    entry: Path, index: dict[str, Any], d: int, data: SnapshotData, meta: dict[str, Any]
+) -> DeviceReplay:
+    cols = {c: _column(entry, index, f"replay{d}.{c}", np.int64) for c in REPLAY_COLUMNS}
+    n = len(data.traces[d]) if d in data.traces else 0
+    if not len(cols["time_us"]) == len(cols["active"]) == len(cols["reserved"]) == n:
+        raise CacheInvalid(f"replay {d}: not its trace's length")
+    iv = {c: _column(entry, index, f"intervals{d}.{c}", t) for c, t in INTERVAL_COLUMNS.items()}
+    if len({len(c) for c in iv.values()}) > 1:
+        raise CacheInvalid(f"intervals {d}: columns of different lengths")
+    _in_range(iv["stack"], len(data.stacks.stacks), "interval stack")
+    _in_range(iv["tag"], len(data.strings), "interval tag")
+    _in_range(iv["start"] + 1, n + 1, "interval start")
+    _in_range(iv["end"], n + 1, "interval end")
+    ooms = tuple(Oom(d, *(int(v) for v in o)) for o in meta["ooms"])
+    return DeviceReplay(
+        device=d,
+        intervals=Intervals(**iv, n_events=n),
+        time_us=cols["time_us"],
+        active=cols["active"],
+        active_before=int(meta["active_before"]),
+        reserved=cols["reserved"],
+        reserved_before=int(meta["reserved_before"]),
+        ooms=ooms,
+        snapshot_events=cols["snapshot_events"],
+        overflowed=bool(meta["overflowed"]),
+        anomalies={str(k): int(v) for k, v in meta["anomalies"].items()},
     )
 
 

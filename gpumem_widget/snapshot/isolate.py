@@ -40,6 +40,7 @@ from gpumem_widget.snapshot.load import (
     read_snapshot,
 )
 from gpumem_widget.snapshot.model import SnapshotData
+from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
 
 # progress(stage, fraction): stage is "reading", "converting", "writing" or "mapping"; fraction
 # is in [0, 1] for reading, None where it is not known.
@@ -92,8 +93,9 @@ def open_file(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     cache: bool = True,
-) -> tuple[SnapshotData, LoadInfo]:
-    """The snapshot in the file at `path`, its columns memory-mapped from the cache.
+) -> tuple[SnapshotData, LoadInfo, dict[int, DeviceReplay]]:
+    """The snapshot in the file at `path`, its columns (and each device's replay)
+    memory-mapped from the cache.
 
     A device, pipe or directory is refused at once; a file read before (same path, size,
     mtime, inode) is mapped without a child. Interrupting (KeyboardInterrupt) or setting
@@ -109,7 +111,7 @@ def open_file(
         if progress is not None:
             progress("mapping", None)
         try:
-            data, source_bytes = columnar.read(entry)
+            data, source_bytes, replays = columnar.read(entry)
         except columnar.CacheInvalid:
             shutil.rmtree(entry, ignore_errors=True)  # partial or corrupt: converted again
         else:
@@ -119,7 +121,8 @@ def open_file(
                     "pass a larger max_bytes to load it"
                 )
             columnar.touch(entry)
-            return data, LoadInfo(True, time.perf_counter() - started, entry=str(entry))
+            info = LoadInfo(True, time.perf_counter() - started, entry=str(entry))
+            return data, info, replays
     if not cache:
         entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
     peak = _run_child(
@@ -134,13 +137,13 @@ def open_file(
     if progress is not None:
         progress("mapping", None)
     try:
-        data, _ = columnar.read(entry)
+        data, _, replays = columnar.read(entry)
     except columnar.CacheInvalid as e:
         raise SnapshotLoadError(f"{where}: its converted columns are unreadable ({e})") from None
     finally:
         if not cache:  # the mapped columns stay readable after their files are unlinked
             shutil.rmtree(entry, ignore_errors=True)
-    return data, LoadInfo(False, time.perf_counter() - started, peak, str(entry))
+    return data, LoadInfo(False, time.perf_counter() - started, peak, str(entry)), replays
 
 
 def _run_child(
@@ -290,7 +293,10 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
         stats: dict[str, int] = {}
         data = read_snapshot(where, max_bytes=int(job["max_bytes"]), progress=reading, stats=stats)
         say("writing")
-        columnar.write(data, Path(job["entry"]), stats["bytes"])
+        # Replayed here too (vectorised over the columns): a reopen maps the result.
+        snap = Snapshot(data)
+        replays = {d: snap.replay(d) for d in snap.devices if d in data.traces}
+        columnar.write(data, Path(job["entry"]), stats["bytes"], replays)
     except SnapshotLoadError as e:
         if not isinstance(e, OutOfMemory):
             return {"error": str(e)}

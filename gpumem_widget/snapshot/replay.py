@@ -256,10 +256,15 @@ def _empty_trace() -> DeviceTrace:
 class Snapshot:
     """A loaded snapshot; each device is replayed the first time it is asked for."""
 
-    def __init__(self, data: SnapshotData, load_info: LoadInfo | None = None) -> None:
+    def __init__(
+        self,
+        data: SnapshotData,
+        load_info: LoadInfo | None = None,
+        replays: dict[int, DeviceReplay] | None = None,
+    ) -> None:
         self.data = data
         self.load_info = load_info  # how a file was opened (cache or child); None otherwise
-        self._replays: dict[int, DeviceReplay] = {}
+        self._replays: dict[int, DeviceReplay] = dict(replays or {})  # mapped from the cache
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
