@@ -9,10 +9,12 @@ process that asked must not grow (the kernel-level checks are in `test_kernel_su
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
 import os
 import pickle
 import resource
+import sys
 import threading
 import time
 from pathlib import Path
@@ -258,3 +260,100 @@ def test_peak_memory_of_this_process_is_the_columns_not_the_dicts(slow_file: Pat
     assert snap.load_info.child_peak_rss > 300 * MB
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 150 * MB, grown
+
+
+# -- in a real kernel ------------------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(240)
+def test_the_kernel_survives_every_bomb_keeps_its_variables_and_shows_progress(
+    tmp_path: Path, slow_file: Path
+) -> None:
+    from test_kernel import KernelSpecManager, load, start_kernel, widget_state
+
+    specs_dir = tmp_path / "kernels" / "python3"
+    specs_dir.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (specs_dir / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "test", "language": "python"})
+    )
+    specs = KernelSpecManager(kernel_dirs=[str(specs_dir.parent)], ensure_native_kernel=False)
+    km, k = start_kernel(specs)
+    try:
+        loaded = load(k)
+        k.execute("precious = list(range(100_000))")
+        memo = tmp_path / "memo.pickle"
+        entry = {"action": "alloc", "addr": 1, "size": 512, "frames": []}
+        memo.write_bytes(pickle.dumps({"segments": [], "device_traces": [[entry] * 2_000_000]}))
+        xz = tmp_path / "bomb.xz"
+        xz.write_bytes(lzma.compress(_big_bytes_pickle(256 * MB)))
+        fifo = tmp_path / "pipe"
+        os.mkfifo(fifo)
+        rss = "print(int(open('/proc/self/statm').read().split()[1]) * 4096)"
+        before = int(k.execute(rss).stdout())
+        for path, phrase, memory in (
+            (memo, "memo references", "256M"),
+            (xz, f"larger than {LIMIT} bytes uncompressed", "1G"),
+            (fifo, "named pipe", "256M"),
+            ("/dev/zero", "character device", "256M"),
+            (slow_file, "needs more than 64 MB of memory", "64M"),
+        ):
+            started = time.monotonic()
+            ex = k.execute(f"%gpumem show-snapshot {path} --max-bytes 64M --max-memory {memory}")
+            assert time.monotonic() - started < 2.0 + (path == slow_file) * 8, path
+            reply = ex.reply["content"]
+            assert reply["status"] == "error", reply
+            assert reply["ename"] == "UsageError"
+            assert phrase in reply["evalue"], reply["evalue"]
+        assert k.execute("print(sum(precious))").stdout().strip() == str(sum(range(100_000)))
+        assert int(k.execute(rss).stdout()) - before < 100 * MB
+
+        # A real file: the tab gets the conversion's progress, then the first view, then all.
+        start = len(k.log)
+        good = tmp_path / "good.pickle"
+        good.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+        ex = k.execute(f"%gpumem show-snapshot {good}")
+        assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+        states = [
+            widget_state(r)["drilldown"]
+            for _, r in k.updates(loaded.comm_id, start)
+            if "drilldown" in r.content["data"].get("state", {})
+        ]
+        kinds = [
+            "loading" if "loading" in s else "partial" if s.get("partial") else "full"
+            for s in states
+        ]
+        assert kinds[0] == "loading", kinds
+        assert kinds.index("partial") < kinds.index("full"), kinds
+
+        # Interrupted mid-conversion: the child is killed, the kernel and its variables stay.
+        start = len(k.log)
+        msg_id = k.client.execute(f"%gpumem show-snapshot {slow_file} --max-memory 2G")
+        k.wait_for(
+            "a loading update",
+            lambda r: (
+                r.type == "comm_msg"
+                and "loading" in str(r.content["data"].get("state", {}).get("drilldown", ""))
+            ),
+            start,
+        )
+        km.interrupt_kernel()
+        k.wait_for(
+            "the interrupted cell's idle",
+            lambda r: (
+                r.type == "status"
+                and r.parent_id == msg_id
+                and r.content["execution_state"] == "idle"
+            ),
+            start,
+        )
+        children = (
+            "import os; me = str(os.getpid()); print(sum(1 for p in os.listdir('/proc') "
+            "if p.isdigit() and open(f'/proc/{p}/stat').read().split()[3] == me))"
+        )
+        assert k.execute(children).stdout().strip() == "0"
+        assert k.execute("print(len(precious))").stdout().strip() == "100000"
+    finally:
+        k.client.stop_channels()
+        km.shutdown_kernel(now=True)
