@@ -736,3 +736,30 @@ def test_an_agent_follows_only_its_kernels_signed_controls_and_swallows_its_erro
         agent.stop()
     w = hub.store.get(f"{agent.who.host}:{os.getpid()}")
     wait_for(lambda: w is not None and w.state == "exited", 10, "goodbye")
+
+
+def test_the_workers_tab_opens_a_ranks_reported_snapshot_and_nothing_else(ip: Any) -> None:
+    """The rank selector: the browser names a worker and the index of a snapshot it reported;
+    the kernel opens that file in the Snapshot tab. A path, a bad index or an unknown worker
+    opens nothing."""
+    session = gpumem_widget.current_session()
+    assert session is not None
+    from gpumem_widget.workers.hub import hub_of
+
+    hub = hub_of(session)
+    assert hub is not None
+    path = str(pathlib.Path(__file__).parent / "fixtures" / "snapshots" / "oom.pickle.gz")
+    hub.store.add(message(1, kind="snapshot", path=path), None)
+    widget = session.widget
+    for bad in (
+        {"type": "worker_snapshot", "key": WHO.key, "index": 1},
+        {"type": "worker_snapshot", "key": WHO.key, "index": True},
+        {"type": "worker_snapshot", "key": "elsewhere:1", "index": 0},
+        {"type": "worker_snapshot", "key": WHO.key, "path": "/etc/passwd"},
+        {"type": "cells_page", "before": 3, "limit": 1},
+    ):
+        session._on_worker_message(widget, bad, [])
+        assert widget.drilldown == {}
+    session._on_worker_message(widget, {"type": "worker_snapshot", "key": WHO.key, "index": 0}, [])
+    assert widget.drilldown["source"] == "rank 1 on node-a (pid 4242)"
+    assert widget.drilldown["devices"]

@@ -147,7 +147,18 @@ class Session:
     def _new_widget(self) -> GpuMemWidget:
         widget = GpuMemWidget(num_devices=self.readers.num_devices, devices=self.devices())
         widget.on_msg(self.pages)
+        widget.on_msg(self._on_worker_message)
         return widget
+
+    def _on_worker_message(self, widget: Any, content: Any, buffers: Any) -> None:
+        """The Workers tab asks to open a snapshot a worker reported (by its index: a path
+        from the browser is never opened)."""
+        if self.workers is None:
+            return
+        try:
+            self.workers.on_browser_message(content, self.drilldown.show)
+        except Exception as e:  # a bad file: said in the header, the tab stays as it was
+            self.report_error(f"worker snapshot: {type(e).__name__}: {e}")
 
     def live_widget(self) -> GpuMemWidget:
         """The widget to display: this one while a front end can show it, else a new one that

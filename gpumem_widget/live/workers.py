@@ -5,6 +5,7 @@ kernel's worker hub. `js/src/wire/worker_rows.ts` mirrors `WorkerCellUsage`."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -72,3 +73,8 @@ class WorkerHubLike(Protocol):
     def wire(self) -> dict[str, Any]: ...
 
     def stop(self) -> None: ...
+
+    def on_browser_message(self, content: Any, show: Callable[[str, str], object]) -> None:
+        """`{"type": "worker_snapshot", "key", "index"}` from the Workers tab: `show` that
+        snapshot (its path, a label); any other message is not for the workers."""
+        ...

@@ -15,6 +15,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpumem_widget.live.workers import WorkerCellUsage
@@ -161,6 +162,15 @@ class WorkerHub:
             ):
                 self._answers.wait(left)
         return {w.who.key: w.snapshots[before[w.who.key] :] for w in live}
+
+    def on_browser_message(self, content: Any, show: Callable[[str, str], object]) -> None:
+        if not isinstance(content, dict) or content.get("type") != "worker_snapshot":
+            return
+        w = self.store.get(str(content.get("key")))
+        i = content.get("index")
+        if w is None or type(i) is not int or not 0 <= i < len(w.snapshots):
+            return  # only a path a worker reported is ever opened
+        show(w.snapshots[i], f"{w.who.label} on {w.who.host} (pid {w.who.pid})")
 
     # The listener thread ----------------------------------------------------------------------
     def _on_message(self, msg: WorkerMessage) -> bool:

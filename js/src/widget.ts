@@ -29,6 +29,7 @@ import {
   type CellRecord,
   type DeviceInfo,
   type Status,
+  type BrowserMessage,
   type Traits,
 } from "./wire/protocol";
 import { decodeTable } from "./wire/table";
@@ -54,7 +55,7 @@ class WidgetView {
   private readonly ledger: Ledger;
   private readonly details: Details;
   private readonly snapshotPanel: HTMLElement;
-  private readonly workersView = new WorkersView();
+  private readonly workersView = new WorkersView((key, index) => this.openWorkerSnapshot(key, index));
   private readonly store = new TimelineStore();
   private readonly listeners: [string, () => void][] = [];
   private readonly stale = new Set<TraitName>(TRAITS);
@@ -289,6 +290,13 @@ class WidgetView {
       this.wanted = n;
       this.model.send(cellRequest(n));
     }
+  }
+
+  /** A rank's snapshot: the kernel opens it (the path a worker reported) in the Snapshot tab. */
+  private openWorkerSnapshot(key: string, index: number): void {
+    const request: BrowserMessage = { type: "worker_snapshot", key, index };
+    this.model.send(request);
+    this.root.querySelector<HTMLButtonElement>('nav.gpumem-tabs button[data-tab="snapshot"]')?.click();
   }
 
   private tabs(panels: HTMLElement[]): HTMLElement {

@@ -10,6 +10,8 @@ import { readPalette, type Palette } from "./theme";
 import type { WorkerCellUsage } from "./wire/worker_rows";
 import { NO_WORKERS, type RankInfo, type WorkersState } from "./wire/workers";
 
+export type OpenSnapshot = (key: string, index: number) => void;
+
 const HEIGHT = 220;
 const LEFT = 64;
 const RIGHT = 12;
@@ -45,8 +47,11 @@ export class WorkersView {
   private readonly table: HTMLElement;
   private state: WorkersState = NO_WORKERS;
   private bands: Band[] = [];
+  private readonly onOpen: OpenSnapshot | null;
 
-  constructor() {
+  /** `onOpen(key, index)`: open a rank's snapshot in the Snapshot tab (the rank selector). */
+  constructor(onOpen: OpenSnapshot | null = null) {
+    this.onOpen = onOpen;
     this.el = document.createElement("div");
     this.el.className = "gpumem-workers";
     this.summary = document.createElement("p");
@@ -103,7 +108,7 @@ export class WorkersView {
       const title = document.createElement("h4");
       title.textContent = host;
       const table = document.createElement("table");
-      for (const r of ranks) table.append(rankRow(r, index.get(r.key) ?? 0));
+      for (const r of ranks) table.append(rankRow(r, index.get(r.key) ?? 0, this.onOpen));
       group.append(title, table);
       groups.push(group);
     }
@@ -255,7 +260,7 @@ function cell(text: string, className?: string, title?: string): HTMLTableCellEl
   return td;
 }
 
-function rankRow(r: RankInfo, i: number): HTMLTableRowElement {
+function rankRow(r: RankInfo, i: number, onOpen: OpenSnapshot | null): HTMLTableRowElement {
   const tr = document.createElement("tr");
   tr.dataset["key"] = r.key;
   tr.dataset["state"] = r.state;
@@ -286,7 +291,23 @@ function rankRow(r: RankInfo, i: number): HTMLTableRowElement {
     tr.append(cell(`OOM on cuda:${o.device}: ${asked}${formatBytes(o.allocated)} allocated, ${formatBytes(o.reserved)} reserved`, "gpumem-workers-oom"));
   }
   if (r.snapshots.length > 0) {
-    tr.append(cell(`snapshot: ${r.snapshots[r.snapshots.length - 1]}`, "gpumem-workers-snapshot", r.snapshots.join("\n")));
+    const td = cell("", "gpumem-workers-snapshot");
+    r.snapshots.forEach((path, k) => {
+      const name = path.split(/[\\/]/).pop() ?? path;
+      if (onOpen) {
+        const b = document.createElement("button");
+        b.type = "button";
+        b.className = "gpumem-workers-open";
+        b.textContent = `open ${name}`;
+        b.title = `${path}\nin the Snapshot tab`;
+        b.dataset["index"] = String(k);
+        b.addEventListener("click", () => onOpen(r.key, k));
+        td.append(b);
+      } else {
+        td.append(`snapshot: ${path} `);
+      }
+    });
+    tr.append(td);
   }
   return tr;
 }

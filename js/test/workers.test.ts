@@ -150,3 +150,15 @@ describe("a cell's per-rank figures", () => {
     expect(details.el.querySelector(".gpumem-details-workers")).not.toBeNull();
   });
 });
+
+describe("the rank selector", () => {
+  it("asks for a rank's snapshot by key and index, never by path", () => {
+    const asked: [string, number][] = [];
+    const view = new WorkersView((key, index) => asked.push([key, index]));
+    view.update(parseWorkers(trait([rank({ rank: 1, key: "node-a:101", snapshots: ["/tmp/a.pickle", "/tmp/b.pickle"] })])), []);
+    const buttons = view.el.querySelectorAll<HTMLButtonElement>(".gpumem-workers-open");
+    expect([...buttons].map((b) => b.textContent)).toEqual(["open a.pickle", "open b.pickle"]);
+    buttons[1]!.click();
+    expect(asked).toEqual([["node-a:101", 1]]);
+  });
+});

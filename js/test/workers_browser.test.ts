@@ -57,7 +57,10 @@ describe.skipIf(!existsSync(CHROMIUM))("the Workers tab in a browser", () => {
         address: "tcp://127.0.0.1:5555", received: 100, accepted: 100, dropped: {},
         ranks: [
           rank(0, "node-a"),
-          rank(1, "node-a", { oom: { device: 1, requested: 2 ** 44, limit: 80 * GiB, free: GiB, allocated: 70 * GiB, reserved: 75 * GiB } }),
+          rank(1, "node-a", {
+            oom: { device: 1, requested: 2 ** 44, limit: 80 * GiB, free: GiB, allocated: 70 * GiB, reserved: 75 * GiB },
+            snapshots: ["/tmp/gpumem-workers/rank1-oom.pickle"],
+          }),
           rank(2, "node-b", { state: "gone" }),
           rank(3, "node-b", { state: "exited" }),
         ],
@@ -79,5 +82,13 @@ describe.skipIf(!existsSync(CHROMIUM))("the Workers tab in a browser", () => {
       return seen.size;
     });
     expect(colours).toBeGreaterThan(3);
+    // The rank selector: the kernel is asked for rank 1's snapshot, the Snapshot tab comes up.
+    await page.click(".gpumem-workers-open");
+    const sent = await page.evaluate(
+      () => (window as unknown as { gpumemDev: { model: { sent?: unknown[] } } }).gpumemDev.model.sent ?? [],
+    );
+    expect(sent).toContainEqual({ type: "worker_snapshot", key: "node-a:101", index: 0 });
+    expect(await page.locator('nav.gpumem-tabs button[data-tab="snapshot"]').getAttribute("aria-selected")).toBe("true");
+    expect(errors).toEqual([]);
   }, 60_000);
 });

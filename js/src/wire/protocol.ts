@@ -67,7 +67,8 @@ export type BrowserMessage =
   | { type: "view"; id: number; device: number; axis: Axis; t0: number | null; t1: number | null; width: number } // a zoom, or another axis
   | { type: "search"; device: number; query: string; axis: Axis; t0: number | null; t1: number | null }
   | { type: "cells_page"; before: number; limit: number } // older ledger records
-  | { type: "cells_page"; execution_count: number; limit: number }; // the page ending with this cell
+  | { type: "cells_page"; execution_count: number; limit: number } // the page ending with this cell
+  | { type: "worker_snapshot"; key: string; index: number }; // a rank's reported snapshot (workers/hub.py)
 
 
 // ---------------------------------------------------------------------------------------------
