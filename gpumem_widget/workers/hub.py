@@ -160,7 +160,8 @@ class WorkerHub:
             while (left := deadline - time.monotonic()) > 0 and any(
                 len(w.snapshots) == before[w.who.key] and w.state == "live" for w in live
             ):
-                self._answers.wait(left)
+                self._answers.wait(min(left, 0.25))
+                self.store.mark_gone(self.silence)  # a dead worker must not hold this up
         return {w.who.key: w.snapshots[before[w.who.key] :] for w in live}
 
     def on_browser_message(self, content: Any, show: Callable[[str, str], object]) -> None:

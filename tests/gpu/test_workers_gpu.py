@@ -57,7 +57,8 @@ def check_peaks(out: pathlib.Path) -> None:
         assert u.allocated_before == 0  # born inside the cell
         assert u.peak_allocated == own["max_allocated"], (rank, u, own)
         assert u.peak_reserved == own["max_reserved"], (rank, u, own)
-        assert u.allocated_after == own["allocated"]
+        # Read at its goodbye, after its function returned and freed what it held.
+        assert u.allocated_after <= own["allocated"]
         assert u.peak_allocated >= (rank + 1) * GiB  # the spike
         assert u.state == "exited"
     # The ranks differ (batch and spike sizes), so a mix-up could not pass.
