@@ -161,3 +161,24 @@ def test_bands_mark_outcomes() -> None:
     bands = protocol.unpack_table(ledger.bands(0, 3))
     assert list(bands["outcome"]) == [0, 1, 3]
     assert np.all(bands["duration"] == np.float32(0.5))
+
+
+def test_the_post_run_hook_sends_only_the_newest_records() -> None:
+    """`ledger_now` (the post-run hook's send) keeps the base and the bands as the thread sent
+    them and carries every newer record in the tail, across block boundaries."""
+    ledger, widget, publish = session(3 * WIRE_BLOCK)
+    sent = Sent(widget)
+    base = list(widget.cells)
+    for i in range(3 * WIRE_BLOCK + 1, 5 * WIRE_BLOCK + 3):
+        ledger.append(record(i))
+        before = sent.bytes
+        publish.ledger_now()
+        assert widget.cells == base  # the base is the thread's to resend
+        extent = widget.ledger_extent
+        shown = [*widget.cells, *widget.cells_tail]
+        assert extent["total"] == i == extent["first"] + len(shown)
+        assert shown[-1]["execution_count"] == i
+        assert sent.bytes - before < 4000 * (i - 3 * WIRE_BLOCK) + 1000  # the tail, no more
+    publish()  # the thread moves the base on
+    assert len(widget.cells_tail) == (5 * WIRE_BLOCK + 2) % WIRE_BLOCK
+    assert [*widget.cells, *widget.cells_tail][-1]["execution_count"] == 5 * WIRE_BLOCK + 2

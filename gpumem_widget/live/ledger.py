@@ -369,6 +369,12 @@ class Ledger:
             self._derive()
             return self._bands.table(start, stop)
 
+    def since(self, index: int) -> tuple[int, list[payloads.Cell]]:
+        """The browser forms of the records from `index` on, and the record count."""
+        with self._derive_lock:
+            total, _ = self._derive()
+            return total, self._wire[index:total]
+
     def page(self, before: int, limit: int) -> tuple[int, list[payloads.Cell]]:
         """Up to `limit` browser forms of the records before index `before`: (first, forms)."""
         with self._derive_lock:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpumem_widget.live.ledger import Ledger
+from gpumem_widget.live.ledger import Ledger, WireWindow
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.wire import payloads
@@ -36,6 +36,7 @@ class Publisher:
         self.status = status
         self.devices = devices  # they appear once the notebook imports torch
         self._seen: dict[str, object] = {}
+        self._view: WireWindow | None = None  # the ledger window last sent
         self.workers: WorkerHubLike | None = None  # set while workers are listened for
 
     def retarget(self, widget: GpuMemWidget) -> None:
@@ -43,6 +44,7 @@ class Publisher:
         front end closed the old one)."""
         self.widget = widget
         self._seen = {}
+        self._view = None
 
     def _changed(self, key: str, version: object) -> bool:
         if self._seen.get(key) == version:
@@ -70,12 +72,23 @@ class Publisher:
                 w.status = status
 
     def ledger_now(self) -> None:
-        """Send the ledger's traits now: from the post-run hook (under the sampler's layout lock,
+        """Send the newest records now: from the post-run hook (under the sampler's layout lock,
         so never interleaved with the thread's updates), inside the cell's execution, so a client
-        that keeps only the updates a cell caused (nbclient, nbconvert) saves every record."""
+        that keeps only the updates a cell caused (nbclient, nbconvert) saves every record.
+
+        Cheap, as a hook must be: only `cells_tail` (every record since the window's base last
+        sent, so it may span a block boundary until the thread's next publish moves the base)
+        and `ledger_extent`; the base and the band table are the thread's to resend."""
+        view = self._view
         w = self.widget
+        if view is None or view.epoch != self.ledger.epoch:
+            with w.hold_sync():
+                self._ledger(w)
+            return
+        total, tail = self.ledger.since(view.cut)
         with w.hold_sync():
-            self._ledger(w)
+            w.cells_tail = tail
+            w.ledger_extent = {**view.extent(), "total": total}
 
     def _ledger(self, w: GpuMemWidget) -> None:
         if self._changed("cells", (self.ledger.version, self.ledger.epoch)):
@@ -86,6 +99,7 @@ class Publisher:
             if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
                 w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
             w.ledger_extent = view.extent()
+            self._view = view
 
 
 class LedgerPages:
