@@ -69,6 +69,7 @@ export class Ledger {
   private readonly footer: HTMLElement;
   private readonly footerText: HTMLElement;
   private readonly olderButton: HTMLButtonElement;
+  private unanswered = false;
 
   /** `onOlder`: ask for the next older page of records (the kernel keeps them all). */
   constructor(onSelect: (executionCount: number) => void, onOlder: () => void = () => undefined) {
@@ -125,7 +126,13 @@ export class Ledger {
       : `${missing.toLocaleString("en-US")} older of ${total.toLocaleString("en-US")} cells are not in this widget's saved state (the kernel that held them is gone).`;
     this.olderButton.hidden = !canAsk;
     this.olderButton.disabled = asking;
-    this.olderButton.textContent = asking ? "Loading\u2026 (the kernel answers once no cell runs)" : "Load older cells";
+    this.olderButton.textContent = asking ? "Loading\u2026 (the kernel answers once no cell runs)" : this.unanswered ? "Ask again" : "Load older cells";
+    this.olderButton.title = this.unanswered ? "No answer came: the kernel may be busy, or this notebook was reopened without the kernel that holds them" : "";
+  }
+
+  /** Whether the last request got no answer in time (see `setMore`). */
+  noAnswer(unanswered = true): void {
+    this.unanswered = unanswered;
   }
 
   setSelected(n: number | null): void {

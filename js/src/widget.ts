@@ -38,6 +38,7 @@ import { WorkersView } from "./workers_view";
 
 // The Memory and Workers tabs' traits; the Snapshot tab watches the drilldown ones itself.
 type TraitName = Exclude<keyof Traits, `drilldown${string}`>;
+const NO_ANSWER_MS = 15_000;
 const TRAITS: readonly TraitName[] = ["devices", "status", "cells", "cells_tail", "cell_bands", "ledger_extent", "timeline_base", "timeline_tail", "workers"];
 
 /** A kernel speaking another protocol version than this bundle reads: say so, once. */
@@ -241,6 +242,14 @@ class WidgetView {
     this.asking = true;
     this.model.send(request);
     this.updateLedger();
+    // No answer in a while: a busy kernel answers later, a notebook reopened without its kernel
+    // never does. Let the user ask again rather than wait on a disabled button.
+    window.setTimeout(() => {
+      if (!this.asking) return;
+      this.asking = false;
+      this.ledger.noAnswer();
+      this.updateLedger();
+    }, NO_ANSWER_MS);
   }
 
   private onMessage(content: unknown): void {
@@ -255,6 +264,7 @@ class WidgetView {
     }
     if (page === null) return; // another feature's message
     this.asking = false;
+    this.ledger.noAnswer(false);
     if ("error" in page) {
       this.setProblem("cells_page", page.error);
     } else {
