@@ -238,7 +238,10 @@ def test_each_update_carries_only_the_newest_records(ip: Any) -> None:
         ip.run_cell(f"v = {i}", store_history=True)
     records = gpumem_widget.ledger()
     assert len(records) == n
+    # Each cell's own row goes out from its post-run hook (in the tail); the sampler thread then
+    # moves the window's base on, a block at a time.
     wait_for(lambda: s.widget.ledger_extent.get("total") == n)
+    wait_for(lambda: len(s.widget.cells_tail) == n % WIRE_BLOCK)
     extent = s.widget.ledger_extent
     # A window: whole blocks, at most WINDOW_RECORDS, then the newest few; the rest by page.
     assert len(s.widget.cells) == WINDOW_RECORDS
