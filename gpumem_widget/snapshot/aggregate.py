@@ -458,7 +458,15 @@ def alive_at(
         else folded_path(snap.stacks.frames_of(int(k))) or [NO_PYTHON_STACK]
         for k in keys
     ]
-    tree = _tree(paths, total_by_key, count_by_key.astype(np.int64), max_nodes)
+    # Stack ids can differ between two loads of one file: build the tree in the paths' text
+    # order, so equal branches come out in the same order every time.
+    by_text = sorted(range(len(paths)), key=lambda i: paths[i])
+    tree = _tree(
+        [paths[i] for i in by_text],
+        total_by_key[by_text],
+        count_by_key[by_text].astype(np.int64),
+        max_nodes,
+    )
     biggest = alive[np.argsort(-iv.size[alive], kind="stable")[:largest]]
     return {
         "view": "alive_at",
