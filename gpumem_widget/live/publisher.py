@@ -59,11 +59,7 @@ class Publisher:
                 devices = self.devices()
                 if self._changed("devices", repr(devices)):
                     w.devices = devices
-            if self._changed("base", self.timeline.base_version):
-                w.timeline_base = self.timeline.base_table()
-                self._seen.pop("tail", None)  # the tail restarts where the new base ends
-            if self._changed("tail", self.timeline.version):
-                w.timeline_tail = self.timeline.tail_table()
+            self._timeline(w)
             self._ledger(w)
             if self.workers is not None and self.workers.due():
                 w.workers = self.workers.wire()
@@ -78,7 +74,9 @@ class Publisher:
 
         Cheap, as a hook must be: only `cells_tail` (every record since the window's base last
         sent, so it may span a block boundary until the thread's next publish moves the base)
-        and `ledger_extent`; the base and the band table are the thread's to resend."""
+        and `ledger_extent`; the base and the band table are the thread's to resend. The
+        timeline's tail goes with them (when its base was sent): it holds the sample taken at the
+        cell's end, so the chart's range reaches the cell's band when its row arrives."""
         view = self._view
         w = self.widget
         if view is None or view.epoch != self.ledger.epoch:
@@ -87,8 +85,19 @@ class Publisher:
             return
         total, tail = self.ledger.since(view.cut)
         with w.hold_sync():
+            # The tail only (at most a few hundred rows); a new base is the thread's to send.
+            base_sent = self._seen.get("base") == self.timeline.base_version
+            if base_sent and self._changed("tail", self.timeline.version):
+                w.timeline_tail = self.timeline.tail_table()
             w.cells_tail = tail
             w.ledger_extent = {**view.extent(), "total": total}
+
+    def _timeline(self, w: GpuMemWidget) -> None:
+        if self._changed("base", self.timeline.base_version):
+            w.timeline_base = self.timeline.base_table()
+            self._seen.pop("tail", None)  # the tail restarts where the new base ends
+        if self._changed("tail", self.timeline.version):
+            w.timeline_tail = self.timeline.tail_table()
 
     def _ledger(self, w: GpuMemWidget) -> None:
         if self._changed("cells", (self.ledger.version, self.ledger.epoch)):

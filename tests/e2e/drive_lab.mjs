@@ -213,6 +213,13 @@ try {
   const recorded = await Promise.all(plan.cells.slice(1).map((_, k) => countOf(k + 1)));
   const lastRow = `${SEL.ledgerRow}[data-execution-count="${recorded.at(-1)}"]`;
   await page.waitForSelector(lastRow, { timeout: ROW_TIMEOUT_MS });
+  // The running cell's band hands over to its record's when the idle status arrives (it can
+  // trail the record by one update): wait for one band per cell before reading them.
+  await page.waitForFunction(
+    ({ sel, n }) => document.querySelectorAll(`${sel}[data-execution-count="${n}"]`).length === 1,
+    { sel: SEL.band, n: recorded.at(-1) },
+    { timeout: ROW_TIMEOUT_MS },
+  );
   // Rows and bands now, while the chart follows live: selecting a row below zooms it to that
   // cell, and only the bands in view are in the DOM.
   const afterAll = await snapshot();
