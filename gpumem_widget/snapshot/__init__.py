@@ -22,13 +22,14 @@ if TYPE_CHECKING:
         known_pointers,
     )
     from gpumem_widget.snapshot.export import export_memory_viz
-    from gpumem_widget.snapshot.isolate import LoadInfo, Progress
+    from gpumem_widget.snapshot.isolate import Progress
     from gpumem_widget.snapshot.load import (
         DEFAULT_MAX_BYTES,
         SnapshotLoadError,
         Source,
         read_snapshot,
     )
+    from gpumem_widget.snapshot.model import LoadInfo
     from gpumem_widget.snapshot.record import (
         CellRecording,
         RecordingUnavailable,
@@ -52,7 +53,7 @@ _LAZY = {
     "cell_slices": "aggregate",
     "known_pointers": "aggregate",
     "export_memory_viz": "export",
-    "LoadInfo": "isolate",
+    "LoadInfo": "model",
     "DEFAULT_MAX_BYTES": "load",
     "SnapshotLoadError": "load",
     "Source": "load",

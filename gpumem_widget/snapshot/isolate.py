@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from gpumem_widget.snapshot.load import (
     open_regular,
     read_snapshot,
 )
-from gpumem_widget.snapshot.model import SnapshotData
+from gpumem_widget.snapshot.model import LoadInfo, SnapshotData
 from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
 
 # progress(stage, fraction): stage is "reading", "converting", "writing" or "mapping"; fraction
@@ -61,16 +60,6 @@ main()
 """
 # The peak resident memory (bytes) of the last conversion child, whatever its end.
 last_child_peak: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LoadInfo:
-    """How a file was opened: from the cache, or converted by a child (and its peak memory)."""
-
-    cached: bool
-    seconds: float
-    child_peak_rss: int | None = None  # bytes
-    entry: str = ""
 
 
 def default_max_memory() -> int:

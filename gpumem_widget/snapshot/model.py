@@ -140,3 +140,13 @@ class SnapshotData:
         seen = {d for d, t in self.traces.items() if len(t)}
         seen.update(s.device for s in self.segments)
         return tuple(sorted(seen))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadInfo:
+    """How a file was opened: from the cache, or converted by a child (and its peak memory)."""
+
+    cached: bool
+    seconds: float
+    child_peak_rss: int | None = None  # bytes
+    entry: str = ""

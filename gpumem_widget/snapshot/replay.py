@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +26,10 @@ from gpumem_widget.snapshot.model import (
     NO_STACK,
     Action,
     DeviceTrace,
+    LoadInfo,
     SnapshotData,
     StackTable,
 )
-
-if TYPE_CHECKING:
-    from gpumem_widget.snapshot.isolate import LoadInfo
 
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
