@@ -210,7 +210,26 @@ export class Chart {
   /** A band per cell, in time order (more than the records: see `ledger_store.ts`). */
   setBands(bands: Band[]): void {
     this.bandList = bands;
+    // A new cell's band exists at once (hidden until the next draw places it), as its row does.
+    const known = new Set(this.bands.keys());
+    for (const band of bands.slice(-8)) if (!known.has(band.execution_count)) this.bandElement(band);
     this.invalidate();
+  }
+
+  private bandElement(cell: Band): HTMLElement {
+    const n = cell.execution_count;
+    let band = this.bands.get(n);
+    if (!band) {
+      band = div("gpumem-band");
+      band.dataset["executionCount"] = String(n);
+      band.textContent = `[${n}]`;
+      band.hidden = true;
+      band.classList.toggle("gpumem-band--selected", n === this.selected);
+      this.bands.set(n, band);
+      this.strip.insertBefore(band, this.runningBand);
+    }
+    band.dataset["outcome"] = cell.outcome;
+    return band;
   }
 
   /** The bands that overlap [min, max]: cells run one after another, so starts ascend. */
@@ -688,17 +707,7 @@ export class Chart {
       }
     }
     for (const cell of shown) {
-      const n = cell.execution_count;
-      let band = this.bands.get(n);
-      if (!band) {
-        band = div("gpumem-band");
-        band.dataset["executionCount"] = String(n);
-        band.textContent = `[${n}]`;
-        band.classList.toggle("gpumem-band--selected", n === this.selected);
-        this.bands.set(n, band);
-        this.strip.insertBefore(band, this.runningBand);
-      }
-      band.dataset["outcome"] = cell.outcome;
+      const band = this.bandElement(cell);
       const end = cell.started + cell.duration;
       const left = Math.max(0, plot.valToPos(cell.started, "x"));
       const right = Math.min(width, plot.valToPos(end, "x"));
