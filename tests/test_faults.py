@@ -70,6 +70,7 @@ def test_an_interrupt_in_the_pre_hook_reaches_the_cell_and_keeps_its_row(
         return interrupting(real)() if calls == 1 else real()  # only in the pre-run hook
 
     host.rss = once  # type: ignore[method-assign]
+    ip.user_ns.pop("ran", None)  # the shell is shared: an earlier test may have set it
     try:
         result = ip.run_cell("ran = True", store_history=True)
     finally:
