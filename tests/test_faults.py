@@ -69,6 +69,7 @@ def test_an_interrupt_in_the_pre_hook_reaches_the_cell_and_keeps_its_row(
         calls += 1
         return interrupting(real)() if calls == 1 else real()  # only in the pre-run hook
 
+    ip.user_ns.pop("ran", None)  # the shell is shared with other test modules
     host.rss = once  # type: ignore[method-assign]
     ip.user_ns.pop("ran", None)  # the shell is shared: an earlier test may have set it
     try:
@@ -102,6 +103,7 @@ def test_an_interrupt_in_the_post_hook_keeps_the_row_and_says_so(
         calls += 1
         return interrupting(real)() if calls == 2 else real()  # the post-run hook's read
 
+    ip.user_ns.pop("done", None)
     host.rss = second  # type: ignore[method-assign]
     try:
         result = ip.run_cell("done = 1", store_history=True)
