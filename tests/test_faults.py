@@ -69,7 +69,6 @@ def test_an_interrupt_in_the_pre_hook_reaches_the_cell_and_keeps_its_row(
         calls += 1
         return interrupting(real)() if calls == 1 else real()  # only in the pre-run hook
 
-    ip.user_ns.pop("ran", None)  # the shell is shared with other test modules
     host.rss = once  # type: ignore[method-assign]
     ip.user_ns.pop("ran", None)  # the shell is shared: an earlier test may have set it
     try:
