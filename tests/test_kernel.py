@@ -164,9 +164,9 @@ class Kernel:
                 raise AssertionError(f"no {what} within {timeout} s; iopub since: {seen}")
             self._read(min(left, 1.0))
 
-    def execute(self, code: str, timeout: float = 30) -> Execution:
+    def execute(self, code: str, timeout: float = 30, store_history: bool = True) -> Execution:
         start = len(self.log)
-        msg_id = self.client.execute(code)
+        msg_id = self.client.execute(code, store_history=store_history)
         idle = self.wait_for(
             f"idle status for {code!r}",
             lambda r: (
@@ -474,3 +474,24 @@ def test_older_records_come_by_page(loaded: Loaded) -> None:
     reply = k.log[k.wait_for("a cells_page reply", is_page, start)].content["data"]["content"]
     assert [c["source"] for c in reply["records"]] == ["paged = 1"], reply
     assert reply["first"] >= 0
+
+
+def test_counts_match_the_prompts_and_silent_requests_get_no_row(loaded: Loaded) -> None:
+    """A front end's request that stores no history has no prompt number of its own: it used to
+    get the next cell's count (counts [2, 3, 3, 4]); now it gets no row (issue 13)."""
+    k = loaded.kernel
+    a = k.execute("a13 = 1")
+    quiet = k.execute("b13 = 2", store_history=False)
+    c = k.execute("c13 = 3")
+    assert quiet.reply["content"]["status"] == "ok"
+    ex = k.execute(
+        "import json, gpumem_widget\n"
+        "print(json.dumps([(r.execution_count, r.source) for r in gpumem_widget.ledger()]))"
+    )
+    rows = [tuple(r) for r in json.loads(ex.stdout())]
+    counts = [n for n, _ in rows]
+    assert len(counts) == len(set(counts)), counts
+    assert (a.count, "a13 = 1") in rows
+    assert (c.count, "c13 = 3") in rows
+    assert c.count == a.count + 1  # the prompts the front end shows
+    assert not [src for _, src in rows if src == "b13 = 2"]
