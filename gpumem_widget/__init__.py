@@ -17,6 +17,7 @@ from gpumem_widget.extension import (
     load_ipython_extension,
     unload_ipython_extension,
 )
+from gpumem_widget.lazy import lazy_attributes
 from gpumem_widget.live.history import PastSession, PastSessions
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from gpumem_widget.version import __version__
@@ -44,15 +45,7 @@ _LAZY = {
     "estimate": "estimator",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 def ledger() -> LedgerRecords:

@@ -7,10 +7,11 @@ for the drill-down panel; `export_memory_viz` writes the pickle PyTorch's memory
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpumem_widget.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from gpumem_widget.snapshot.aggregate import (
@@ -72,13 +73,7 @@ _LAZY = {
     "Snapshot": "replay",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 def open_snapshot(
