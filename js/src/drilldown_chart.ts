@@ -8,7 +8,7 @@
 
 import { byteTicks, formatBytes, formatDuration, formatTick } from "./format";
 import type { Band, Oom, Stacked } from "./wire/drilldown";
-import { readPalette } from "./theme";
+import { readPalette, type Palette } from "./theme";
 
 // Categorical colours (Tableau 10); "other" is grey. Readable on light and dark backgrounds.
 export const SERIES_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8"];
@@ -30,6 +30,28 @@ export function axisTop(max: number): { top: number; ticks: number[]; unit: Retu
   const all = ticks.filter((t) => t <= top + step * 1e-9);
   if ((all[all.length - 1] ?? -1) < top - step * 1e-9) all.push(top);
   return { top, ticks: all, unit };
+}
+
+/** The byte axis: a grid line and a label at each tick, across the plot's width. */
+function drawYGrid(
+  ctx: CanvasRenderingContext2D,
+  palette: Palette,
+  width: number,
+  y: (b: number) => number,
+  ticks: readonly number[],
+  unit: ReturnType<typeof byteTicks>["unit"],
+): void {
+  ctx.strokeStyle = palette.grid;
+  ctx.fillStyle = palette.muted;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  for (const tick of ticks) {
+    ctx.beginPath();
+    ctx.moveTo(PAD.left, y(tick));
+    ctx.lineTo(width - PAD.right, y(tick));
+    ctx.stroke();
+    ctx.fillText(formatTick(tick, unit), PAD.left - 6, y(tick));
+  }
 }
 
 export function oomText(o: Oom): string {
@@ -222,17 +244,7 @@ export class StackedChart {
       ctx.fillRect(x(band.x0), PAD.top, Math.max(1, x(band.x1) - x(band.x0)), plotH);
     });
     ctx.restore();
-    ctx.strokeStyle = palette.grid;
-    ctx.fillStyle = palette.muted;
-    ctx.textAlign = "right";
-    ctx.textBaseline = "middle";
-    for (const tick of ticks) {
-      ctx.beginPath();
-      ctx.moveTo(PAD.left, y(tick));
-      ctx.lineTo(width - PAD.right, y(tick));
-      ctx.stroke();
-      ctx.fillText(formatTick(tick, unit), PAD.left - 6, y(tick));
-    }
+    drawYGrid(ctx, palette, width, y, ticks, unit);
     ctx.save();
     ctx.beginPath();
     ctx.rect(PAD.left, PAD.top, plotW, plotH);
@@ -411,17 +423,7 @@ export function drawCompare(canvas: HTMLCanvasElement, host: HTMLElement, c: { t
   const plotH = height - PAD.top - PAD.bottom;
   const x = (t: number): number => PAD.left + ((t - c.t0) / (c.t1 - c.t0 || 1)) * plotW;
   const y = (b: number): number => PAD.top + plotH - (b / top) * plotH;
-  ctx.strokeStyle = palette.grid;
-  ctx.fillStyle = palette.muted;
-  ctx.textAlign = "right";
-  ctx.textBaseline = "middle";
-  for (const tick of ticks) {
-    ctx.beginPath();
-    ctx.moveTo(PAD.left, y(tick));
-    ctx.lineTo(width - PAD.right, y(tick));
-    ctx.stroke();
-    ctx.fillText(formatTick(tick, unit), PAD.left - 6, y(tick));
-  }
+  drawYGrid(ctx, palette, width, y, ticks, unit);
   for (const line of c.lines) {
     ctx.strokeStyle = line.color;
     ctx.lineWidth = line.width;
