@@ -172,16 +172,45 @@ def _times(rep: DeviceReplay, has_time: bool, events: I64) -> F64:
     return np.where(events >= 0, t, np.nan)
 
 
+# Entries per pass of `group_peaks`: its sort and running sums hold about 55 bytes an entry,
+# so a pass stays near 55 MB however long the trace (12M entries in one pass: over 600 MB).
+PEAK_CHUNK = 1_000_000
+
+
 def group_peaks(
-    iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, lo: int = 0, hi: int | None = None
+    iv: Intervals,
+    group: npt.NDArray[np.int64],
+    n_groups: int,
+    lo: int = 0,
+    hi: int | None = None,
+    *,
+    chunk: int = PEAK_CHUNK,
 ) -> tuple[I64, I64]:
     """Each group's exact highest total of live bytes right after any entry in [lo - 1, hi), and
     the first entry where it is reached (lo - 1: already before the range). Computed from the
-    replay's intervals, not from screen columns, so no instant is lost to the reduction."""
+    replay's intervals, not from screen columns, so no instant is lost to the reduction; in
+    passes of `chunk` entries, each starting from the groups' totals where the last ended."""
     hi = iv.n_events if hi is None else hi
     at = lo - 1
     before = (iv.start <= at) & (iv.end > at)
-    base = np.bincount(group[before], weights=iv.size[before], minlength=n_groups).astype(np.int64)
+    level = np.bincount(group[before], weights=iv.size[before], minlength=n_groups).astype(np.int64)
+    peaks = level.copy()
+    where = np.full(n_groups, at, np.int64)
+    for c0 in range(lo, hi, max(1, int(chunk))):
+        c1 = min(c0 + max(1, int(chunk)), hi)
+        top, first, level = _pass_peaks(iv, group, level, c0, c1)
+        higher = top > peaks  # strictly: an earlier pass's equal peak came first
+        peaks[higher] = top[higher]
+        where[higher] = first[higher]
+    return peaks, where
+
+
+def _pass_peaks(
+    iv: Intervals, group: npt.NDArray[np.int64], base: I64, lo: int, hi: int
+) -> tuple[I64, I64, I64]:
+    """`group_peaks` over entries [lo, hi) from totals `base` right before `lo`, and the totals
+    right after ``hi - 1``."""
+    n_groups, at = len(base), lo - 1
     opened = (iv.start >= lo) & (iv.start < hi)
     closed = (iv.end >= lo) & (iv.end < hi)
     g = np.concatenate((group[opened], group[closed]))
@@ -190,7 +219,8 @@ def group_peaks(
     peaks = base.copy()
     where = np.full(n_groups, at, np.int64)
     if not len(g):
-        return peaks, where
+        return peaks, where, base
+    after = base + np.bincount(g, weights=d, minlength=n_groups).astype(np.int64)
     # One int64 key: by group, then by entry.
     order = np.argsort(g * (iv.n_events + 2) + (ev + 1), kind="stable")
     g, ev, d = g[order], ev[order], d[order]
@@ -213,7 +243,7 @@ def group_peaks(
     higher = level[hit] > peaks[g[hit]]
     peaks[g[hit][higher]] = level[hit][higher]
     where[g[hit][higher]] = ev[hit][higher]
-    return peaks, where
+    return peaks, where, after
 
 
 def _after(values: I64, before: int, events: I64) -> I64:
