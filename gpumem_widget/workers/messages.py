@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, get_args
 
 VERSION = 1
@@ -118,20 +119,8 @@ class WorkerMessage(NamedTuple):
             "id": [w.host, w.pid, w.rank, w.local_rank, w.world_size],
             "seq": self.seq,
             "t": self.t,
-            "dev": [
-                [
-                    d.device,
-                    d.uuid,
-                    d.allocated,
-                    d.reserved,
-                    d.peak_allocated,
-                    d.peak_reserved,
-                    d.alloc_retries,
-                    d.ooms,
-                    d.nvml_used,
-                ]
-                for d in self.devices
-            ],
+            # Readings travel as lists in their fields' order (`_READING` decodes them).
+            "dev": [list(d) for d in self.devices],
             "rss": self.rss,
             "err": self.errors,
             "ctl": self.control_seq,
@@ -141,27 +130,9 @@ class WorkerMessage(NamedTuple):
             body["h"] = [list(h) for h in self.history]
         if self.cell is not None:
             c = self.cell
-            body["cell"] = [
-                c.n,
-                [
-                    [
-                        d.device,
-                        d.allocated_before,
-                        d.reserved_before,
-                        d.peak_allocated,
-                        d.peak_reserved,
-                        d.peak_exact,
-                        d.alloc_retries,
-                        d.ooms,
-                    ]
-                    for d in c.devices
-                ],
-                c.rss_before,
-                c.rss_peak,
-            ]
+            body["cell"] = [c.n, [list(d) for d in c.devices], c.rss_before, c.rss_peak]
         if self.oom is not None:
-            o = self.oom
-            body["oom"] = [o.device, o.requested, o.limit, o.free, o.allocated, o.reserved]
+            body["oom"] = list(self.oom)
         if self.path is not None:
             body["path"] = self.path
         return json.dumps(body, separators=(",", ":")).encode()
@@ -318,22 +289,46 @@ def _flag(v: Any, what: str) -> bool:
     return v
 
 
+def _opt_text(v: Any, what: str) -> str | None:
+    return None if v is None else _text(v, what)
+
+
+_Check = Callable[[Any, str], Any]
+
+
+def _fields(names: tuple[str, ...], *checks: _Check) -> tuple[tuple[str, _Check], ...]:
+    """A NamedTuple's fields, each with the check of its value, in the order they travel."""
+    return tuple(zip(names, checks, strict=True))
+
+
+# What each field of a reading sent as a list must be.
+_READING = _fields(
+    DeviceReading._fields,
+    _count,
+    _opt_text,
+    _count,
+    _count,
+    _count,
+    _count,
+    _count,
+    _count,
+    _opt_count,
+)
+_CELL_DEVICE = _fields(
+    CellDevice._fields, _count, _count, _count, _count, _count, _flag, _count, _count
+)
+
+
+def _checked(
+    value: Any, where: str, prefix: str, fields: tuple[tuple[str, _Check], ...]
+) -> list[Any]:
+    """`value`, a list of len(fields), each checked (errors name `prefix.field`)."""
+    row = _list(value, where, len(fields))
+    return [check(v, f"{prefix}.{name}") for (name, check), v in zip(fields, row, strict=True)]
+
+
 def _device(d: Any) -> DeviceReading:
-    d = _list(d, "dev[]", 9)
-    uuid = d[1]
-    if uuid is not None:
-        uuid = _text(uuid, "dev.uuid")
-    return DeviceReading(
-        device=_count(d[0], "dev.device"),
-        uuid=uuid,
-        allocated=_count(d[2], "dev.allocated"),
-        reserved=_count(d[3], "dev.reserved"),
-        peak_allocated=_count(d[4], "dev.peak_allocated"),
-        peak_reserved=_count(d[5], "dev.peak_reserved"),
-        alloc_retries=_count(d[6], "dev.alloc_retries"),
-        ooms=_count(d[7], "dev.ooms"),
-        nvml_used=_opt_count(d[8], "dev.nvml_used"),
-    )
+    return DeviceReading(*_checked(d, "dev[]", "dev", _READING))
 
 
 def _cell(c: Any) -> CellReport:
@@ -341,24 +336,11 @@ def _cell(c: Any) -> CellReport:
     devices = c[1]
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
         raise MessageError("cell.devices: not a list of at most 64")
-    out = []
-    for entry in devices:
-        d = _list(entry, "cell.devices[]", 8)
-        out.append(
-            CellDevice(
-                device=_count(d[0], "cell.device"),
-                allocated_before=_count(d[1], "cell.allocated_before"),
-                reserved_before=_count(d[2], "cell.reserved_before"),
-                peak_allocated=_count(d[3], "cell.peak_allocated"),
-                peak_reserved=_count(d[4], "cell.peak_reserved"),
-                peak_exact=_flag(d[5], "cell.peak_exact"),
-                alloc_retries=_count(d[6], "cell.alloc_retries"),
-                ooms=_count(d[7], "cell.ooms"),
-            )
-        )
     return CellReport(
         n=_count(c[0], "cell.n"),
-        devices=tuple(out),
+        devices=tuple(
+            CellDevice(*_checked(d, "cell.devices[]", "cell", _CELL_DEVICE)) for d in devices
+        ),
         rss_before=_opt_count(c[2], "cell.rss_before"),
         rss_peak=_opt_count(c[3], "cell.rss_peak"),
     )
