@@ -154,6 +154,7 @@ def test_messages_round_trip_exactly() -> None:
         b"[]",
         b'{"v": 2}',
         json.dumps({"v": 1, "k": "explode"}).encode(),
+        json.dumps({"v": 1, "k": ["sample"]}).encode(),  # unhashable: not a TypeError
         # a count that is a bool, a negative count, a NaN time, a wrong arity
         message(1).encode().replace(b'"seq":1', b'"seq":true'),
         message(1).encode().replace(b'"seq":1', b'"seq":-1'),

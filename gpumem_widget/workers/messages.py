@@ -174,7 +174,7 @@ class Control(NamedTuple):
 def decode_worker(payload: bytes) -> WorkerMessage:
     body = _load(payload)
     kind = body.get("k")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:  # a list is not hashable
         raise MessageError(f"unknown kind {kind!r}")
     who = _list(body, "id", 5)
     devices = body.get("dev")
