@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, TypeGuard, get_args
 
 VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024  # a sample of 8 devices is under 1 kB
@@ -174,7 +174,7 @@ class Control(NamedTuple):
 def decode_worker(payload: bytes) -> WorkerMessage:
     body = _load(payload)
     kind = body.get("k")
-    if not isinstance(kind, str) or kind not in KINDS:  # a list is not hashable
+    if not _is_kind(kind):
         raise MessageError(f"unknown kind {kind!r}")
     who = _list(body, "id", 5)
     devices = body.get("dev")
@@ -229,6 +229,10 @@ def decode_control(payload: bytes) -> Control:
         record=record,
         snapshot_dir=_text(body.get("dir"), "dir"),
     )
+
+
+def _is_kind(v: Any) -> TypeGuard[Kind]:
+    return isinstance(v, str) and v in KINDS  # a list or dict is not hashable: no `in` first
 
 
 def _load(payload: bytes) -> dict[str, Any]:
