@@ -18,6 +18,7 @@ import {
   optional,
   ProtocolError,
 } from "./json";
+import type { CellUsageFigures } from "./cell_usage";
 import { parseNotes, type CellNotes } from "./notes";
 import { decodeTable, TIME_COLUMN, type Column } from "./table";
 import { parseWorkerRows, type WorkerCellUsage } from "./worker_rows";
@@ -126,21 +127,11 @@ export interface HistoryState {
   message: string | null; // worth telling once, e.g. a corrupt file moved aside
 }
 
-export interface DeviceCellUsage {
+export interface DeviceCellUsage extends CellUsageFigures {
   device: number;
-  allocated_before: number;
-  allocated_after: number;
-  reserved_before: number;
-  reserved_after: number;
-  peak_allocated: number;
-  peak_reserved: number;
-  peak_exact: boolean; // false: the peaks are lower bounds (passive peak mode)
-  alloc_retries: number;
-  ooms: number;
   process_used_after: number | null;
   device_used_after: number | null;
   others_used_after: number | null; // every other process on this device (NVML)
-  delta_allocated: number;
   delta_reserved: number;
   outside_pytorch: number | null;
 }

@@ -1,13 +1,14 @@
 // A ledger row's per-rank figures (`workers`): mirrors gpumem_widget/live/workers.py
 // (WorkerCellUsage). The shared readers of the Workers view (workers_wire.ts) live here too.
 
+import type { CellUsageFigures } from "./cell_usage";
 import { ProtocolError } from "./json";
 
 export type WorkerState = "live" | "exited" | "gone";
 const STATES: readonly WorkerState[] = ["live", "exited", "gone"];
 
 /** One worker process's memory across one cell (a ledger row's `workers`). */
-export interface WorkerCellUsage {
+export interface WorkerCellUsage extends CellUsageFigures {
   rank: number | null;
   local_rank: number | null;
   host: string;
@@ -16,19 +17,9 @@ export interface WorkerCellUsage {
   final: boolean; // the worker's own figures at the cell's end; false: its last sample
   device: number | null; // null: a worker without CUDA (host memory only)
   uuid: string | null;
-  allocated_before: number;
-  allocated_after: number;
-  reserved_before: number;
-  reserved_after: number;
-  peak_allocated: number;
-  peak_reserved: number;
-  peak_exact: boolean;
-  alloc_retries: number;
-  ooms: number;
   rss_before: number | null;
   rss_after: number | null;
   rss_peak: number | null;
-  delta_allocated: number;
 }
 
 export type Obj = Record<string, unknown>;
