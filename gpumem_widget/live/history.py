@@ -34,18 +34,19 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
+from gpumem_widget.live.rows import Rows
 from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads, protocol
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -414,40 +415,13 @@ class PastSession:
         }
 
 
-class PastSessions(Sequence[PastSession]):
-    """Sessions, newest first (what `gpumem_widget.history()` returns)."""
+class PastSessions(Rows[PastSession]):
+    """Sessions, newest first (what `gpumem_widget.history()` returns); `.to_pandas()`: one row
+    per session (needs pandas)."""
 
-    __slots__ = ("_sessions",)
-
-    def __init__(self, sessions: Sequence[PastSession]) -> None:
-        self._sessions = tuple(sessions)
-
-    @overload
-    def __getitem__(self, i: int) -> PastSession: ...
-    @overload
-    def __getitem__(self, i: slice) -> PastSessions: ...
-    def __getitem__(self, i: int | slice) -> PastSession | PastSessions:
-        if isinstance(i, slice):
-            return PastSessions(self._sessions[i])
-        return self._sessions[i]
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __iter__(self) -> Iterator[PastSession]:
-        return iter(self._sessions)
-
-    def __repr__(self) -> str:
-        return f"PastSessions({len(self)} sessions)"
-
-    def to_pandas(self) -> pd.DataFrame:
-        """One row per session (needs pandas)."""
-        try:
-            import pandas as pd
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("PastSessions.to_pandas() needs pandas: pip install pandas") from e
-        df = pd.DataFrame([s.flat() for s in self._sessions])
-        return df.set_index("session") if len(df) else df
+    __slots__ = ()
+    noun = "sessions"
+    index_by = "session"
 
 
 @dataclass(frozen=True)

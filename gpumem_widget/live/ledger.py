@@ -10,17 +10,18 @@ import collections
 import dataclasses
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpumem_widget.live.rows import Rows
 from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.wire import payloads, protocol
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 # The browser shows the first lines of a cell; the full source stays in the Python records.
 WIRE_SOURCE_CHARS = 4000
@@ -170,40 +171,13 @@ _CELL_SCALARS = [
 ]
 
 
-class LedgerRecords(Sequence[CellRecord]):
-    """An immutable, ordered view of the ledger (what `gpumem_widget.ledger()` returns)."""
+class LedgerRecords(Rows[CellRecord]):
+    """An immutable, ordered view of the ledger (what `gpumem_widget.ledger()` returns);
+    `.to_pandas()`: a DataFrame indexed by execution count (needs pandas)."""
 
-    __slots__ = ("_records",)
-
-    def __init__(self, records: Sequence[CellRecord]) -> None:
-        self._records = tuple(records)
-
-    @overload
-    def __getitem__(self, i: int) -> CellRecord: ...
-    @overload
-    def __getitem__(self, i: slice) -> LedgerRecords: ...
-    def __getitem__(self, i: int | slice) -> CellRecord | LedgerRecords:
-        if isinstance(i, slice):
-            return LedgerRecords(self._records[i])
-        return self._records[i]
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def __iter__(self) -> Iterator[CellRecord]:
-        return iter(self._records)
-
-    def __repr__(self) -> str:
-        return f"LedgerRecords({len(self)} cells)"
-
-    def to_pandas(self) -> pd.DataFrame:
-        """A DataFrame indexed by execution count (needs pandas)."""
-        try:
-            import pandas as pd
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("LedgerRecords.to_pandas() needs pandas: pip install pandas") from e
-        df = pd.DataFrame([r.flat() for r in self._records])
-        return df.set_index("execution_count") if len(df) else df
+    __slots__ = ()
+    noun = "cells"
+    index_by = "execution_count"
 
 
 @dataclass(frozen=True, slots=True)
