@@ -39,6 +39,9 @@ shell.run_line_magic("load_ext", "gpumem_widget")
 s = gpumem_widget.current_session()
 print("IMPORTED", "torch" in sys.modules)
 print("REASON", s.status()["readers"]["torch"]["reason"])
+for src in ("x = [0] * 10", "x = [0] * 10", "1 / 0", "%gpumem status"):  # every annotator runs
+    shell.run_cell(src, store_history=True)
+print("CELLS IMPORTED", "torch" in sys.modules, len(gpumem_widget.ledger()))
 shell.run_cell("import torch", store_history=True)
 print("AFTER", s.status()["readers"]["torch"]["reason"], s.mode, s.readers.torch.pending)
 shell.run_line_magic("unload_ext", "gpumem_widget")
@@ -49,9 +52,13 @@ shell.run_line_magic("unload_ext", "gpumem_widget")
         text=True,
         check=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
     ).stdout
     assert "IMPORTED False" in out
+    assert "CELLS IMPORTED False 4" in out  # the cells' hooks never pay for importing torch
     assert f"REASON {NOT_IMPORTED}" in out
     if "AFTER None cuda False" not in out:  # no CUDA here: it says so once torch is in
         assert f"AFTER {NO_CUDA} host False" in out

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
-from gpumem_widget.holders.variables import HoldersReport
+if TYPE_CHECKING:  # variables imports torch, which a leak check must never load
+    from gpumem_widget.holders.variables import HoldersReport
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
 

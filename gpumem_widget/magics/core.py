@@ -54,7 +54,9 @@ class Command:
     prog: str | None = None
 
 
-def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[Command], only: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand, each configured (its arguments), or with `only`, just that one: some
+    configure from feature modules that import torch, which `%gpumem status` must not pay."""
     parser = _Parser(
         prog="%gpumem",
         description="GPU memory in this notebook: a live chart, a per-cell ledger, and tools "
@@ -73,7 +75,7 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
         )
         if c.prog is not None:
             p.prog = c.prog
-        if c.configure is not None:
+        if c.configure is not None and only in (None, c.name):
             c.configure(p)
     return parser
 
@@ -84,7 +86,6 @@ def run_magic(
     """Parse `line` and run its subcommand. With a cell body (`%%gpumem ...`), only the cell
     command runs the body; anything else refuses before doing anything and says the body did
     not run, so a cell's code is never dropped silently."""
-    parser = build_parser(commands)
     try:
         words = shlex.split(line)
     except ValueError as e:  # an unclosed quote: say what to fix, not a raw traceback
@@ -97,6 +98,7 @@ def run_magic(
     names = {c.name for c in commands}
     if cell is not None and not (words and (words[0] in names or words[0] in ("-h", "--help"))):
         words.insert(0, CELL_COMMAND)  # `%%gpumem [options]`: record this cell
+    parser = build_parser(commands, only=words[0] if words and words[0] in names else "")
     try:
         args = parser.parse_args(words)
     except _HelpShown:

@@ -56,7 +56,10 @@ def test_a_cell_that_imports_torch_gets_its_cuda_figures() -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
