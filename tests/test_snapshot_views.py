@@ -426,3 +426,62 @@ def test_group_peaks_in_passes_match_entry_by_entry(seed: int) -> None:
         for chunk in (1, 3, 7, 1000):
             peaks, where = group_peaks(iv, group, int(group.max()) + 1, lo, hi, chunk=chunk)
             assert (peaks.tolist(), where.tolist()) == expected, (lo, hi, chunk)
+
+
+def test_cell_slices_match_a_pass_per_cell() -> None:
+    """Every cell's figures (computed from sorted intervals and one sweep, so hundreds of cells
+    stay fast) equal those of masks over all allocations, cell by cell: for the tags' windows and
+    for ledger windows that overlap, are empty or lie outside the trace."""
+    from gpumem_widget.snapshot.aggregate import _describe, _sites
+    from gpumem_widget.snapshot.tags import cell_of_tag
+
+    snap = open_snapshot(big_snapshot(40_000, seed=3))
+    d = snap.devices[0]
+    rep = snap.replay(d)
+    iv, n = rep.intervals, rep.n_events
+    t = rep.time_us / 1e6
+    sites = _sites(snap, iv, "user")
+    cell_ids = np.array([cell_of_tag(snap.string(int(g))) or -1 for g in iv.tag])
+
+    def top(mask: np.ndarray) -> list[Any]:
+        totals = np.bincount(
+            sites.of_interval[mask], weights=iv.size[mask], minlength=len(sites.keys)
+        )
+        order = np.argsort(-totals, kind="stable")[:5]
+        return [
+            {**_describe(sites.keys[i]), "bytes": int(totals[i])} for i in order if totals[i] > 0
+        ]
+
+    ledger = [
+        (10, t[0] - 5, t[0] - 1),
+        (11, t[0], t[n // 3]),
+        (12, t[n // 4], t[n // 2]),
+        (13, t[n // 2], t[n // 2]),
+        (14, t[-1], t[-1] + 9),
+        (15, t[n // 5], t[n // 6]),
+    ]
+    for windows in (None, ledger):
+        view = cell_slices(snap, d, windows)
+        assert view["tagged"]
+        assert len(view["cells"]) == (4 if windows is None else 6)
+        for c in view["cells"]:
+            first, last = c["first_event"], c["last_event"]
+            window = rep.active[first : last + 1]
+            peak = first + int(np.argmax(window)) if len(window) else first - 1
+            if len(window) == 0 or window.max() < rep.active_after(first - 1):
+                peak = first - 1
+            started = (iv.start >= first) & (iv.start <= last)
+            left = started & (iv.end > last)
+            mine = cell_ids == c["execution_count"]
+            assert c["allocated_bytes"] == int(iv.size[started].sum())
+            assert c["allocations"] == int(started.sum())
+            assert c["freed_bytes"] == int(iv.size[(iv.end >= first) & (iv.end <= last)].sum())
+            assert c["left_behind_bytes"] == int(iv.size[left].sum())
+            assert c["left_behind_top"] == top(left)
+            assert c["still_alive_bytes"] == int(iv.size[started & (iv.end == n)].sum())
+            assert c["top_at_peak"] == top(iv.alive_after(peak))
+            assert c["tagged"]["allocated_bytes"] == int(iv.size[mine].sum())
+            assert c["tagged"]["allocations"] == int(mine.sum())
+            assert c["tagged"]["alive_at_snapshot_top"] == top(mine & (iv.end == n))
+        assert any(c["top_at_peak"] and c["left_behind_top"] for c in view["cells"])
+        assert any(c["tagged"]["alive_at_snapshot_top"] for c in view["cells"])

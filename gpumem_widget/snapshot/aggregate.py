@@ -314,12 +314,6 @@ def _describe(key: Frame | str) -> dict[str, Any]:
     return {"label": key.label(), "filename": key.filename, "line": key.line, "name": key.name}
 
 
-def _top_sites(sites: _Sites, mask: npt.NDArray[np.bool_], size: I64, top: int) -> list[Any]:
-    totals = np.bincount(sites.of_interval[mask], weights=size[mask], minlength=len(sites.keys))
-    order = np.argsort(-totals, kind="stable")[:top]
-    return [{**_describe(sites.keys[i]), "bytes": int(totals[i])} for i in order if totals[i] > 0]
-
-
 # -- (a) active memory over time ---------------------------------------------------------------
 
 
@@ -621,19 +615,26 @@ def cell_slices(
     behind. `cells` are the ledger's ``(execution_count, start, end)`` in the snapshot's time
     unit; without them, windows come from the ``cell:N`` tags (first to last tagged entry).
     Where allocations carry tags, each cell also gets what it allocated by tag, wherever that
-    happened, and how much of it is still alive at the snapshot."""
+    happened, and how much of it is still alive at the snapshot.
+
+    Each cell looks only at its own allocations (found by sorting once, by entry and by tag),
+    and what is alive at every cell's peak comes from one sweep: a trace with hundreds of cells
+    costs a few passes over its allocations, not a few per cell."""
     rep = snap.replay(device)
+    common = _common(snap, rep)  # first: its temporaries and the ones below never coexist
     iv = rep.intervals
     x = _x(rep, snap.data.has_time)
     n = rep.n_events
     by_string = [cell_of_tag(s) for s in snap.data.strings]
     cell_ids = np.array([-1 if c is None else c for c in by_string], np.int64)[iv.tag]
     tagged = bool((cell_ids >= 0).any())
+    by_cell = _ByKey(cell_ids) if tagged else None
+    del cell_ids
     if cells is None:
-        cells = _windows_from_tags(iv, cell_ids, x)
-    sites = _sites(snap, iv, site)
-    out = []
-    for count, t_start, t_end in cells:
+        cells = _windows_from_tags(iv, by_cell, x) if by_cell is not None else []
+    cells = list(cells)
+    windows = []
+    for _, t_start, t_end in cells:
         first = int(np.searchsorted(x, t_start, "left"))
         last = int(np.searchsorted(x, t_end, "right")) - 1
         before = rep.active_after(first - 1)
@@ -641,9 +642,20 @@ def cell_slices(
         peak_event = first + int(np.argmax(window)) if len(window) else first - 1
         if len(window) == 0 or window.max() < before:
             peak_event = first - 1
-        started = (iv.start >= first) & (iv.start <= last)
-        ended = (iv.end >= first) & (iv.end <= last)
-        left = started & (iv.end > last)
+        peak_t = float(x[peak_event]) if peak_event >= 0 else None
+        windows.append((first, last, before, peak_event, peak_t))
+    del x  # one float64 an entry: not kept through the sweeps below
+    sites = _sites(snap, iv, site)
+    at_peaks = _site_totals_at(iv, sites, [w[3] for w in windows])
+    by_start = _ByKey(iv.start)  # after the sweep, so their temporaries never coexist
+    freed = _Freed(iv)
+    out = []
+    for (count, t_start, t_end), (first, last, before, peak_event, peak_t), at_peak in zip(
+        cells, windows, at_peaks, strict=True
+    ):
+        started = by_start.between(first, last)
+        ends = iv.end[started]
+        left = started[ends > last]
         record: dict[str, Any] = {
             "execution_count": int(count),
             "start": float(t_start),
@@ -654,35 +666,87 @@ def cell_slices(
             "active_before": before,
             "active_after": rep.active_after(last),
             "peak_bytes": rep.active_after(peak_event),
-            "peak_t": float(x[peak_event]) if peak_event >= 0 else None,
+            "peak_t": peak_t,
             "allocated_bytes": int(iv.size[started].sum()),
-            "allocations": int(started.sum()),
-            "freed_bytes": int(iv.size[ended].sum()),
+            "allocations": len(started),
+            "freed_bytes": freed.between(first, last),
             "left_behind_bytes": int(iv.size[left].sum()),
-            "left_behind_top": _top_sites(sites, left, iv.size, top),
-            "still_alive_bytes": int(iv.size[started & (iv.end == n)].sum()),
-            "top_at_peak": _top_sites(sites, iv.alive_after(peak_event), iv.size, top),
+            "left_behind_top": _top_of(sites, left, iv.size, top),
+            "still_alive_bytes": int(iv.size[started[ends == n]].sum()),
+            "top_at_peak": _top_from_totals(sites, at_peak, top),
         }
-        if tagged:
-            mine = cell_ids == count
+        if by_cell is not None:
+            mine = by_cell.between(int(count), int(count))
+            alive = mine[iv.end[mine] == n]
             record["tagged"] = {
                 "allocated_bytes": int(iv.size[mine].sum()),
-                "allocations": int(mine.sum()),
-                "alive_at_snapshot_bytes": int(iv.size[mine & (iv.end == n)].sum()),
-                "alive_at_snapshot_top": _top_sites(sites, mine & (iv.end == n), iv.size, top),
+                "allocations": len(mine),
+                "alive_at_snapshot_bytes": int(iv.size[alive].sum()),
+                "alive_at_snapshot_top": _top_of(sites, alive, iv.size, top),
             }
         out.append(record)
-    return {"view": "cell_slices", **_common(snap, rep), "tagged": tagged, "cells": out}
+    return {"view": "cell_slices", **common, "tagged": tagged, "cells": out}
 
 
-def _windows_from_tags(
-    iv: Intervals, cell_ids: npt.NDArray[np.int64], x: F64
-) -> list[tuple[int, float, float]]:
+class _ByKey:
+    """Intervals sorted by one int64 key: those with a key in [lo, hi], as indices, at once."""
+
+    def __init__(self, key: I64) -> None:
+        self.order = np.argsort(key, kind="stable")
+        self.sorted = key[self.order]
+
+    def between(self, lo: int, hi: int) -> I64:
+        a = int(np.searchsorted(self.sorted, lo, "left"))
+        b = int(np.searchsorted(self.sorted, hi, "right"))
+        return self.order[a : max(a, b)]
+
+
+class _Freed:
+    """Bytes freed (free completed) within any range of entries, from one cumulative sum."""
+
+    def __init__(self, iv: Intervals) -> None:
+        order = np.argsort(iv.end, kind="stable")
+        self.end = iv.end[order]
+        self.total = np.concatenate(([0], np.cumsum(iv.size[order])))
+
+    def between(self, lo: int, hi: int) -> int:
+        a = int(np.searchsorted(self.end, lo, "left"))
+        b = int(np.searchsorted(self.end, hi, "right"))
+        return int(self.total[max(a, b)] - self.total[a])
+
+
+def _site_totals_at(iv: Intervals, sites: _Sites, events: Sequence[int]) -> list[F64]:
+    """Each site's live bytes right after each of `events` (any order), in one sweep."""
+    if not events:
+        return []
+    ev = np.asarray(events, np.int64)
+    order = np.argsort(ev, kind="stable")
+    series = _stacked(iv, sites.of_interval, len(sites.keys), ev[order])
+    totals: list[F64] = [np.zeros(0)] * len(ev)
+    for column, i in enumerate(order):
+        totals[int(i)] = series[:, column]
+    return totals
+
+
+def _top_of(sites: _Sites, which: I64, size: I64, top: int) -> list[Any]:
+    """The `top` sites by bytes of the intervals at indices `which`."""
+    totals = np.bincount(sites.of_interval[which], weights=size[which], minlength=len(sites.keys))
+    return _top_from_totals(sites, totals.astype(np.float64), top)
+
+
+def _top_from_totals(sites: _Sites, totals: F64, top: int) -> list[Any]:
+    order = np.argsort(-totals, kind="stable")[:top]
+    return [{**_describe(sites.keys[i]), "bytes": int(totals[i])} for i in order if totals[i] > 0]
+
+
+def _windows_from_tags(iv: Intervals, by_cell: _ByKey, x: F64) -> list[tuple[int, float, float]]:
     windows = []
     n = iv.n_events
-    for c in np.unique(cell_ids[cell_ids >= 0]):
-        mine = (cell_ids == c) & (iv.start >= 0)
-        if not mine.any():
+    ids = by_cell.sorted
+    for c in np.unique(ids[ids >= 0]):
+        mine = by_cell.between(int(c), int(c))
+        mine = mine[iv.start[mine] >= 0]
+        if not len(mine):
             continue
         first = int(iv.start[mine].min())
         ends = np.where(iv.end[mine] < n, iv.end[mine], iv.start[mine])
