@@ -19,6 +19,7 @@ MiB = 2**20
 
 SCRIPT = """
 import json, sys, time
+import numpy as np
 from IPython.core.interactiveshell import InteractiveShell
 import gpumem_widget
 from gpumem_widget.wire import protocol
@@ -43,7 +44,8 @@ out.update(
     exact=d.peak_exact, freed=f.delta_allocated,
     widget_devices=len(s.widget.devices),
     columns=s.timeline.columns == protocol.timeline_columns(s.readers.num_devices),
-    allocated_sampled=float(max(s.timeline.column(protocol.device_column(0, "allocated")))),
+    # samples before the attach have no device figure (NaN): the largest of those taken after
+    allocated_sampled=float(np.nanmax(s.timeline.column(protocol.device_column(0, "allocated")))),
 )
 shell.run_line_magic("unload_ext", "gpumem_widget")
 print("RESULT", json.dumps(out))
