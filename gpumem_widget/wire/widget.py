@@ -34,6 +34,28 @@ def _asset(name: str, fallback: str) -> str:
     return path.read_text(encoding="utf-8") if path.is_file() else fallback
 
 
+# The last list encoded and its text: ipywidgets serializes a set trait twice (to compare, then
+# to send). Held by reference, so the identity check cannot match a new list at a reused id;
+# the ledger hands out a new list each time and never changes one it gave.
+_last_encoded: tuple[Any, str] = ((), "[]")
+
+
+def _records_text(records: Any, widget: Any) -> str:
+    """`cells_tail` on the wire: one JSON text. Every cell's post-run hook sends it, and
+    ipywidgets walks a list of dicts node by node looking for binary buffers (about 1 ms a cell
+    at 50 records); a string it passes at once. ASCII escapes keep a lone surrogate valid."""
+    global _last_encoded
+    last, text = _last_encoded
+    if records is not last:
+        text = json.dumps(records, separators=(",", ":"), allow_nan=False)
+        _last_encoded = (records, text)
+    return text
+
+
+def _records_from_text(value: Any, widget: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
 class GpuMemWidget(anywidget.AnyWidget):
     _esm = _asset("widget.js", _MISSING_BUNDLE_ESM)
     _css = _asset("widget.css", "")
@@ -43,7 +65,11 @@ class GpuMemWidget(anywidget.AnyWidget):
     devices: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[DeviceInfo]
     status: Any = traitlets.Dict().tag(sync=True)  # Status
     cells: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[Cell]
-    cells_tail: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[Cell]
+    # list[Cell], sent as one JSON text (`_records_text`); not checked element by element: the
+    # hook that sets it must stay cheap, and the ledger builds every record itself.
+    cells_tail: Any = traitlets.List().tag(
+        sync=True, to_json=_records_text, from_json=_records_from_text
+    )
     cell_bands: Any = traitlets.Dict().tag(sync=True)  # PackedTable
     ledger_extent: Any = traitlets.Dict().tag(sync=True)  # LedgerExtent
     timeline_base: Any = traitlets.Dict().tag(sync=True)  # PackedTable

@@ -321,9 +321,21 @@ export function parseCells(raw: unknown): { cells: CellRecord[]; problems: strin
   return { cells, problems };
 }
 
+/** `cells_tail` arrives as one JSON text (cheap for the kernel's per-cell hook to send); from an
+ * older kernel, as a list. Text that does not parse is left as it is, for parseCells to report. */
+export function tailRecords(tail: unknown): unknown {
+  if (typeof tail !== "string") return tail;
+  try {
+    return JSON.parse(tail) as unknown;
+  } catch {
+    return tail;
+  }
+}
+
 /** `cells` (whole blocks of records) followed by `cells_tail` (the newest); a tail from an older
  * kernel that had none is simply absent. */
-export function joinCells(base: unknown, tail: unknown): unknown {
+export function joinCells(base: unknown, rawTail: unknown): unknown {
+  const tail = tailRecords(rawTail);
   if (!Array.isArray(base) || tail == null) return base;
   return Array.isArray(tail) ? [...base, ...tail] : tail;
 }
