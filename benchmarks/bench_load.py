@@ -45,7 +45,8 @@ seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
 
 
 def run_case(code: str) -> tuple[float, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}  # keeps where IPython comes from, if set
     out = subprocess.run(
         [sys.executable, "-c", code + "\nprint('SECONDS', seconds, cpu)"],
         capture_output=True,
