@@ -34,22 +34,29 @@ def _asset(name: str, fallback: str) -> str:
     return path.read_text(encoding="utf-8") if path.is_file() else fallback
 
 
-# The last list encoded and its text: ipywidgets serializes a set trait twice (to compare, then
-# to send). Held by reference, so the identity check cannot match a new list at a reused id;
-# the ledger hands out a new list each time and never changes one it gave.
-_last_encoded: tuple[Any, str] = ((), "[]")
+# Each record's JSON text, by the identity of its browser form: the ledger makes each form once
+# and never changes it, and every cell's tail repeats the ones before, so a cell encodes only its
+# own record. The form is held beside its text, so an id is never reused while it is cached.
+_record_texts: dict[int, tuple[Any, str]] = {}
+_MAX_CACHED_TEXTS = 4096
+
+
+def _record_text(record: Any) -> str:
+    cached = _record_texts.get(id(record))
+    if cached is not None and cached[0] is record:
+        return cached[1]
+    text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    if len(_record_texts) >= _MAX_CACHED_TEXTS:
+        _record_texts.clear()
+    _record_texts[id(record)] = (record, text)
+    return text
 
 
 def _records_text(records: Any, widget: Any) -> str:
     """`cells_tail` on the wire: one JSON text. Every cell's post-run hook sends it, and
     ipywidgets walks a list of dicts node by node looking for binary buffers (about 1 ms a cell
     at 50 records); a string it passes at once. ASCII escapes keep a lone surrogate valid."""
-    global _last_encoded
-    last, text = _last_encoded
-    if records is not last:
-        text = json.dumps(records, separators=(",", ":"), allow_nan=False)
-        _last_encoded = (records, text)
-    return text
+    return "[" + ",".join(_record_text(r) for r in records) + "]"
 
 
 def _records_from_text(value: Any, widget: Any) -> Any:
