@@ -19,7 +19,8 @@ const SEL = {
   widget: ".gpumem-widget",
   chartCanvas: ".gpumem-widget .gpumem-chart canvas",
   ledgerRow: ".gpumem-widget tr[data-execution-count]",
-  band: ".gpumem-widget .gpumem-band[data-execution-count]",
+  // Finished cells' bands; the running-cell band (data-running) is not one of them.
+  band: ".gpumem-widget .gpumem-band[data-execution-count]:not([data-running])",
 };
 const ROW_TIMEOUT_MS = 15000;
 
