@@ -762,5 +762,48 @@ def test_the_workers_tab_opens_a_ranks_reported_snapshot_and_nothing_else(ip: An
         session._on_worker_message(widget, bad, [])
         assert widget.drilldown == {}
     session._on_worker_message(widget, {"type": "worker_snapshot", "key": WHO.key, "index": 0}, [])
-    assert widget.drilldown["source"] == "rank 1 on node-a (pid 4242)"
+    assert widget.drilldown["source"] == "rank 1 on node-a (pid 4242): oom.pickle.gz"
     assert widget.drilldown["devices"]
+
+
+def test_the_workers_tab_compares_two_ranks_snapshots_and_nothing_else(ip: Any) -> None:
+    """The compare bar: the browser names two (worker, index) pairs; the kernel compares those
+    two reported files in the Snapshot tab, labelled by rank. A path, an unknown worker or a
+    bad index on either side compares nothing."""
+    session = gpumem_widget.current_session()
+    assert session is not None
+    from gpumem_widget.workers.hub import hub_of
+
+    hub = hub_of(session)
+    assert hub is not None
+    fixtures = pathlib.Path(__file__).parent / "fixtures" / "snapshots"
+    rank0 = Identity(host="node-a", pid=4241, rank=0, local_rank=0, world_size=2)
+    first, second = (str(fixtures / f"two_snapshots_{n}.pickle.gz") for n in ("first", "second"))
+    hub.store.add(message(1, who=rank0, kind="snapshot", path=first), None)
+    hub.store.add(message(1, kind="snapshot", path=second), None)
+    widget = session.widget
+    widget.drilldown_compare = {}
+    good_a = {"key": rank0.key, "index": 0}
+    good_b = {"key": WHO.key, "index": 0}
+    for bad in (
+        {"type": "worker_compare", "a": good_a, "b": {"key": WHO.key, "index": 1}},
+        {"type": "worker_compare", "a": {"key": "elsewhere:1", "index": 0}, "b": good_b},
+        {"type": "worker_compare", "a": good_a, "b": {"path": "/etc/passwd"}},
+        {"type": "worker_compare", "a": good_a},
+        {"type": "worker_compare", "a": "/etc/passwd", "b": good_b},
+    ):
+        session._on_worker_message(widget, bad, [])
+        assert widget.drilldown_compare == {}
+    session._on_worker_message(widget, {"type": "worker_compare", "a": good_a, "b": good_b}, [])
+    view = widget.drilldown_compare
+    assert view["labels"] == [
+        "rank 0 on node-a (pid 4241): two_snapshots_first.pickle.gz",
+        "rank 1 on node-a (pid 4242): two_snapshots_second.pickle.gz",
+    ]
+    # The same answer as comparing the two files directly.
+    direct = gpumem_widget.compare_snapshots(
+        fixtures / "two_snapshots_first.pickle.gz",
+        fixtures / "two_snapshots_second.pickle.gz",
+        labels=tuple(view["labels"]),
+    )
+    assert view == direct

@@ -156,7 +156,7 @@ class Session:
         if self.workers is None:
             return
         try:
-            self.workers.on_browser_message(content, self.drilldown.show)
+            self.workers.on_browser_message(content, self.drilldown.show, self.drilldown.compare)
         except Exception as e:  # a bad file: said in the header, the tab stays as it was
             self.report_error(f"worker snapshot: {type(e).__name__}: {e}")
 

@@ -74,7 +74,13 @@ class WorkerHubLike(Protocol):
 
     def stop(self) -> None: ...
 
-    def on_browser_message(self, content: Any, show: Callable[[str, str], object]) -> None:
-        """`{"type": "worker_snapshot", "key", "index"}` from the Workers tab: `show` that
-        snapshot (its path, a label); any other message is not for the workers."""
+    def on_browser_message(
+        self,
+        content: Any,
+        show: Callable[[str, str], object],
+        compare: Callable[[str, str, tuple[str, str]], object],
+    ) -> None:
+        """From the Workers tab: `{"type": "worker_snapshot", "key", "index"}`: `show` that
+        snapshot (its path, a label); `{"type": "worker_compare", "a", "b"}` (each a key and
+        index): `compare` the two (paths, labels). Any other message is not for the workers."""
         ...

@@ -495,4 +495,36 @@ class SearchRequest(TypedDict):
     t1: float | None
 
 
-BrowserMessage = LoadRequest | AliveAtRequest | ViewRequest | SearchRequest | CellsPageRequest
+class SnapshotRef(TypedDict):
+    """A snapshot a worker reported: the worker's key (host:pid) and its index in that worker's
+    list (the browser never names a path)."""
+
+    key: str
+    index: int
+
+
+class WorkerSnapshotRequest(TypedDict):
+    """Open a rank's reported snapshot in the Snapshot tab (workers/hub.py answers)."""
+
+    type: Literal["worker_snapshot"]
+    key: str
+    index: int
+
+
+class WorkerCompareRequest(TypedDict):
+    """Compare two ranks' reported snapshots in the Snapshot tab (workers/hub.py answers)."""
+
+    type: Literal["worker_compare"]
+    a: SnapshotRef
+    b: SnapshotRef
+
+
+BrowserMessage = (
+    LoadRequest
+    | AliveAtRequest
+    | ViewRequest
+    | SearchRequest
+    | CellsPageRequest
+    | WorkerSnapshotRequest
+    | WorkerCompareRequest
+)

@@ -164,14 +164,34 @@ class WorkerHub:
                 self.store.mark_gone(self.silence)  # a dead worker must not hold this up
         return {w.who.key: w.snapshots[before[w.who.key] :] for w in live}
 
-    def on_browser_message(self, content: Any, show: Callable[[str, str], object]) -> None:
-        if not isinstance(content, dict) or content.get("type") != "worker_snapshot":
+    def on_browser_message(
+        self,
+        content: Any,
+        show: Callable[[str, str], object],
+        compare: Callable[[str, str, tuple[str, str]], object],
+    ) -> None:
+        if not isinstance(content, dict):
             return
-        w = self.store.get(str(content.get("key")))
-        i = content.get("index")
+        if content.get("type") == "worker_snapshot":
+            ref = self._reported(content)
+            if ref is not None:
+                show(*ref)
+        elif content.get("type") == "worker_compare":
+            a, b = self._reported(content.get("a")), self._reported(content.get("b"))
+            if a is not None and b is not None:
+                compare(a[0], b[0], (a[1], b[1]))
+
+    def _reported(self, ref: Any) -> tuple[str, str] | None:
+        """The path and label of a snapshot a worker reported, by its key and index; None for
+        anything else (only a path a worker reported is ever opened)."""
+        if not isinstance(ref, dict):
+            return None
+        w = self.store.get(str(ref.get("key")))
+        i = ref.get("index")
         if w is None or type(i) is not int or not 0 <= i < len(w.snapshots):
-            return  # only a path a worker reported is ever opened
-        show(w.snapshots[i], f"{w.who.label} on {w.who.host} (pid {w.who.pid})")
+            return None
+        name = os.path.basename(w.snapshots[i])
+        return w.snapshots[i], f"{w.who.label} on {w.who.host} (pid {w.who.pid}): {name}"
 
     # The listener thread ----------------------------------------------------------------------
     def _on_message(self, msg: WorkerMessage) -> bool:

@@ -34,7 +34,7 @@ import {
 } from "./wire/protocol";
 import { decodeTable } from "./wire/table";
 import { parseWorkers } from "./wire/workers";
-import { WorkersView } from "./workers_view";
+import { WorkersView, type SnapshotRef } from "./workers_view";
 
 // The Memory and Workers tabs' traits; the Snapshot tab watches the drilldown ones itself.
 type TraitName = Exclude<keyof Traits, `drilldown${string}`>;
@@ -56,7 +56,10 @@ class WidgetView {
   private readonly ledger: Ledger;
   private readonly details: Details;
   private readonly snapshotPanel: HTMLElement;
-  private readonly workersView = new WorkersView((key, index) => this.openWorkerSnapshot(key, index));
+  private readonly workersView = new WorkersView(
+    (key, index) => this.openWorkerSnapshot(key, index),
+    (a, b) => this.compareWorkerSnapshots(a, b),
+  );
   private readonly store = new TimelineStore();
   private readonly listeners: [string, () => void][] = [];
   private readonly stale = new Set<TraitName>(TRAITS);
@@ -304,7 +307,15 @@ class WidgetView {
 
   /** A rank's snapshot: the kernel opens it (the path a worker reported) in the Snapshot tab. */
   private openWorkerSnapshot(key: string, index: number): void {
-    const request: BrowserMessage = { type: "worker_snapshot", key, index };
+    this.sendToSnapshotTab({ type: "worker_snapshot", key, index });
+  }
+
+  /** Two ranks' snapshots: the kernel compares them in the Snapshot tab. */
+  private compareWorkerSnapshots(a: SnapshotRef, b: SnapshotRef): void {
+    this.sendToSnapshotTab({ type: "worker_compare", a, b });
+  }
+
+  private sendToSnapshotTab(request: BrowserMessage): void {
     this.model.send(request);
     this.root.querySelector<HTMLButtonElement>('nav.gpumem-tabs button[data-tab="snapshot"]')?.click();
   }

@@ -11,6 +11,12 @@ import type { WorkerCellUsage } from "./wire/worker_rows";
 import { NO_WORKERS, type RankInfo, type WorkersState } from "./wire/workers";
 
 export type OpenSnapshot = (key: string, index: number) => void;
+/** A snapshot a worker reported: the worker's key and the snapshot's index in its list. */
+export interface SnapshotRef {
+  key: string;
+  index: number;
+}
+export type CompareSnapshots = (a: SnapshotRef, b: SnapshotRef) => void;
 
 const HEIGHT = 220;
 const LEFT = 64;
@@ -48,10 +54,13 @@ export class WorkersView {
   private state: WorkersState = NO_WORKERS;
   private bands: Band[] = [];
   private readonly onOpen: OpenSnapshot | null;
+  private readonly compare: CompareBar | null;
 
-  /** `onOpen(key, index)`: open a rank's snapshot in the Snapshot tab (the rank selector). */
-  constructor(onOpen: OpenSnapshot | null = null) {
+  /** `onOpen(key, index)`: open a rank's snapshot in the Snapshot tab (the rank selector);
+   * `onCompare(a, b)`: compare two ranks' snapshots there. */
+  constructor(onOpen: OpenSnapshot | null = null, onCompare: CompareSnapshots | null = null) {
     this.onOpen = onOpen;
+    this.compare = onCompare ? new CompareBar(onCompare) : null;
     this.el = document.createElement("div");
     this.el.className = "gpumem-workers";
     this.summary = document.createElement("p");
@@ -61,6 +70,7 @@ export class WorkersView {
     this.table = document.createElement("div");
     this.table.className = "gpumem-workers-table";
     this.el.append(this.summary, this.canvas, this.table);
+    if (this.compare) this.el.append(this.compare.el);
     this.update(NO_WORKERS, []);
   }
 
@@ -71,6 +81,7 @@ export class WorkersView {
     this.el.dataset["metric"] = chartMetric(state);
     this.renderSummary();
     this.renderTable();
+    this.compare?.update(state.ranks);
     this.draw();
   }
 
@@ -181,6 +192,84 @@ export class WorkersView {
   }
 }
 
+/** "Compare [rank A's snapshot] with [rank B's snapshot]": shown once the workers have
+ * reported two snapshots; the kernel opens both (by reference, never by path) side by side. */
+export class CompareBar {
+  readonly el: HTMLElement;
+  private readonly a: HTMLSelectElement;
+  private readonly b: HTMLSelectElement;
+  private readonly button: HTMLButtonElement;
+  private refs: SnapshotRef[] = [];
+
+  constructor(onCompare: CompareSnapshots) {
+    this.el = document.createElement("div");
+    this.el.className = "gpumem-workers-compare";
+    this.a = select("the first snapshot");
+    this.b = select("the snapshot to compare it with");
+    this.button = document.createElement("button");
+    this.button.type = "button";
+    this.button.textContent = "compare";
+    this.button.title = "Both snapshots side by side in the Snapshot tab";
+    this.button.addEventListener("click", () => {
+      const a = this.refs[Number(this.a.value)];
+      const b = this.refs[Number(this.b.value)];
+      if (a && b) onCompare(a, b);
+    });
+    const sync = (): void => {
+      this.button.disabled = this.a.value === this.b.value;
+    };
+    this.a.addEventListener("change", sync);
+    this.b.addEventListener("change", sync);
+    this.el.append("Compare ", this.a, " with ", this.b, " ", this.button);
+    this.el.hidden = true;
+  }
+
+  update(ranks: readonly RankInfo[]): void {
+    const refs: SnapshotRef[] = [];
+    const labels: string[] = [];
+    for (const r of ranks) {
+      r.snapshots.forEach((path, index) => {
+        refs.push({ key: r.key, index });
+        labels.push(`${whoOf(r)} · ${path.split(/[\\/]/).pop() ?? path}`);
+      });
+    }
+    const same = refs.length === this.refs.length && refs.every((x, i) => x.key === this.refs[i]?.key && x.index === this.refs[i]?.index);
+    this.el.hidden = refs.length < 2;
+    if (same) return; // keep the user's choice while samples arrive
+    this.refs = refs;
+    const options = (): HTMLOptionElement[] =>
+      labels.map((text, i) => {
+        const o = document.createElement("option");
+        o.value = String(i);
+        o.textContent = text;
+        return o;
+      });
+    this.a.replaceChildren(...options());
+    this.b.replaceChildren(...options());
+    // Default: the first two ranks' newest snapshots, else the two newest.
+    const newest = new Map<string, number>();
+    refs.forEach((r, i) => newest.set(r.key, i));
+    const picks = [...newest.values()];
+    const [first, second] = picks.length >= 2 ? picks : [refs.length - 2, refs.length - 1];
+    this.a.value = String(first ?? 0);
+    this.b.value = String(second ?? 1);
+    this.button.disabled = this.a.value === this.b.value;
+  }
+}
+
+function select(label: string): HTMLSelectElement {
+  const s = document.createElement("select");
+  s.setAttribute("aria-label", label);
+  return s;
+}
+
+/** A worker as the table names it: its rank (and world size, local rank), else its label. */
+function whoOf(r: RankInfo): string {
+  return r.rank !== null
+    ? `rank ${r.rank}${r.world_size !== null ? `/${r.world_size}` : ""}${r.local_rank !== null ? ` (local ${r.local_rank})` : ""}`
+    : r.label;
+}
+
 function line(
   ctx: CanvasRenderingContext2D,
   r: RankInfo,
@@ -270,10 +359,7 @@ function rankRow(r: RankInfo, i: number, onOpen: OpenSnapshot | null): HTMLTable
   dot.className = "gpumem-workers-swatch";
   dot.style.background = rankColor(i);
   swatch.append(dot);
-  const who =
-    r.rank !== null
-      ? `rank ${r.rank}${r.world_size !== null ? `/${r.world_size}` : ""}${r.local_rank !== null ? ` (local ${r.local_rank})` : ""}`
-      : r.label;
+  const who = whoOf(r);
   const stateText = r.state === "gone" ? `gone (silent since ${formatClock(r.last_seen)})` : r.state;
   const mem = r.devices
     .map((d) => `cuda:${d.index} ${formatBytes(d.allocated)} alloc \u00b7 ${formatBytes(d.reserved)} res \u00b7 peak ${formatBytes(d.peak_allocated)}`)

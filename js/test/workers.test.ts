@@ -162,3 +162,48 @@ describe("the rank selector", () => {
     expect(asked).toEqual([["node-a:101", 1]]);
   });
 });
+
+describe("comparing two ranks' snapshots", () => {
+  const r0 = (snapshots: string[]): Record<string, unknown> => rank({ rank: 0, key: "node-a:100", snapshots });
+  const r1 = (snapshots: string[]): Record<string, unknown> => rank({ rank: 1, key: "node-a:101", snapshots });
+
+  it("appears with the second snapshot and defaults to the two ranks' newest", () => {
+    const asked: unknown[] = [];
+    const view = new WorkersView(null, (a, b) => asked.push([a, b]));
+    const bar = view.el.querySelector<HTMLElement>(".gpumem-workers-compare")!;
+    view.update(parseWorkers(trait([r0(["/w/r0-a.pickle"]), r1([])])), []);
+    expect(bar.hidden).toBe(true);
+    view.update(parseWorkers(trait([r0(["/w/r0-a.pickle", "/w/r0-b.pickle"]), r1(["/w/r1-a.pickle"])])), []);
+    expect(bar.hidden).toBe(false);
+    const [a] = [...bar.querySelectorAll("select")];
+    expect([...a!.options].map((o) => o.textContent)).toEqual([
+      "rank 0/2 (local 0) \u00b7 r0-a.pickle",
+      "rank 0/2 (local 0) \u00b7 r0-b.pickle",
+      "rank 1/2 (local 1) \u00b7 r1-a.pickle",
+    ]);
+    bar.querySelector("button")!.click();
+    expect(asked).toEqual([[{ key: "node-a:100", index: 1 }, { key: "node-a:101", index: 0 }]]);
+  });
+
+  it("keeps the user's choice while samples arrive, and will not compare a snapshot with itself", () => {
+    const asked: unknown[] = [];
+    const view = new WorkersView(null, (a, b) => asked.push([a, b]));
+    const state = parseWorkers(trait([r0(["/w/r0-a.pickle", "/w/r0-b.pickle"]), r1(["/w/r1-a.pickle"])]));
+    view.update(state, []);
+    const bar = view.el.querySelector<HTMLElement>(".gpumem-workers-compare")!;
+    const [a, b] = [...bar.querySelectorAll("select")];
+    a!.value = "0";
+    a!.dispatchEvent(new Event("change"));
+    view.update(parseWorkers(trait([r0(["/w/r0-a.pickle", "/w/r0-b.pickle"]), r1(["/w/r1-a.pickle"])])), []);
+    expect(a!.value).toBe("0");
+    b!.value = "0";
+    b!.dispatchEvent(new Event("change"));
+    const button = bar.querySelector("button")!;
+    expect(button.disabled).toBe(true);
+    b!.value = "1";
+    b!.dispatchEvent(new Event("change"));
+    expect(button.disabled).toBe(false);
+    button.click();
+    expect(asked).toEqual([[{ key: "node-a:100", index: 0 }, { key: "node-a:100", index: 1 }]]);
+  });
+});

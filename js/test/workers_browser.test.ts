@@ -61,7 +61,7 @@ describe.skipIf(!existsSync(CHROMIUM))("the Workers tab in a browser", () => {
             oom: { device: 1, requested: 2 ** 44, limit: 80 * GiB, free: GiB, allocated: 70 * GiB, reserved: 75 * GiB },
             snapshots: ["/tmp/gpumem-workers/rank1-oom.pickle"],
           }),
-          rank(2, "node-b", { state: "gone" }),
+          rank(2, "node-b", { state: "gone", snapshots: ["/tmp/gpumem-workers/rank2.pickle"] }),
           rank(3, "node-b", { state: "exited" }),
         ],
       });
@@ -88,6 +88,23 @@ describe.skipIf(!existsSync(CHROMIUM))("the Workers tab in a browser", () => {
       () => (window as unknown as { gpumemDev: { model: { sent?: unknown[] } } }).gpumemDev.model.sent ?? [],
     );
     expect(sent).toContainEqual({ type: "worker_snapshot", key: "node-a:101", index: 0 });
+    expect(await page.locator('nav.gpumem-tabs button[data-tab="snapshot"]').getAttribute("aria-selected")).toBe("true");
+    // Two ranks' snapshots side by side: by default the two ranks' newest, sent by reference.
+    await page.click('nav.gpumem-tabs button[data-tab="workers"]');
+    expect(await page.locator(".gpumem-workers-compare").isVisible()).toBe(true);
+    expect(await page.locator(".gpumem-workers-compare select").first().locator("option").allTextContents()).toEqual([
+      "rank 1/4 (local 1) \u00b7 rank1-oom.pickle",
+      "rank 2/4 (local 0) \u00b7 rank2.pickle",
+    ]);
+    await page.click(".gpumem-workers-compare button");
+    const sentAfter = await page.evaluate(
+      () => (window as unknown as { gpumemDev: { model: { sent?: unknown[] } } }).gpumemDev.model.sent ?? [],
+    );
+    expect(sentAfter[sentAfter.length - 1]).toEqual({
+      type: "worker_compare",
+      a: { key: "node-a:101", index: 0 },
+      b: { key: "node-b:102", index: 0 },
+    });
     expect(await page.locator('nav.gpumem-tabs button[data-tab="snapshot"]').getAttribute("aria-selected")).toBe("true");
     expect(errors).toEqual([]);
   }, 60_000);

@@ -69,7 +69,8 @@ export type BrowserMessage =
   | { type: "search"; device: number; query: string; axis: Axis; t0: number | null; t1: number | null }
   | { type: "cells_page"; before: number; limit: number } // older ledger records
   | { type: "cells_page"; execution_count: number; limit: number } // the page ending with this cell
-  | { type: "worker_snapshot"; key: string; index: number }; // a rank's reported snapshot (workers/hub.py)
+  | { type: "worker_snapshot"; key: string; index: number } // a rank's reported snapshot (workers/hub.py)
+  | { type: "worker_compare"; a: { key: string; index: number }; b: { key: string; index: number } }; // two of them side by side
 
 
 // ---------------------------------------------------------------------------------------------
