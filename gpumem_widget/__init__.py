@@ -18,23 +18,32 @@ from gpumem_widget.extension import (
     unload_ipython_extension,
 )
 from gpumem_widget.lazy import lazy_attributes
-from gpumem_widget.live.history import PastSession, PastSessions
-from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
 from gpumem_widget.version import __version__
-from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
     from gpumem_widget.live.export import Format
+    from gpumem_widget.live.history import PastSession, PastSessions
+    from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
     from gpumem_widget.live.session import Session
     from gpumem_widget.reporting import SnapshotSource
     from gpumem_widget.reporting.page import Progress
     from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
     from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
 # Imported on first use: `estimate` loads torch's dispatch machinery; snapshots their replay
-# and views (loading the extension stays fast).
+# and views; the ledger's and history's types numpy, the workers' zmq. `%load_ext` needs none of
+# them before the widget is shown (see `extension.py`).
 _LAZY = {
+    "CellRecord": "live.ledger",
+    "DeviceCellUsage": "live.ledger",
+    "LedgerRecords": "live.ledger",
+    "PastSession": "live.history",
+    "PastSessions": "live.history",
+    "WorkerCellUsage": "workers",
+    "attach": "workers",
+    "detach": "workers",
     "Snapshot": "snapshot",
     "SnapshotLoadError": "snapshot",
     "export_memory_viz": "snapshot",
@@ -50,6 +59,8 @@ __getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 def ledger() -> LedgerRecords:
     """The per-cell records of this kernel's session, oldest first (empty when not loaded)."""
+    from gpumem_widget.live.ledger import LedgerRecords
+
     session = current_session()
     return session.records() if session is not None else LedgerRecords(())
 

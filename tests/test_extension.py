@@ -34,7 +34,7 @@ def ours(shell: Any, event: str) -> list[Any]:
     return [
         cb
         for cb in shell.events.callbacks[event]
-        if getattr(cb, "__module__", "") == "gpumem_widget.live.session"
+        if getattr(cb, "__module__", "") == "gpumem_widget.extension"
     ]
 
 
@@ -58,6 +58,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 def test_load_reload_unload_leave_exactly_one_of_each(ip: Any) -> None:
     assert len(ours(ip, "pre_run_cell")) == 1
     assert len(ours(ip, "post_run_cell")) == 1
+    assert gpumem_widget.current_session() is not None  # built on its own thread: waits for it
     assert len(sampler_threads()) == 1
     ip.run_line_magic("reload_ext", "gpumem_widget")
     assert len(ours(ip, "pre_run_cell")) == 1

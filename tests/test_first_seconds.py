@@ -159,3 +159,84 @@ def test_torch_imported_between_cells_attaches_at_the_next_cell(torch_hidden: An
     (usage,) = record.devices
     assert usage.allocated_before == gpu.stats(0).allocated - 64 * MiB  # read at the cell's start
     assert usage.delta_allocated == 64 * MiB
+
+
+FRESH_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    "GPUMEM_WIDGET_HISTORY": "off",
+}
+
+
+def test_load_ext_shows_the_widget_before_numpy_and_the_next_cell_waits_for_the_session() -> None:
+    """`%load_ext` returns with the widget shown and the rest of the session still to build (held
+    here until the cell has started); the cell run then waits for it and is recorded."""
+    code = """
+import sys, threading
+from IPython.core.interactiveshell import InteractiveShell
+import gpumem_widget
+from gpumem_widget import extension
+gate = threading.Event()
+real = extension.Starting._build
+extension.Starting._build = lambda self: (gate.wait(10), real(self))[1]
+shell = InteractiveShell.instance()
+shown = []
+shell.display_pub.publish = lambda data, *a, **k: shown.append(data)
+shell.run_line_magic("load_ext", "gpumem_widget")
+starting = extension._starting
+print("SHOWN", len(shown), "numpy" in sys.modules, starting.session is None)
+threading.Timer(0.3, gate.set).start()
+shell.run_cell("x = 1", store_history=True)
+s = gpumem_widget.current_session()
+print("READY", s.widget is starting.widget, [r.source for r in gpumem_widget.ledger()])
+shell.run_line_magic("unload_ext", "gpumem_widget")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=FRESH_ENV,
+    ).stdout
+    assert "SHOWN 1 False True" in out  # shown; numpy (and the session) not yet there
+    assert "READY True ['x = 1']" in out  # the shown widget is the session's; the cell recorded
+
+
+def test_a_session_that_cannot_start_says_so_and_the_cells_run() -> None:
+    code = """
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.error import UsageError
+import gpumem_widget
+from gpumem_widget import extension
+from gpumem_widget.live import session
+
+def broken(self, *a, **k):
+    raise RuntimeError("no readers here")
+
+session.Session.__init__ = broken
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "gpumem_widget")
+shell.run_cell("y = 2", store_history=True)
+print("RAN", shell.user_ns["y"], gpumem_widget.current_session())
+print("STATUS", extension._starting.widget.status)
+try:
+    shell.run_line_magic("gpumem", "status")
+except UsageError as e:
+    print("MAGIC", e)
+shell.run_line_magic("unload_ext", "gpumem_widget")
+print("UNLOADED", extension._starting)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=FRESH_ENV,
+    ).stdout
+    why = "gpumem_widget could not start: RuntimeError: no readers here"
+    assert "RAN 2 None" in out
+    assert f"STATUS {{'error': '{why}'}}" in out
+    assert f"MAGIC {why} (`%reload_ext gpumem_widget` tries again)" in out
+    assert "UNLOADED None" in out

@@ -57,7 +57,7 @@ def _install_oom_recorder() -> OomRecorder | None:
     return OomRecorder.install()
 
 
-def _close(widget: GpuMemWidget) -> None:
+def close_widget(widget: GpuMemWidget) -> None:
     layout = widget.layout  # a child widget with its own comm: close it too
     widget.close()
     layout.close()
@@ -101,6 +101,7 @@ class Session:
         peak_mode: PeakMode = "exact",
         *,
         history: History | None = None,
+        widget: GpuMemWidget | None = None,
     ) -> None:
         self.shell = shell
         self.readers = readers if readers is not None else Readers.open()
@@ -108,7 +109,7 @@ class Session:
         self.timeline = Timeline(protocol.timeline_columns(n))
         self.ledger = Ledger()
         self.pages = LedgerPages(self.ledger)
-        self.widget = self._new_widget()
+        self.widget = self._new_widget(widget)
         self.publisher = Publisher(
             self.widget, self.timeline, self.ledger, self.status, self.devices
         )
@@ -144,8 +145,20 @@ class Session:
         self._raise_interrupt = RaiseInterrupt()
         self.widget.status = self.status()
 
-    def _new_widget(self) -> GpuMemWidget:
-        widget = GpuMemWidget(num_devices=self.readers.num_devices, devices=self.devices())
+    def _new_widget(self, shown: GpuMemWidget | None = None) -> GpuMemWidget:
+        """A widget for this session; or `shown`, made and displayed before the readers were
+        open (`extension.py`), laid out for them here."""
+        n = self.readers.num_devices
+        if shown is None:
+            widget = GpuMemWidget(num_devices=n, devices=self.devices())
+        else:
+            widget = shown
+            if n:  # torch was imported before `%load_ext`: a column set per device
+                empty = protocol.empty_table(protocol.timeline_columns(n))
+                with widget.hold_sync():
+                    widget.devices = self.devices()
+                    widget.timeline_base = empty
+                    widget.timeline_tail = empty
         widget.on_msg(self.pages)
         widget.on_msg(self._on_worker_message)
         return widget
@@ -168,7 +181,7 @@ class Session:
             self.drilldown.retarget(self.widget)
             self.publisher.retarget(self.widget)
             self.sampler.poke()
-            _close(old)
+            close_widget(old)
         return self.widget
 
     @property
@@ -398,7 +411,7 @@ class Session:
         if self.workers is not None:
             self.workers.stop()
         self.readers.close()
-        _close(self.widget)
+        close_widget(self.widget)
 
     def records(self) -> LedgerRecords:
         return self.ledger.records()

@@ -70,12 +70,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from gpumem_widget.wire.payloads import PackedTable
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+# numpy is imported where a table is packed, not here: the widget is made and shown with empty
+# tables before anything imports numpy (`extension.py`: `%load_ext` returns sooner).
 
 MAX_PUBLISH_HZ: Final = 4.0
 TIME_COLUMN: Final = "t"
@@ -112,6 +115,8 @@ def pack_columns(
     columns: Sequence[str], data: Mapping[str, npt.ArrayLike], dtypes: Sequence[Dtype]
 ) -> Table:
     """The one packer: each column (equal lengths) as one little-endian buffer of its dtype."""
+    import numpy as np
+
     if len(dtypes) != len(columns):
         raise ValueError(f"{len(columns)} columns but {len(dtypes)} dtypes")
     arrays = [np.asarray(data[name]) for name in columns]
@@ -136,6 +141,8 @@ def pack_f8(data: Mapping[str, npt.ArrayLike]) -> Table:
 
 def unpack_table(table: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
     """Inverse of `pack_table` (used by tests and reports)."""
+    import numpy as np
+
     out: dict[str, npt.NDArray[Any]] = {}
     for name, dtype, buf in zip(table["columns"], table["dtypes"], table["buffers"], strict=True):
         arr = np.frombuffer(bytes(buf), dtype="<" + dtype)
@@ -144,4 +151,6 @@ def unpack_table(table: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
 
 
 def empty_table(columns: Sequence[str]) -> Table:
-    return pack_table(columns, {c: np.zeros(0) for c in columns})
+    """`pack_table` of no rows (without numpy: see the imports)."""
+    dtypes: list[Dtype] = ["f8" if c == TIME_COLUMN else "f4" for c in columns]
+    return {"n": 0, "columns": list(columns), "dtypes": dtypes, "buffers": [b""] * len(columns)}
