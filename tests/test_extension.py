@@ -221,6 +221,20 @@ def test_help_names_the_cell_magic_with_both_percent_signs(
 
 
 @host_only
+def test_host_mode_outputs_never_pass_host_figures_for_gpu_ones(
+    ip: Any, capsys: pytest.CaptureFixture[str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`%gpumem vars`, `snapshot` and `history` in host mode say what they measure (this test
+    process has torch imported: the reader gives its reason)."""
+    ip.run_cell("import torch; t = torch.ones(1 << 20)", store_history=True)  # a CPU tensor
+    ip.run_line_magic("gpumem", "vars")
+    out = capsys.readouterr().out
+    assert out.strip() == "gpumem: no GPU memory to rank (no CUDA device: host-memory mode)"
+    with pytest.raises(UsageError, match=r"needs a CUDA device, and there is none here"):
+        ip.run_line_magic("gpumem", "snapshot")
+
+
+@host_only
 def test_fragmentation_without_cuda_says_there_is_no_device(
     ip: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import shutil
 import sqlite3
 import stat
@@ -154,6 +155,10 @@ def test_the_magic_lists_sessions_and_shows_one(db: pathlib.Path, ip: Any) -> No
     shown = run(ip, f"%gpumem history {me.short_id}")
     assert "first_cell = 1" in shown
     assert "second_cell = 2" in shown
+    # Each peak says what it is: host RSS (sampled, a lower bound) without CUDA, else allocated.
+    what = "RSS" if me.mode == "host" else "alloc"
+    assert re.search(r"≥ [\d.]+ [KMG]?i?B RSS  ", line) or me.mode == "cuda", line
+    assert re.search(rf"peak {what} +Δ {what} +cell", shown), shown
     newest = run(ip, "%gpumem history -1")  # the newest session: this one
     assert newest.startswith(f"session {me.short_id} of ")
     assert "first_cell = 1" in newest

@@ -60,6 +60,10 @@ def _vars(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
     if args.depth < 0:
         raise UsageError("%gpumem vars: --depth must be 0 or more")
+    if session.mode == "host":  # no torch reader on a device: no name can hold GPU memory
+        why = session.readers.torch.reason or "no CUDA device"
+        print(f"gpumem: no GPU memory to rank ({why})")
+        return
     print(holders_for_shell(session.shell, include_all=args.all, max_depth=args.depth).format())
 
 

@@ -176,6 +176,8 @@ def format_sessions(
     rows = [("session", "started", "cells", "peak", "how it ended")]
     for s in sessions:
         peak = "" if s.peak is None else format_bytes(s.peak)
+        if peak and s.mode == "host":  # sampled host RSS, not a GPU figure
+            peak = f"≥ {peak} RSS"
         ended = s.how_it_ended()
         if notebook is None:
             ended += f"  [{s.notebook}]"
@@ -189,7 +191,7 @@ def format_session(s: PastSession, records: LedgerRecords, unreadable: int = 0) 
         f"started {_time(s.started)}; {s.how_it_ended()}",
     ]
     what = "alloc" if s.mode == "cuda" else "RSS"
-    rows = [("#", "started", "time", "peak", f"Δ {what}", "cell")]
+    rows = [("#", "started", "time", f"peak {what}", f"Δ {what}", "cell")]
     for r in records:
         peak, delta = _figures(r, s.mode)
         mark = _mark(r)

@@ -61,7 +61,8 @@ def _torch() -> Any:
         ) from None
     if not torch.cuda.is_available():
         raise RecordingUnavailable(
-            "recording memory history needs a CUDA device: torch.cuda.is_available() is False"
+            "recording memory history needs a CUDA device, and there is none here "
+            "(host-memory mode: torch.cuda.is_available() is False)"
         )
     if not hasattr(torch.cuda.memory, "_record_memory_history"):
         raise RecordingUnavailable(f"PyTorch {torch.__version__} cannot record memory history")

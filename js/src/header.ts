@@ -21,10 +21,11 @@ export class Header {
   update(devices: readonly DeviceInfo[], status: Status, problems: readonly string[], kernelGone = false): void {
     const top = document.createElement("div");
     top.className = "gpumem-header-top";
-    const title = span("gpumem-title", "GPU memory");
-    const mode = span("gpumem-mode", status.mode === "cuda" ? "CUDA" : "host memory");
+    // Host mode measures no GPU memory: the title says what is shown.
+    const title = span("gpumem-title", status.mode === "cuda" ? "GPU memory" : "Host memory");
+    const mode = span("gpumem-mode", status.mode === "cuda" ? "CUDA" : "host mode");
     mode.dataset["mode"] = status.mode;
-    mode.title = status.mode === "cuda" ? "Sampling the PyTorch CUDA allocator and NVML" : "No CUDA device: showing this process's host memory (RSS)";
+    mode.title = status.mode === "cuda" ? "Sampling the PyTorch CUDA allocator and NVML" : hostModeText(status);
     const sampler = span("gpumem-sampler", kernelGone ? "kernel gone: the last state it sent" : samplerText(status));
     sampler.dataset["state"] = kernelGone ? "gone" : (status.sampler ?? "none");
     if (kernelGone) sampler.title = "The kernel restarted or shut down; run %gpumem show (or %load_ext gpumem_widget) for a live widget";

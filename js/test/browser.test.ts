@@ -114,11 +114,13 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
   it("gains a device's panel when the notebook imports torch after loading", async () => {
     await mount({ samples: 200, devices: 0, cells: 2 });
     expect(await page.locator(".gpumem-chart canvas").count()).toBe(1); // host RSS only
-    expect(await page.locator(".gpumem-mode").innerText()).toBe("host memory");
+    expect(await page.locator(".gpumem-mode").innerText()).toBe("host mode");
+    expect(await page.locator(".gpumem-title").innerText()).toBe("Host memory");
     await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.attachDevices(1));
     await page.waitForFunction(() => document.querySelectorAll(".gpumem-chart canvas").length === 2);
     expect(await page.locator(".gpumem-header").innerText()).toContain("cuda:0 NVIDIA H200");
     expect(await page.locator(".gpumem-mode").innerText()).toBe("CUDA");
+    expect(await page.locator(".gpumem-title").innerText()).toBe("GPU memory");
     expect(await page.locator(".gpumem-chart").getAttribute("data-samples")).toBe("200"); // host samples kept
     expect(await page.locator('.gpumem-problems li[data-kind="display"]').count()).toBe(0);
   });

@@ -169,11 +169,18 @@ describe("header", () => {
     expect(header.el.querySelector("img, b")).toBeNull();
   });
 
-  it("names host mode", () => {
+  it("names host mode, and never calls it GPU memory", () => {
     const header = new Header();
-    header.update([], parseStatus({ mode: "host", sampler: "stopped" }, []), []);
-    expect(header.el.querySelector(".gpumem-mode")?.textContent).toBe("host memory");
+    const readers = { torch: { ok: false, reason: "torch is not imported yet: GPU memory is read once the notebook imports it" } };
+    header.update([], parseStatus({ mode: "host", sampler: "stopped", readers }, []), []);
+    expect(header.el.querySelector(".gpumem-title")?.textContent).toBe("Host memory");
+    const mode = header.el.querySelector<HTMLElement>(".gpumem-mode");
+    expect(mode?.textContent).toBe("host mode");
+    expect(mode?.title).toMatch(/^torch is not imported yet: .*Not measured: GPU memory\.$/); // the kernel's reason, not a guess
     expect(header.el.textContent).toContain("sampler stopped");
+    header.update([H200], parseStatus({ mode: "cuda", sampler: "running", readers: {} }, [H200]), []);
+    expect(header.el.querySelector(".gpumem-title")?.textContent).toBe("GPU memory");
+    expect(header.el.querySelector(".gpumem-mode")?.textContent).toBe("CUDA");
   });
 
   it("says in host mode what is measured and what is not, in place of the GPU readers' failures", () => {
