@@ -1,8 +1,9 @@
 """A DDP training worker for the multi-GPU worker tests: `train` for torch.multiprocessing, and
 `python ddp_worker.py OUT_DIR [OOM_RANK]` for torchrun (which sets RANK, LOCAL_RANK, WORLD_SIZE).
 
-Each rank attaches to the notebook, trains a few steps with DDP over NCCL (a different batch per
-rank, so the ranks' peaks differ), makes a spike of (rank + 1) GiB, and writes what its own
+Each rank attaches to the notebook, trains a few steps with DDP (a different batch per rank, so
+the ranks' peaks differ; over NCCL with a GPU per rank, over gloo when ranks share one GPU, which
+NCCL refuses), makes a spike of (rank + 1) GiB, and writes what its own
 allocator says (`torch.cuda.max_memory_allocated()` and friends) to OUT_DIR/rank{N}.json, for
 the test to compare with the notebook's ledger row. OOM_RANK, when given, runs out of memory
 after training (a 16 TiB request) and dies of it.
@@ -33,10 +34,13 @@ def train(local_rank: int, world_size: int, port: int, out_dir: str, oom_rank: i
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+    gpus = torch.cuda.device_count()
+    device = local_rank % gpus
+    torch.cuda.set_device(device)
+    backend = "nccl" if gpus >= world_size else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
-    ddp = DistributedDataParallel(model, device_ids=[local_rank])
+    ddp = DistributedDataParallel(model, device_ids=[device])
     opt = torch.optim.AdamW(ddp.parameters())
     for _ in range(5):
         x = torch.randn(512 * (rank + 1), 1024, device="cuda")
@@ -51,6 +55,7 @@ def train(local_rank: int, world_size: int, port: int, out_dir: str, oom_rank: i
         result = {
             "rank": rank,
             "pid": os.getpid(),
+            "device": device,
             "attached": agent is not None,
             "max_allocated": torch.cuda.max_memory_allocated(),
             "max_reserved": torch.cuda.max_memory_reserved(),
