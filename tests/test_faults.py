@@ -241,31 +241,26 @@ def test_a_failing_host_reader_shows_in_status_and_in_the_row(
     ip: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s = session()
-    proc = s.readers.host._proc
-    real = proc.memory_info
+    host = s.readers.host
+    real = host._read
 
-    def broken() -> Any:
+    def broken() -> int:
         raise PermissionError("denied by the test")
 
-    proc.memory_info = broken  # type: ignore[method-assign]
+    host._read = broken
     try:
         result = ip.run_cell("x = 1", store_history=True)
         status = s.status()
         ip.run_line_magic("gpumem", "status")
     finally:
-        proc.memory_info = real  # type: ignore[method-assign]
-    assert status["readers"]["host"] == {
-        "ok": False,
-        "reason": "memory_info raised PermissionError: denied by the test",
-    }
-    assert "reader host: unavailable (memory_info raised PermissionError" in capsys.readouterr().out
+        host._read = real
+    why = f"{host.source} raised PermissionError: denied by the test"
+    assert status["readers"]["host"] == {"ok": False, "reason": why}
+    assert f"reader host: unavailable ({why}" in capsys.readouterr().out
     (row,) = [r for r in gpumem_widget.ledger() if r.execution_count == result.execution_count]
     assert row.host_rss_before is None
     assert row.host_rss_after is None
-    assert row.missing == {
-        "host_rss_before": "memory_info raised PermissionError: denied by the test",
-        "host_rss_after": "memory_info raised PermissionError: denied by the test",
-    }
+    assert row.missing == {"host_rss_before": why, "host_rss_after": why}
     assert row.to_wire()["missing"] == row.missing
     # Recovered: the status says ok again, and the next row is whole.
     after = ip.run_cell("y = 2", store_history=True)

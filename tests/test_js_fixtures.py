@@ -50,7 +50,7 @@ def test_wire_fixture_has_every_key_of_the_typed_payloads() -> None:
     assert set(state["status"]) == _keys(payloads.Status)
     assert set(state["status"]["history"]) == _keys(payloads.HistoryState)
     assert all(set(d) == _keys(payloads.DeviceInfo) for d in state["devices"])
-    cells = state["cells"] + json.loads(state["cells_tail"])  # one JSON text on the wire
+    cells = json.loads(state["cells"]) + json.loads(state["cells_tail"])  # JSON texts on the wire
     assert cells
     required = _keys(payloads.Cell) - {"workers"}  # absent without workers
     assert all(set(c) == required for c in cells)

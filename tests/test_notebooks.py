@@ -40,8 +40,8 @@ def test_notebook_runs_top_to_bottom(path: pathlib.Path, monkeypatch: pytest.Mon
     # Every cell after the load has its record in the saved widget, the last ones included:
     # each cell's row is sent by its own post-run hook, inside the cell's execution.
     (widget,) = [m["state"] for m in state.values() if "cells_tail" in m["state"]]
-    tail = json.loads(widget["cells_tail"])  # one JSON text on the wire
-    saved = {c["execution_count"] for c in [*widget["cells"], *tail]}
+    tail = json.loads(widget["cells_tail"])  # each part one JSON text on the wire
+    saved = {c["execution_count"] for c in [*json.loads(widget["cells"]), *tail]}
     code = [c for c in nb.cells if c.cell_type == "code"]
     loaded = next(c.execution_count for c in code if "%load_ext gpumem_widget" in c.source)
     ran = {c.execution_count for c in code if c.execution_count > loaded}

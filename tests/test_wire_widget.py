@@ -1,11 +1,12 @@
-"""`cells_tail` goes to the browser as one JSON text, each record encoded once."""
+"""`cells` and `cells_tail` go to the browser as one JSON text each, each record encoded once."""
 
 from __future__ import annotations
 
 import json
+import math
 
-from gpumem_widget.live.ledger import CellRecord
-from gpumem_widget.wire import widget
+from gpumem_widget.live.ledger import CellRecord, Ledger
+from gpumem_widget.wire import record_json, widget
 
 
 def _record(n: int, source: str) -> CellRecord:
@@ -35,10 +36,37 @@ def test_the_text_is_the_json_of_the_records_and_reads_back_equal() -> None:
 def test_each_form_is_encoded_once_and_a_new_form_is_not_mistaken_for_an_old_one() -> None:
     forms = [_record(n, f"x = {n}").to_wire() for n in range(3)]
     widget._records_text(forms, None)
-    cached = {id(f): widget._record_texts[id(f)][1] for f in forms}
+    cached = {id(f): record_json._texts[id(f)][1] for f in forms}
     assert (
         widget._records_text(forms[1:], None)
         == "[" + ",".join(cached[id(f)] for f in forms[1:]) + "]"
     )
     other = _record(9, "y = 9").to_wire()
     assert json.loads(widget._records_text([other], None)) == [other]
+
+
+def test_the_ledger_measures_each_record_with_the_text_the_widget_sends() -> None:
+    """The post-run hook derives the record's form and its size; the send then only joins."""
+    ledger = Ledger()
+    ledger.append(_record(1, "x = 1"))
+    (form,) = ledger.wire()
+    assert record_json._texts[id(form)][0] is form  # encoded by the ledger, once
+    assert ledger._sizes == [len(record_json.record_text(form))]
+
+
+def test_a_record_json_cannot_hold_still_goes_out_as_valid_json() -> None:
+    form = {**_record(1, "x").to_wire(), "notes": {"odd": math.nan, "obj": object()}}
+    (back,) = json.loads(record_json.records_text([form]))
+    assert back["notes"]["odd"] is None
+    assert back["notes"]["obj"].startswith("<object object")
+
+
+def test_both_record_traits_go_out_as_text() -> None:
+    w = widget.GpuMemWidget()
+    w.cells = [_record(1, "a").to_wire()]
+    w.cells_tail = [_record(2, "b").to_wire()]
+    state = w.get_state(["cells", "cells_tail"])
+    assert isinstance(state["cells"], str)
+    assert isinstance(state["cells_tail"], str)
+    assert [c["execution_count"] for c in json.loads(state["cells"])] == [1]
+    w.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import numpy as np
 from gpumem_widget.live.rows import Rows
 from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.wire import payloads, protocol
+from gpumem_widget.wire.record_json import record_text
 
 if TYPE_CHECKING:
     pass
@@ -302,7 +302,7 @@ class Ledger:
             epoch = self.epoch
         for record in new:
             wire = record.to_wire()
-            self._sizes.append(len(json.dumps(wire, default=str)))
+            self._sizes.append(len(record_text(wire)))  # the text the widget will send
             self._bands.append(record)
             self._index[record.execution_count] = len(self._wire)
             self._wire.append(wire)
@@ -342,12 +342,6 @@ class Ledger:
         with self._derive_lock:
             self._derive()
             return self._bands.table(start, stop)
-
-    def since(self, index: int) -> tuple[int, list[payloads.Cell]]:
-        """The browser forms of the records from `index` on, and the record count."""
-        with self._derive_lock:
-            total, _ = self._derive()
-            return total, self._wire[index:total]
 
     def page(self, before: int, limit: int) -> tuple[int, list[payloads.Cell]]:
         """Up to `limit` browser forms of the records before index `before`: (first, forms)."""

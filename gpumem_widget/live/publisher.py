@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpumem_widget.live.ledger import Ledger, WireWindow
+from gpumem_widget.live.ledger import Ledger
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.wire import payloads
@@ -36,7 +36,6 @@ class Publisher:
         self.status = status
         self.devices = devices  # they appear once the notebook imports torch
         self._seen: dict[str, object] = {}
-        self._view: WireWindow | None = None  # the ledger window last sent
         self.workers: WorkerHubLike | None = None  # set while workers are listened for
 
     def retarget(self, widget: GpuMemWidget) -> None:
@@ -44,7 +43,6 @@ class Publisher:
         front end closed the old one)."""
         self.widget = widget
         self._seen = {}
-        self._view = None
 
     def _changed(self, key: str, version: object) -> bool:
         if self._seen.get(key) == version:
@@ -72,25 +70,19 @@ class Publisher:
         so never interleaved with the thread's updates), inside the cell's execution, so a client
         that keeps only the updates a cell caused (nbclient, nbconvert) saves every record.
 
-        Cheap, as a hook must be: only `cells_tail` (every record since the window's base last
-        sent, so it may span a block boundary until the thread's next publish moves the base)
-        and `ledger_extent`; the base and the band table are the thread's to resend. The
+        The same window as the thread sends, so its cost per cell stays flat however fast cells
+        come: the tail (under `WIRE_BLOCK` records, each record's JSON text made once) and the
+        extent every cell, the base once a block, the band table once a `BAND_BLOCK`. The
         timeline's tail goes with them (when its base was sent): it holds the sample taken at the
         cell's end, so the chart's range reaches the cell's band when its row arrives."""
-        view = self._view
         w = self.widget
-        if view is None or view.epoch != self.ledger.epoch:
-            with w.hold_sync():
-                self._ledger(w)
-            return
-        total, tail = self.ledger.since(view.cut)
         with w.hold_sync():
-            # The tail only (at most a few hundred rows); a new base is the thread's to send.
-            base_sent = self._seen.get("base") == self.timeline.base_version
-            if base_sent and self._changed("tail", self.timeline.version):
+            # The tail only (at most `TAIL_ROWS` rows); a new base is the thread's to send.
+            if self._seen.get("base") == self.timeline.base_version and self._changed(
+                "tail", self.timeline.version
+            ):
                 w.timeline_tail = self.timeline.tail_table()
-            w.cells_tail = tail
-            w.ledger_extent = {**view.extent(), "total": total}
+            self._ledger(w)
 
     def _timeline(self, w: GpuMemWidget) -> None:
         if self._changed("base", self.timeline.base_version):
@@ -108,7 +100,6 @@ class Publisher:
             if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
                 w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
             w.ledger_extent = view.extent()
-            self._view = view
 
 
 class LedgerPages:

@@ -16,6 +16,7 @@ import anywidget
 import traitlets
 
 from gpumem_widget.wire import protocol
+from gpumem_widget.wire.record_json import records_text
 
 STATIC = pathlib.Path(__file__).parent.parent / "static"
 _MISSING_BUNDLE_ESM = """
@@ -34,29 +35,9 @@ def _asset(name: str, fallback: str) -> str:
     return path.read_text(encoding="utf-8") if path.is_file() else fallback
 
 
-# Each record's JSON text, by the identity of its browser form: the ledger makes each form once
-# and never changes it, and every cell's tail repeats the ones before, so a cell encodes only its
-# own record. The form is held beside its text, so an id is never reused while it is cached.
-_record_texts: dict[int, tuple[Any, str]] = {}
-_MAX_CACHED_TEXTS = 4096
-
-
-def _record_text(record: Any) -> str:
-    cached = _record_texts.get(id(record))
-    if cached is not None and cached[0] is record:
-        return cached[1]
-    text = json.dumps(record, separators=(",", ":"), allow_nan=False)
-    if len(_record_texts) >= _MAX_CACHED_TEXTS:
-        _record_texts.clear()
-    _record_texts[id(record)] = (record, text)
-    return text
-
-
 def _records_text(records: Any, widget: Any) -> str:
-    """`cells_tail` on the wire: one JSON text. Every cell's post-run hook sends it, and
-    ipywidgets walks a list of dicts node by node looking for binary buffers (about 1 ms a cell
-    at 50 records); a string it passes at once. ASCII escapes keep a lone surrogate valid."""
-    return "[" + ",".join(_record_text(r) for r in records) + "]"
+    """`cells` and `cells_tail` on the wire: one JSON text (`record_json.py`)."""
+    return records_text(records)
 
 
 def _records_from_text(value: Any, widget: Any) -> Any:
@@ -71,9 +52,11 @@ class GpuMemWidget(anywidget.AnyWidget):
     # only dict or list, so the attributes are typed Any and the builders carry the types.
     devices: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[DeviceInfo]
     status: Any = traitlets.Dict().tag(sync=True)  # Status
-    cells: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[Cell]
-    # list[Cell], sent as one JSON text (`_records_text`); not checked element by element: the
-    # hook that sets it must stay cheap, and the ledger builds every record itself.
+    # list[Cell] each, sent as one JSON text (`record_json.py`); not checked element by element:
+    # the post-run hook sets them, and the ledger builds every record itself.
+    cells: Any = traitlets.List().tag(
+        sync=True, to_json=_records_text, from_json=_records_from_text
+    )
     cells_tail: Any = traitlets.List().tag(
         sync=True, to_json=_records_text, from_json=_records_from_text
     )

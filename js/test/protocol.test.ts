@@ -326,5 +326,14 @@ describe("joinCells", () => {
     expect(joinCells("nonsense", [a])).toBe("nonsense");
     expect(joinCells([a], 7)).toBe(7);
   });
+
+  it("reads both parts as the JSON texts the kernel sends, and lists from an older kernel", () => {
+    const a = { execution_count: 1 };
+    const b = { execution_count: 2 };
+    expect(joinCells(JSON.stringify([a]), JSON.stringify([b]))).toEqual([a, b]);
+    expect(joinCells(JSON.stringify([a]), [b])).toEqual([a, b]);
+    expect(joinCells([a], JSON.stringify([b]))).toEqual([a, b]);
+    expect(joinCells("[not json", [b])).toBe("[not json");
+  });
 });
 

@@ -71,7 +71,7 @@ def test_saved_notebook_reopens_without_kernel(
     assert path.stat().st_size < MAX_STATE_BYTES, path.stat().st_size
     models = _widget_models(json.loads(path.read_text()))
     assert len(models) == 1, models
-    ledger = models[0]["cells"] + json.loads(models[0]["cells_tail"])  # one JSON text
+    ledger = json.loads(models[0]["cells"]) + json.loads(models[0]["cells_tail"])  # JSON texts
     assert [c["execution_count"] for c in ledger] == recorded, ledger
     assert [c["source"] for c in ledger] == CELLS[1:], ledger
 

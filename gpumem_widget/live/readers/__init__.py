@@ -65,6 +65,7 @@ class Readers:
 
     def close(self) -> None:
         self.nvml.close()
+        self.host.close()
 
 
 __all__ = [

@@ -322,21 +322,23 @@ export function parseCells(raw: unknown): { cells: CellRecord[]; problems: strin
   return { cells, problems };
 }
 
-/** `cells_tail` arrives as one JSON text (cheap for the kernel's per-cell hook to send); from an
- * older kernel, as a list. Text that does not parse is left as it is, for parseCells to report. */
-export function tailRecords(tail: unknown): unknown {
-  if (typeof tail !== "string") return tail;
+/** `cells` and `cells_tail` arrive as one JSON text each (cheap for the kernel's per-cell hook to
+ * send); from an older kernel, as lists. Text that does not parse is left as it is, for parseCells
+ * to report. */
+export function recordList(raw: unknown): unknown {
+  if (typeof raw !== "string") return raw;
   try {
-    return JSON.parse(tail) as unknown;
+    return JSON.parse(raw) as unknown;
   } catch {
-    return tail;
+    return raw;
   }
 }
 
 /** `cells` (whole blocks of records) followed by `cells_tail` (the newest); a tail from an older
  * kernel that had none is simply absent. */
-export function joinCells(base: unknown, rawTail: unknown): unknown {
-  const tail = tailRecords(rawTail);
+export function joinCells(rawBase: unknown, rawTail: unknown): unknown {
+  const base = recordList(rawBase);
+  const tail = recordList(rawTail);
   if (!Array.isArray(base) || tail == null) return base;
   return Array.isArray(tail) ? [...base, ...tail] : tail;
 }
