@@ -18,6 +18,9 @@ def shell() -> Iterator[Any]:
     ip.run_line_magic("unload_ext", "gpumem_widget")
     # Tests share one shell: drop their variables so none frees memory inside a later test.
     ip.run_line_magic("reset", "-f")
+    # `%reset` drops `__spec__` from `__main__` (the user namespace), which multiprocessing's
+    # spawn reads: a later test's `mp.spawn` would fail on it, as it would in a fresh shell not.
+    ip.user_ns.setdefault("__spec__", None)
     ip.run_cell("import gc, torch; gc.collect(); torch.cuda.empty_cache()")
 
 
