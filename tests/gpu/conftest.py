@@ -19,7 +19,7 @@ def shell() -> Iterator[Any]:
     # Tests share one shell: drop their variables so none frees memory inside a later test.
     ip.run_line_magic("reset", "-f")
     # `%reset` drops `__spec__` from `__main__` (the user namespace), which multiprocessing's
-    # spawn reads: a later test's `mp.spawn` would fail on it, as it would in a fresh shell not.
+    # spawn reads (a fresh shell has it as None): a later test's `mp.spawn` would fail.
     ip.user_ns.setdefault("__spec__", None)
     ip.run_cell("import gc, torch; gc.collect(); torch.cuda.empty_cache()")
 
