@@ -64,9 +64,13 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
 
     def published(change: dict[str, Any]) -> None:
         value = change["new"]
-        if not first and isinstance(value, dict) and "devices" in value:
+        if not isinstance(value, dict) or "devices" not in value:
+            return
+        if not first:
             first["s"] = time.perf_counter() - started
             first["state"] = {"drilldown": value, "drilldown_alive": {}}
+        if not value.get("preview") and "sites_s" not in first:
+            first["sites_s"] = time.perf_counter() - started
 
     widget.observe(published, names="drilldown")
     out: dict[str, Any] = {}
@@ -88,6 +92,8 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
             out["child_peak_rss_mb"] = round(info.child_peak_rss / 2**20, 1)
     out["everything_s"] = round(time.perf_counter() - started, 3)
     out["first_view_s"] = round(first["s"], 3)
+    out["first_view_is_preview"] = bool(first["state"]["drilldown"].get("preview"))
+    out["first_view_by_site_s"] = round(first["sites_s"], 3)
     out["kernel_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out["first_view_bytes"] = _save(first["state"], state_out)
     out["entries"] = sum(snap.replay(d).n_events for d in snap.devices)

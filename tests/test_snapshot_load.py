@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from allocator_sim import AllocatorSim, frame
+from allocator_sim import AllocatorSim, SimulatedOOM, frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ from gpumem_widget.snapshot import (
     cell_slices,
     export_memory_viz,
     open_snapshot,
+    read_snapshot,
 )
 
 TRAIN = frame("/home/u/train.py", 10, "step")
@@ -321,3 +323,131 @@ def test_arbitrary_entries_replay_without_crashing(
         assert r.active_after(event) == iv.size[iv.alive_after(event)].sum()
     end_reserved = r.reserved[-1] if r.n_events else r.reserved_before
     assert end_reserved == sum(seg["total_size"] for seg in SNAP["segments"])
+
+
+def _totals_preview(raw: dict[str, Any]) -> tuple[Any, Any]:
+    """The preview drawn from what `read_snapshot` hands `early` (the snapshot before its
+    stacks are read), and the snapshot it then returns."""
+    from gpumem_widget.snapshot.drilldown import WIDTH, preview
+    from gpumem_widget.snapshot.replay import Snapshot
+
+    seen: list[dict[str, Any]] = []
+    data = read_snapshot(raw, early=lambda lite: seen.append(preview(Snapshot(lite), "x")))
+    assert len(seen) == 1
+    assert seen[0]["preview"]
+    assert seen[0]["partial"]
+    assert all(d["active"]["width"] == WIDTH for d in seen[0]["devices"])
+    return seen[0], Snapshot(data)
+
+
+def _same_totals(view: dict[str, Any], snap: Any) -> None:
+    """The preview's figures are the full active view's: every base column, the peak, the OOMs
+    (with their tags), the warnings; its one series is the sum of the full view's series."""
+    from gpumem_widget.snapshot.drilldown import TOP_SITES, WIDTH
+    from gpumem_widget.wire.protocol import unpack_table
+
+    for d in view["devices"]:
+        got = d["active"]
+        full = active_memory_view(snap, d["device"], WIDTH, TOP_SITES, axis="event")
+        mine, theirs = unpack_table(got["table"]), unpack_table(full["table"])
+        series = [c for c in theirs if c.startswith("g") or c == "other"]
+        assert np.array_equal(mine["g0"], sum((theirs[c] for c in series), np.zeros(WIDTH)))
+        for column in ("t", "event", "total", "time", "min", "reserved"):
+            assert np.array_equal(mine[column], theirs[column], equal_nan=True), column
+        for key in ("peak", "ooms", "warnings", "entries", "allocations", "end_bytes"):
+            assert got[key] == full[key], key
+        (group,) = got["groups"]
+        r = snap.replay(d["device"])
+        assert group["peak_bytes"] == max(r.active_before, int(r.active.max(initial=0)))
+        assert group["count"] == len(r.intervals)
+
+
+def test_the_preview_draws_the_full_views_totals_before_the_stacks_are_read() -> None:
+    sim = AllocatorSim(capacity=64 << 20)
+    sim.start_recording()
+    sim.set_metadata("cell:7")
+    kept = [sim.malloc(20 << 20, [TRAIN]) for _ in range(3)]
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(20 << 20, [TRAIN])
+    sim.free(kept[0], [TRAIN])
+    view, snap = _totals_preview(sim.snapshot())
+    assert view["devices"][0]["active"]["ooms"][0]["tag"] == "cell:7"  # read with the totals
+    _same_totals(view, snap)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "action": st.sampled_from(
+                    ["alloc", "free_requested", "free_completed", "segment_alloc", "oom"]
+                ),
+                "addr": st.integers(-5, 5).map(lambda a: 0x7F0000000000 + a * 512),
+                "size": st.integers(0, 2**40),
+                "time_us": st.integers(0, 2**62),
+                "user_metadata": st.sampled_from(["", "cell:1", "x"]),
+            }
+        ),
+        max_size=40,
+    )
+)
+def test_the_preview_matches_the_full_view_on_any_trace(entries: list[dict[str, Any]]) -> None:
+    view, snap = _totals_preview({"segments": SNAP["segments"], "device_traces": [entries]})
+    _same_totals(view, snap)
+
+
+POOL = [frame(f"/m/{i % 3}.py", i, f"f{i}") for i in range(6)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(st.sampled_from(range(len(POOL))), max_size=5),  # shared frame dicts
+            st.lists(st.integers(0, len(POOL) - 1), max_size=3).map(
+                lambda ks: [dict(POOL[k]) for k in ks]  # equal content, other objects
+            ),
+        ),
+        max_size=30,
+    ),
+    st.booleans(),
+)
+def test_stacks_are_the_entries_frames_however_they_are_shared(
+    stacks: list[Any], collide: bool
+) -> None:
+    """Entries' frames lists share frame dicts (as the pickle memo makes them), repeat whole
+    lists, or hold equal copies; each entry's stack is its frames' content. `collide`: the
+    grouping by hash is made to report a collision, so the exact fallback runs."""
+    from gpumem_widget.snapshot import load
+
+    shared = [POOL[:2]] * 3  # one list object in several entries
+    lists = [[POOL[k] for k in s] if s and isinstance(s[0], int) else s for s in stacks]
+    lists += shared
+    entries = [
+        {"action": "alloc", "addr": 512 * i, "size": 512, "frames": f} for i, f in enumerate(lists)
+    ]
+    original = load._same_sequences
+    try:
+        if collide:
+            load._same_sequences = lambda flat, lens: (None, None)  # type: ignore[assignment]
+        data = read_snapshot({"segments": [], "device_traces": [entries]})
+    finally:
+        load._same_sequences = original
+    table = data.stacks
+    for i, f in enumerate(lists):
+        got = table.frames_of(int(data.traces[0].stack[i]))
+        assert [(x.filename, x.line, x.name) for x in got] == [
+            (d["filename"], d["line"], d["name"]) for d in f
+        ]
+    assert len(set(table.stacks)) == len(table.stacks)  # each stack once
+
+
+def test_stacks_are_numbered_in_order_of_first_appearance() -> None:
+    a, b = [POOL[0]], [POOL[1], POOL[2]]
+    entries = [
+        {"action": "alloc", "addr": 512 * i, "size": 512, "frames": f}
+        for i, f in enumerate([[], list(b), list(a), list(b), []])
+    ]
+    data = read_snapshot({"segments": [], "device_traces": [entries]})
+    assert data.traces[0].stack.tolist() == [0, 1, 2, 1, 0]

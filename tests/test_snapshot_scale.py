@@ -309,23 +309,31 @@ def test_the_kernel_survives_every_bomb_keeps_its_variables_and_shows_progress(
         assert k.execute("print(sum(precious))").stdout().strip() == str(sum(range(100_000)))
         assert int(k.execute(rss).stdout()) - before < 100 * MB
 
-        # A real file: the tab gets the conversion's progress, then the first view, then all.
-        start = len(k.log)
+        # A real file: the tab gets the conversion's progress, the child's preview (before the
+        # stacks are read), the first view by site, then all; a reopen draws the first view
+        # kept with the columns, no preview.
         good = tmp_path / "good.pickle"
         good.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
-        ex = k.execute(f"%gpumem show-snapshot {good}")
-        assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
-        states = [
-            widget_state(r)["drilldown"]
-            for _, r in k.updates(loaded.comm_id, start)
-            if "drilldown" in r.content["data"].get("state", {})
-        ]
-        kinds = [
-            "loading" if "loading" in s else "partial" if s.get("partial") else "full"
-            for s in states
-        ]
-        assert kinds[0] == "loading", kinds
-        assert kinds.index("partial") < kinds.index("full"), kinds
+        for expected in (["loading", "preview", "partial", "full"], ["loading", "partial", "full"]):
+            start = len(k.log)
+            ex = k.execute(f"%gpumem show-snapshot {good}")
+            assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+            states = [
+                widget_state(r)["drilldown"]
+                for _, r in k.updates(loaded.comm_id, start)
+                if "drilldown" in r.content["data"].get("state", {})
+            ]
+            kinds = [
+                "loading"
+                if "loading" in s
+                else "preview"
+                if s.get("preview")
+                else "partial"
+                if s.get("partial")
+                else "full"
+                for s in states
+            ]
+            assert [s for i, s in enumerate(kinds) if s not in kinds[:i]] == expected, kinds
 
         # Interrupted mid-conversion: the child is killed, the kernel and its variables stay.
         start = len(k.log)
@@ -357,3 +365,33 @@ def test_the_kernel_survives_every_bomb_keeps_its_variables_and_shows_progress(
     finally:
         k.client.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_file_is_previewed_while_converted_and_its_first_view_kept(tmp_path: Path) -> None:
+    """The child sends a preview (active memory as one series) before it reads the stacks; the
+    first view it computes is kept with the columns and handed over before they are checked on
+    a reopen: exactly what the kernel computes from the mapped columns."""
+    from gpumem_widget.snapshot.drilldown import overview
+    from gpumem_widget.wire.protocol import unpack_table
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    previews: list[dict[str, Any]] = []
+    snap = open_snapshot(path, preview=previews.append)
+    (preview,) = previews
+    assert preview["preview"]
+    assert preview["partial"]
+    active = overview(snap, "", first_only=True)["devices"][0]["active"]
+    got = preview["devices"][0]["active"]
+    assert got["peak"] == active["peak"]
+    total = unpack_table(active["table"])["total"]
+    assert np.array_equal(unpack_table(got["table"])["total"], total)
+    assert snap.load_info is not None
+    assert snap.load_info.first_view == overview(snap, "", first_only=True)
+
+    previews.clear()
+    again = open_snapshot(path, preview=previews.append)
+    assert again.load_info is not None
+    assert again.load_info.cached
+    assert previews == [overview(again, "", first_only=True)]  # the sites view, not a preview
+    assert not previews[0].get("preview")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         known_pointers,
     )
     from gpumem_widget.snapshot.export import export_memory_viz
-    from gpumem_widget.snapshot.isolate import Progress
+    from gpumem_widget.snapshot.isolate import Preview, Progress
     from gpumem_widget.snapshot.load import (
         DEFAULT_MAX_BYTES,
         SnapshotLoadError,
@@ -84,6 +84,7 @@ def open_snapshot(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     cache: bool = True,
+    preview: Preview | None = None,
 ) -> Snapshot:
     """Load a snapshot: a path (pickle, .gz, .xz), pickled bytes, or a `_snapshot()` dict.
 
@@ -93,7 +94,8 @@ def open_snapshot(
     decompressed, default 16 GiB; at most `max_memory` used, default 80% of what is free) into
     columns cached under the user's cache directory, which this process memory-maps: opening
     it again is near-instant. `progress(stage, fraction)` follows the conversion; an interrupt
-    or `cancel` stops it. Pickled bytes are read here, under the same byte limit.
+    or `cancel` stops it; `preview(view)` gets a first view (`drilldown.preview`) while a file
+    is still being converted. Pickled bytes are read here, under the same byte limit.
     """
     from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES, read_snapshot
     from gpumem_widget.snapshot.replay import Snapshot
@@ -112,6 +114,7 @@ def open_snapshot(
             progress=progress,
             cancel=cancel,
             cache=cache,
+            preview=preview,
         )
         check_data(data, os.fspath(src))
         return Snapshot(data, info, replays)

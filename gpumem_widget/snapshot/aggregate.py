@@ -439,6 +439,43 @@ def active_memory_view(
     }
 
 
+ALL_ALLOCATIONS = "all allocations (by site: still reading the stacks)"
+
+
+def active_total_view(
+    snap: Snapshot, device: int | None = None, width: int = 1200, *, axis: Axis = "time"
+) -> dict[str, Any]:
+    """`active_memory_view`'s shape with one group, every allocation: what can be drawn before
+    a snapshot's stacks are read (it needs only the replay's totals). The group's peak is the
+    trace's highest active total, reached first at ``peak_event`` (-1: already before it)."""
+    rep = snap.replay(device)
+    ax = axis_x(snap, rep, axis)
+    grid = _grid(rep, ax.x, width, None, None)
+    columns = _base_columns(snap, rep, ax, grid)
+    columns["g0"] = columns["total"]
+    top = int(rep.active.max()) if rep.n_events else rep.active_before
+    reached = int(np.argmax(rep.active)) if top > rep.active_before else -1
+    iv = rep.intervals
+    group = {
+        "column": "g0",
+        **_describe(ALL_ALLOCATIONS),
+        "peak_bytes": max(top, rep.active_before),
+        "peak_event": reached,
+        "count": len(iv),
+        "bytes_allocated": int(iv.size.sum()),
+    }
+    return {
+        "view": "active_memory",
+        **_common(snap, rep, ax),
+        "t0": grid.t0,
+        "t1": grid.t1,
+        "range_events": [grid.lo, grid.hi],
+        "width": len(grid.start),
+        "table": pack_f8(columns),
+        "groups": [group],
+    }
+
+
 # -- (b) what is alive at an instant -----------------------------------------------------------
 
 

@@ -103,12 +103,13 @@ def cache_root() -> Path:
 
 
 def _code_version() -> str:
-    """A digest of the code that makes the columns and the replay: changed code, new entries."""
+    """A digest of the code that makes the columns, the replay and the first view kept with
+    them (the snapshot package and the wire format): changed code, new entries."""
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("load.py", "model.py", "replay.py", "columnar.py"):
+    for path in sorted([*here.glob("*.py"), here.parent / "wire" / "protocol.py"]):
         with contextlib.suppress(OSError):
-            digest.update((here / name).read_bytes())
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -132,10 +133,12 @@ def write(
     entry: Path,
     source_bytes: int,
     replays: Mapping[int, DeviceReplay] | None = None,
+    first_view: Mapping[str, Any] | None = None,
 ) -> None:
     """Write `data` as `entry`, atomically (a temporary directory renamed into place);
     `source_bytes`: how many decompressed bytes its pickle took (the byte limit applies to a
-    reopen too); `replays`, each device's replay, kept so a reopen need not replay again."""
+    reopen too); `replays`, each device's replay, kept so a reopen need not replay again;
+    `first_view`, the tab's first view (plain data), so a reopen draws without computing."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -216,6 +219,7 @@ def write(
             "external_annotations": data.external_annotations,
             "overflow_flags": data.overflow_flags,
             "recorder": data.recorder,
+            "first_view": dict(first_view) if first_view is not None else None,
         }
         # Written last: an entry without its index is incomplete.
         (tmp / INDEX).write_bytes(pickle.dumps(index, protocol=4))
@@ -251,10 +255,9 @@ def _trim(root: Path, keep: Path, limit: int = DEFAULT_CACHE_LIMIT) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 
-def read(entry: Path) -> tuple[SnapshotData, int, dict[int, DeviceReplay]]:
-    """The snapshot in `entry`, its columns memory-mapped, the decompressed size of the pickle
-    it came from, and the devices' replays kept with it; `CacheInvalid` if it is not whole."""
-    from gpumem_widget.snapshot.load import SnapshotLoadError, _DataOnlyUnpickler
+def read_index(entry: Path) -> dict[str, Any]:
+    """The index of `entry` (small: no column is read); `CacheInvalid` if it is unreadable."""
+    from gpumem_widget.snapshot.load import _DataOnlyUnpickler
 
     try:
         index_bytes = (entry / INDEX).read_bytes()
@@ -266,13 +269,30 @@ def read(entry: Path) -> tuple[SnapshotData, int, dict[int, DeviceReplay]]:
         raise CacheInvalid(f"unreadable index: {type(e).__name__}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise CacheInvalid("another format")
+    if not isinstance(index.get("source_bytes"), int):
+        raise CacheInvalid("source size")
+    if index.get("first_view") is not None and not isinstance(index["first_view"], dict):
+        raise CacheInvalid("first view")
+    return index
+
+
+def read(
+    entry: Path, index: dict[str, Any] | None = None
+) -> tuple[SnapshotData, int, dict[int, DeviceReplay], dict[str, Any] | None]:
+    """The snapshot in `entry`, its columns memory-mapped (and checked against `index`, read
+    here when not given), the decompressed size of the pickle it came from, the devices'
+    replays and the first view kept with it; `CacheInvalid` if it is not whole."""
+    from gpumem_widget.snapshot.load import SnapshotLoadError
+
+    if index is None:
+        index = read_index(entry)
     try:
         data = _from_index(entry, index)
         replays = {
             int(d): _replay(entry, index, int(d), data, meta)
             for d, meta in index["replays"].items()
         }
-        return data, int(index["source_bytes"]), replays
+        return data, int(index["source_bytes"]), replays, index.get("first_view")
     except CacheInvalid:
         raise
     except (SnapshotLoadError, OSError, ValueError, KeyError, TypeError, IndexError) as e:

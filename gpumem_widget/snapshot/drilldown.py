@@ -192,6 +192,25 @@ def overview(
     return out
 
 
+def preview(snap: Snapshot, source: str) -> dict[str, Any]:
+    """The first view of a file still being converted: each device's active memory over event
+    order as one series, with reserved memory beside it, computed before the stacks are read
+    (`active_total_view`); `overview`'s shape without ``cells_by`` (the tags are not read
+    yet), ``"partial"`` and ``"preview"`` set."""
+    from gpumem_widget.snapshot.aggregate import active_total_view
+
+    return {
+        "source": source,
+        "taken_at": snap.end_time,
+        "devices": [
+            {"device": d, "active": active_total_view(snap, d, WIDTH, axis="event")}
+            for d in snap.devices
+        ],
+        "partial": True,
+        "preview": True,
+    }
+
+
 class _LoadingBar:
     """Publishes a file's conversion progress to the tab (``{"loading": ...}``), a few times a
     second at most."""
@@ -273,12 +292,28 @@ class Drilldown:
         label = source or describe_source(src)
         previous = self.widget.drilldown
         progress = _LoadingBar(self.widget, label)
+        asked = time.perf_counter()
+
+        drawn: list[dict[str, Any]] = []  # the kept first view, once published by `early`
+
+        def early(view: dict[str, Any]) -> None:
+            """A file's first view before it is opened: the child's preview, or on a reopen
+            the view kept with the columns."""
+            view["source"] = label
+            view["compute_s"] = time.perf_counter() - asked  # opening included
+            progress.shown = True
+            with self.widget.hold_sync():
+                self.widget.drilldown = view
+                self.widget.drilldown_alive = {}
+            drawn[:] = [] if view.get("preview") else [view]
+
         try:
             snap = open_snapshot(
                 src,
                 max_bytes=max_bytes,
                 max_memory=max_memory,
                 progress=progress,
+                preview=early,
             )
         except BaseException:
             if progress.shown:
@@ -286,14 +321,20 @@ class Drilldown:
             raise
         cells = [*(self._ledger_cells() if self._ledger_cells else ()), *extra_cells]
         started = time.perf_counter()
-        first = overview(snap, label, cells, first_only=True)
-        first["compute_s"] = time.perf_counter() - started
+        kept = snap.load_info.first_view if snap.load_info is not None else None
         with self._lock:
             self._current = _Current(snap, label)
             self._pending = None
-            with self.widget.hold_sync():
-                self.widget.drilldown = first
-                self.widget.drilldown_alive = {}
+            if not drawn:  # kept with the columns (only the label is this call's), or computed
+                first = (
+                    {**kept, "source": label}
+                    if kept is not None
+                    else overview(snap, label, cells, first_only=True)
+                )
+                first["compute_s"] = time.perf_counter() - started
+                with self.widget.hold_sync():
+                    self.widget.drilldown = first
+                    self.widget.drilldown_alive = {}
         view = overview(snap, label, cells)
         view["compute_s"] = time.perf_counter() - started
         with self._lock:

@@ -15,9 +15,13 @@ A second open of an unchanged file finds its columns in the cache and starts no 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import json
+import logging
 import os
+import pickle
 import resource
 import selectors
 import shutil
@@ -44,7 +48,11 @@ from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
 # progress(stage, fraction): stage is "reading", "converting", "writing" or "mapping"; fraction
 # is in [0, 1] for reading, None where it is not known.
 Progress = Callable[[str, float | None], None]
+# preview(view): the first view of a file being converted (`drilldown.preview`, its source
+# left empty), sent by the child before it reads the stacks.
+Preview = Callable[[dict[str, Any]], None]
 _POLL_S = 0.05
+log = logging.getLogger(__name__)
 # Resident memory of a child that has only imported numpy, on top of which the cap applies.
 _CHILD_BASE_RSS = 120 << 20
 # The child starts with the package as a bare namespace: its __init__ (the extension, the
@@ -82,13 +90,15 @@ def open_file(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
     cache: bool = True,
+    preview: Preview | None = None,
 ) -> tuple[SnapshotData, LoadInfo, dict[int, DeviceReplay]]:
     """The snapshot in the file at `path`, its columns (and each device's replay)
-    memory-mapped from the cache.
+    memory-mapped from the cache; its first view (`LoadInfo.first_view`) is kept there too.
 
     A device, pipe or directory is refused at once; a file read before (same path, size,
-    mtime, inode) is mapped without a child. Interrupting (KeyboardInterrupt) or setting
-    `cancel` kills the child; the interrupt is re-raised, a cancel ends in `SnapshotLoadError`.
+    mtime, inode) is mapped without a child. A file converted now is shown to `preview` as
+    soon as its memory totals are known. Interrupting (KeyboardInterrupt) or setting `cancel`
+    kills the child; the interrupt is re-raised, a cancel ends in `SnapshotLoadError`.
     """
     started = time.perf_counter()
     where = os.fspath(path)
@@ -100,17 +110,23 @@ def open_file(
         if progress is not None:
             progress("mapping", None)
         try:
-            data, source_bytes, replays = columnar.read(entry)
+            index = columnar.read_index(entry)
+            if index["source_bytes"] > max_bytes:
+                raise SnapshotLoadError(
+                    f"{where}: larger than {max_bytes} bytes uncompressed "
+                    f"({index['source_bytes']}); pass a larger max_bytes to load it"
+                )
+            if preview is not None and index.get("first_view") is not None:
+                # Drawn while the columns are checked: it was computed from the file itself,
+                # and a damaged column only means converting again (its views follow).
+                _hand(preview, dict(index["first_view"]))
+            data, _, replays, first_view = columnar.read(entry, index)
         except columnar.CacheInvalid:
             shutil.rmtree(entry, ignore_errors=True)  # partial or corrupt: converted again
         else:
-            if source_bytes > max_bytes:
-                raise SnapshotLoadError(
-                    f"{where}: larger than {max_bytes} bytes uncompressed ({source_bytes}); "
-                    "pass a larger max_bytes to load it"
-                )
             columnar.touch(entry)
-            info = LoadInfo(True, time.perf_counter() - started, entry=str(entry))
+            seconds = time.perf_counter() - started
+            info = LoadInfo(True, seconds, entry=str(entry), first_view=first_view)
             return data, info, replays
     if not cache:
         entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
@@ -122,17 +138,19 @@ def open_file(
         max_memory=max_memory or default_max_memory(),
         progress=progress,
         cancel=cancel,
+        preview=preview,
     )
     if progress is not None:
         progress("mapping", None)
     try:
-        data, _, replays = columnar.read(entry)
+        data, _, replays, first_view = columnar.read(entry)
     except columnar.CacheInvalid as e:
         raise SnapshotLoadError(f"{where}: its converted columns are unreadable ({e})") from None
     finally:
         if not cache:  # the mapped columns stay readable after their files are unlinked
             shutil.rmtree(entry, ignore_errors=True)
-    return data, LoadInfo(False, time.perf_counter() - started, peak, str(entry)), replays
+    seconds = time.perf_counter() - started
+    return data, LoadInfo(False, seconds, peak, str(entry), first_view), replays
 
 
 def _run_child(
@@ -144,6 +162,7 @@ def _run_child(
     max_memory: int,
     progress: Progress | None,
     cancel: threading.Event | None,
+    preview: Preview | None = None,
 ) -> int | None:
     """Run the conversion in a child; its peak resident memory (bytes) when it told it."""
     job = {
@@ -154,6 +173,7 @@ def _run_child(
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
         "progress": progress is not None,
+        "preview": preview is not None,
     }
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
@@ -195,8 +215,12 @@ def _run_child(
                     *lines, buffered = buffered.split(b"\n")
                     for line in lines:
                         msg = json.loads(line)
-                        if "stage" in msg and progress is not None:
-                            progress(msg["stage"], msg.get("fraction"))
+                        if "stage" in msg:
+                            if progress is not None:
+                                progress(msg["stage"], msg.get("fraction"))
+                        elif "preview" in msg:
+                            if preview is not None:
+                                _show_preview(preview, msg["preview"])
                         else:
                             result = msg
         code = child.wait()
@@ -232,6 +256,27 @@ def _run_child(
 
 class _Cancelled(Exception):
     pass
+
+
+def _show_preview(preview: Preview, encoded: str) -> None:
+    """Hand the child's first view to `preview`."""
+    from gpumem_widget.snapshot.load import _DataOnlyUnpickler
+
+    try:
+        view = _DataOnlyUnpickler(io.BytesIO(base64.b64decode(encoded))).load()
+    except Exception as e:
+        log.warning("gpumem_widget: an unreadable preview of the snapshot: %s", e)
+        return
+    if isinstance(view, dict):
+        _hand(preview, view)
+
+
+def _hand(preview: Preview, view: dict[str, Any]) -> None:
+    """`preview(view)`; a failure is only logged (the full views follow once opened)."""
+    try:
+        preview(view)
+    except Exception as e:
+        log.warning("gpumem_widget: no preview of the snapshot: %s", e, exc_info=True)
 
 
 def _kill(child: subprocess.Popen[bytes]) -> None:
@@ -280,12 +325,19 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
             return {"error": f"{where}: the file changed while it was being opened"}
         say("reading", 0.0)
         stats: dict[str, int] = {}
-        data = read_snapshot(where, max_bytes=int(job["max_bytes"]), progress=reading, stats=stats)
+        data = read_snapshot(
+            where,
+            max_bytes=int(job["max_bytes"]),
+            progress=reading,
+            stats=stats,
+            early=_send_preview if job["preview"] else None,
+        )
         say("writing")
-        # Replayed here too (vectorised over the columns): a reopen maps the result.
+        # Replayed here too (vectorised over the columns), and the tab's first view computed:
+        # a reopen maps the one and draws the other.
         snap = Snapshot(data)
         replays = {d: snap.replay(d) for d in snap.devices if d in data.traces}
-        columnar.write(data, Path(job["entry"]), stats["bytes"], replays)
+        columnar.write(data, Path(job["entry"]), stats["bytes"], replays, _first_view(snap))
     except SnapshotLoadError as e:
         if not isinstance(e, OutOfMemory):
             return {"error": str(e)}
@@ -303,6 +355,39 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
     return {"done": True}
 
 
+def _checked(data: SnapshotData) -> bool:
+    """Whether `data` passes the checks the caller makes (views of it can be drawn)."""
+    from gpumem_widget.snapshot.validate import check_data
+
+    try:
+        check_data(data)
+    except SnapshotLoadError:
+        return False  # the caller refuses it with the reason
+    return True
+
+
+def _send_preview(data: SnapshotData) -> None:
+    """Send the caller the first view of `data`, whose stacks are not read yet."""
+    from gpumem_widget.snapshot.drilldown import preview
+
+    if _checked(data):
+        view = pickle.dumps(preview(Snapshot(data), ""), protocol=5)
+        print(json.dumps({"preview": base64.b64encode(view).decode()}), flush=True)
+
+
+def _first_view(snap: Snapshot) -> dict[str, Any] | None:
+    """The tab's first view of `snap`, to keep with its columns (None where it fails: the
+    caller then computes it)."""
+    from gpumem_widget.snapshot.drilldown import overview
+
+    if not _checked(snap.data):
+        return None
+    try:
+        return overview(snap, "", first_only=True)
+    except Exception:
+        return None
+
+
 def _peak_rss() -> int | None:
     """This process's resident high-water mark (VmHWM), bytes."""
     try:
@@ -318,6 +403,9 @@ def _peak_rss() -> int | None:
 def main() -> None:
     result = _child(json.loads(sys.argv[1]))
     print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
+    # Everything the caller needs is in the cache: skip freeing this process's objects.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

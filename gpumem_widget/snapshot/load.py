@@ -10,6 +10,7 @@ a callable to call. What was read is then checked to be a snapshot and converted
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import gzip
 import io
@@ -18,7 +19,10 @@ import os
 import pickle
 import stat
 import zlib
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
@@ -81,12 +85,15 @@ def read_snapshot(
     max_bytes: int = DEFAULT_MAX_BYTES,
     progress: Callable[[int, int], None] | None = None,
     stats: dict[str, int] | None = None,
+    early: Callable[[SnapshotData], None] | None = None,
 ) -> SnapshotData:
     """Load a snapshot from a path, pickled bytes, or a `_snapshot()` dict into typed data.
 
     This runs in the calling process: `open_snapshot` calls it in a child process for files.
     `progress(done, total)` is told the file bytes read so far now and then; `stats` gets
-    ``"bytes"``, how many (decompressed) bytes the pickle took."""
+    ``"bytes"``, how many (decompressed) bytes the pickle took; `early` gets the snapshot as
+    soon as its memory totals can be replayed, before its stacks are read (their columns are
+    zeros then), to draw a first view from."""
     with _collector_paused():
         if isinstance(src, (str, os.PathLike)):
             where = os.fspath(src)
@@ -106,7 +113,7 @@ def read_snapshot(
         try:
             if read >= 0:
                 _check_expansion(raw, read, where)
-            return _convert(raw)
+            return _convert(raw, early)
         except _Invalid as e:
             raise SnapshotLoadError(f"{where}: not a PyTorch memory snapshot: {e}") from None
 
@@ -353,7 +360,11 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and -(2**63) <= v < 2**63
 
 
-def _convert(raw: Any) -> SnapshotData:
+def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> SnapshotData:
+    """Typed data from the unpickled snapshot, in two stages: the totals' columns (action,
+    address, size, time; and the segments), handed to `early` as a snapshot whose stacks,
+    streams, tags and compile contexts are not read yet (enough to replay memory totals), then
+    the rest."""
     if isinstance(raw, list):  # segments only: an old format memory_viz also accepts
         raw = {"segments": raw}
     if not isinstance(raw, dict):
@@ -366,12 +377,12 @@ def _convert(raw: Any) -> SnapshotData:
     if not isinstance(traces_raw, list) or not all(isinstance(t, list) for t in traces_raw):
         raise _Invalid("'device_traces' is not a list of lists")
     interner = _Interner()
-    traces = {d: _trace(t, d, interner) for d, t in enumerate(traces_raw)}
+    totals = {d: _trace_totals(t, d, interner) for d, t in enumerate(traces_raw)}
     segments = tuple(_segment(s, i, interner) for i, s in enumerate(raw["segments"]))
-    has_time = any(len(t) and "time_us" in traces_raw[d][0] for d, t in traces.items())
+    has_time = any(len(t) and "time_us" in traces_raw[d][0] for d, t in totals.items())
     recorder = raw.get(RECORDER_KEY)
-    return SnapshotData(
-        traces=traces,
+    data = SnapshotData(
+        traces=totals,
         segments=segments,
         stacks=interner.table(),
         strings=tuple(interner.strings),
@@ -381,65 +392,179 @@ def _convert(raw: Any) -> SnapshotData:
         overflow_flags=_overflow_flags(raw.get("trace_alloc_overflowed"), len(traces_raw)),
         recorder=_plain_dict(recorder, RECORDER_KEY),
     )
+    if early is not None:
+        early(data)
+    traces = {d: _trace_rest(traces_raw[d], d, interner, t) for d, t in totals.items()}
+    return dataclasses.replace(
+        data, traces=traces, stacks=interner.table(), strings=tuple(interner.strings)
+    )
 
 
-def _trace(entries: list[Any], device: int, interner: _Interner) -> DeviceTrace:
-    """Columns for one device's entries; fast comprehensions, a slow pass only to explain errors."""
+def _trace_totals(entries: list[Any], device: int, interner: _Interner) -> DeviceTrace:
+    """One device's action, address, size and time columns, each field read in one C-level
+    pass (`_values`), a slow pass only to explain errors; stream, stack, compile context and
+    tag (but an OOM's) are zeros until `_trace_rest`."""
     strings = interner.strings
-    by_ids: dict[tuple[int, ...], int] = {}
-    empty: tuple[()] = ()
+    n = len(entries)
     try:
-        action = [_ACTION_CODES.get(e["action"], _OTHER) for e in entries]
-        addr = [e.get("addr", 0) for e in entries]
-        size = [e["size"] for e in entries]
-        stream = [e.get("stream", 0) for e in entries]
-        time_us = [e.get("time_us", 0) for e in entries]
-        tag = [strings.setdefault(e.get("user_metadata", ""), len(strings)) for e in entries]
-        ctx = [strings.setdefault(e.get("compile_context", ""), len(strings)) for e in entries]
-        # Each distinct frames list is looked at once: a pickle can repeat one long list at
-        # no cost through memo references.
-        frame_lists = [e.get("frames", empty) for e in entries]
+        actions = np.fromiter(
+            map(_ACTION_CODES.get, _values(entries, "action"), repeat(_OTHER, n)), np.int8, n
+        )
+        addr = _values(entries, "addr", 0)
+        size = _values(entries, "size")
+        time_us = _values(entries, "time_us", 0)
+        # Tags are read with the stacks; an OOM's is shown with the totals.
+        tag = np.zeros(n, np.int32)
+        for i in np.flatnonzero(actions == Action.OOM):
+            tag[i] = strings.setdefault(entries[i].get("user_metadata", ""), len(strings))
     except (KeyError, TypeError, AttributeError):
         _explain(entries, device)
     where = f"device_traces[{device}]"
-    for s in strings:
-        if not isinstance(s, str):
-            _explain(entries, device)
-    actions = np.array(action, dtype=np.int8)
+    _check_strings(strings, entries, device)
     for i in np.flatnonzero(actions == Action.OTHER):
         if not isinstance(entries[i]["action"], str):
             raise _Invalid(f"{where}[{i}]['action'] is not a string")
     addrs = _int_column(addr, where, "addr")
     for i in np.flatnonzero(actions == Action.OOM):
         addrs[i] = _int_or_invalid(entries[i].get("device_free", 0), f"{where}[{i}]['device_free']")
-    # Frame dicts are shared objects in real snapshots, so a stack's frame ids identify it
-    # cheaply; each distinct id tuple is validated and interned by content once, below.
-    list_ids = np.fromiter(map(id, frame_lists), np.int64, len(frame_lists))
-    _, first_of_list, lists = np.unique(list_ids, return_index=True, return_inverse=True)
-    del frame_lists
-    key_of_list = np.array(
-        [
-            by_ids.setdefault(tuple(map(id, entries[i].get("frames", empty))), len(by_ids))
-            for i in first_of_list
-        ],
-        dtype=np.int64,
-    )
-    ids = key_of_list[lists.reshape(-1)] if len(lists) else lists
-    first = np.unique(ids, return_index=True)[1] if len(ids) else np.zeros(0, np.int64)
-    to_stack = np.array(
-        [interner.stack(entries[i].get("frames", empty), f"{where}[{i}]") for i in first],
-        dtype=np.int32,
-    )
+    zeros = np.zeros(n, np.int64)
     return DeviceTrace(
         action=actions,
         addr=addrs,
         size=_int_column(size, where, "size"),
-        stream=_int_column(stream, where, "stream"),
+        stream=zeros,
         time_us=_int_column(time_us, where, "time_us"),
-        stack=to_stack[ids] if len(ids) else np.zeros(0, np.int32),
-        tag=np.array(tag, dtype=np.int32),
-        compile_context=np.array(ctx, dtype=np.int32),
+        stack=np.full(n, NO_STACK, np.int32),
+        tag=tag,
+        compile_context=zeros.astype(np.int32),
     )
+
+
+def _trace_rest(
+    entries: list[Any], device: int, interner: _Interner, totals: DeviceTrace
+) -> DeviceTrace:
+    """`totals` with its stream, stack, tag and compile context columns read."""
+    where = f"device_traces[{device}]"
+    try:
+        stream = _values(entries, "stream", 0)
+        tag = _intern(interner.strings, _values(entries, "user_metadata", ""))
+        ctx = _intern(interner.strings, _values(entries, "compile_context", ""))
+        frame_lists = _values(entries, "frames", ())
+    except (KeyError, TypeError, AttributeError):
+        _explain(entries, device)
+    _check_strings(interner.strings, entries, device)
+    return dataclasses.replace(
+        totals,
+        stream=_int_column(stream, where, "stream"),
+        stack=_stacks(frame_lists, where, interner),
+        tag=tag,
+        compile_context=ctx,
+    )
+
+
+def _check_strings(strings: dict[Any, int], entries: list[Any], device: int) -> None:
+    if not all(isinstance(s, str) for s in strings):
+        _explain(entries, device)
+
+
+_MISSING = object()
+
+
+def _values(entries: list[Any], key: str, default: Any = _MISSING) -> list[Any]:
+    """Each entry's `key` (`default` where it is absent; without one, KeyError), read in C."""
+    try:
+        return list(map(itemgetter(key), entries))
+    except KeyError:
+        if default is _MISSING:
+            raise
+        return list(map(dict.get, entries, repeat(key), repeat(default)))
+
+
+def _intern(strings: dict[Any, int], values: list[Any]) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """Ids of `values` in `strings`, new ones added in order of first appearance."""
+    for v in dict.fromkeys(values):
+        strings.setdefault(v, len(strings))
+    return np.fromiter(map(strings.__getitem__, values), np.int32, len(values))
+
+
+def _stacks(
+    frame_lists: list[Any], where: str, interner: _Interner
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """Each entry's stack id. Each distinct frames list is looked at once (a pickle can repeat
+    one long list at no cost through memo references). Frame dicts are shared objects in real
+    snapshots, so lists holding the same objects in the same order have one stack: those
+    sequences of ids are grouped with numpy (a hash, then checked element by element), and
+    each group's frames are validated and interned by content once."""
+    n = len(frame_lists)
+    if not all(issubclass(kind, (list, tuple)) for kind in set(map(type, frame_lists))):
+        for i, frames in enumerate(frame_lists):
+            if not isinstance(frames, (list, tuple)):
+                kind = type(frames).__name__
+                raise _Invalid(f"{where}[{i}]['frames'] is {kind}, expected a list")
+    list_ids = np.fromiter(map(id, frame_lists), np.int64, n)
+    _, first_of_list, list_of = np.unique(list_ids, return_index=True, return_inverse=True)
+    # In order of first appearance, so stacks are numbered the same on every load.
+    order = np.argsort(first_of_list)
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    first_of_list, list_of = first_of_list[order], rank[list_of.reshape(-1)]
+    distinct = [frame_lists[i] for i in first_of_list]
+    lengths = np.fromiter(map(len, distinct), np.int64, len(distinct))
+    rows = np.flatnonzero(lengths)  # the rest have no frames: stack NO_STACK
+    stack_of = np.full(len(distinct), NO_STACK, np.int32)
+    if len(rows):
+        lens = lengths[rows]
+        flat = np.fromiter(map(id, chain.from_iterable(distinct)), np.int64, int(lens.sum()))
+        groups, first = _same_sequences(flat, lens)
+        if groups is None:  # a hash collision: group by the id tuples themselves
+            keys: dict[tuple[int, ...], int] = {}
+            groups = np.fromiter(
+                (keys.setdefault(tuple(map(id, distinct[i])), len(keys)) for i in rows),
+                np.int64,
+                len(rows),
+            )
+            first = np.unique(groups, return_index=True)[1]
+        entry = first_of_list[rows[first]]  # where each group first appears, to name it
+        to_stack = np.array(
+            [interner.stack(frame_lists[i], f"{where}[{i}]") for i in entry], dtype=np.int32
+        )
+        stack_of[rows] = to_stack[groups]
+    return stack_of[list_of] if n else np.zeros(0, np.int32)
+
+
+def _same_sequences(
+    flat: np.ndarray[Any, np.dtype[np.int64]], lens: np.ndarray[Any, np.dtype[np.int64]]
+) -> tuple[Any, Any]:
+    """Group the rows of a ragged array (`flat`, cut into rows of `lens`) by equal content: each
+    row's group (numbered in order of first appearance) and each group's first row; (None,
+    None) when two different rows share a hash (then nothing is grouped wrongly)."""
+    offsets = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(offsets[:-1], lens)
+    mixed = flat.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + pos.view(np.uint64) * np.uint64(
+        0xC2B2AE3D27D4EB4F
+    )
+    mixed ^= mixed >> np.uint64(29)
+    mixed *= np.uint64(0xBF58476D1CE4E5B9)
+    sums = np.zeros(len(flat) + 1, np.uint64)
+    np.cumsum(mixed, out=sums[1:])
+    digest = (
+        sums[offsets[1:]]
+        - sums[offsets[:-1]]
+        + lens.view(np.uint64) * np.uint64(0x94D049BB133111EB)
+    )
+    _, first, group = np.unique(digest, return_index=True, return_inverse=True)
+    group = group.reshape(-1)
+    rep = first[group]
+    if not np.array_equal(lens[rep], lens):
+        return None, None
+    if not np.array_equal(flat[np.repeat(offsets[:-1][rep], lens) + pos], flat):
+        return None, None
+    # Renumber the groups by their first row, so stacks are interned in entry order.
+    order = np.argsort(first, kind="stable")
+    renumber = np.empty(len(order), np.int64)
+    renumber[order] = np.arange(len(order))
+    return renumber[group], first[order]
 
 
 def _explain(entries: list[Any], device: int) -> NoReturn:
@@ -461,14 +586,13 @@ def _explain(entries: list[Any], device: int) -> NoReturn:
 
 
 def _int_column(values: list[Any], where: str, key: str) -> np.ndarray[Any, np.dtype[np.int64]]:
-    try:
-        arr = np.array(values) if values else np.zeros(0, np.int64)
-    except (ValueError, OverflowError):
-        arr = np.zeros((0, 0))
-    if arr.ndim != 1 or arr.dtype.kind not in "ib":
-        for i, v in enumerate(values):
-            _int_or_invalid(v, f"{where}[{i}]['{key}']")
-    return arr.astype(np.int64, copy=False)
+    with contextlib.suppress(TypeError, OverflowError):  # array refuses all but int64s
+        return np.frombuffer(array("q", values), np.int64)
+    return np.fromiter(
+        (_int_or_invalid(v, f"{where}[{i}]['{key}']") for i, v in enumerate(values)),
+        np.int64,
+        len(values),
+    )
 
 
 def _int_or_invalid(v: Any, where: str) -> int:

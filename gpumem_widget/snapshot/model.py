@@ -150,3 +150,6 @@ class LoadInfo:
     seconds: float
     child_peak_rss: int | None = None  # bytes
     entry: str = ""
+    # The tab's first view as the conversion computed it (`drilldown.overview(first_only=True)`
+    # without its source), kept with the columns; None where there is none.
+    first_view: dict[str, Any] | None = field(default=None, repr=False, compare=False)

@@ -442,6 +442,8 @@ class Drilldown(TypedDict, total=False):
     cells_by: Literal["tag", "time", "none"]
     compute_s: float
     devices: list[DeviceOverview]
+    partial: bool  # the first view only (active memory); the rest follows
+    preview: bool  # drawn while the file is still converted: active memory as one series
 
 
 # `drilldown_alive`: `aggregate.alive_at` (plus "segments": a SegmentMap where that view exists),

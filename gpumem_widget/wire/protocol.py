@@ -45,7 +45,9 @@ Custom messages (browser → kernel, answered once no cell runs): ``{"type": "ce
              `active_memory_view` and `categories` in event order (each column's ``event`` is
              its peak entry) and `cell_slices` (tables packed, every column float64);
              ``reserved`` is `reserved_over_time_view`'s figures without its table; ``bands``
-             each cell's span on the event axis.
+             each cell's span on the event axis. ``"partial": true``: only ``active`` so far (the
+             rest follows); ``"preview": true`` too while a file is still being converted: its
+             ``active`` is `active_total_view` (one series, all allocations; sites follow).
 ``drilldown_alive``  `snapshot.aggregate.alive_at` for one device and instant (the peak at
              first; the browser sends ``{"type": "alive_at", "t", "device", "id"}``), with
              ``segments`` (the segment map) where that view exists; ``{"error": str}`` when a
