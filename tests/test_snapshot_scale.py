@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from allocator_sim import AllocatorSim, frame
 
-from gpumem_widget.snapshot import SnapshotLoadError, isolate, open_snapshot
+from gpumem_widget.snapshot import SnapshotLoadError, isolate, open_snapshot, resident
 
 MB = 1 << 20
 LIMIT = 64 * MB  # the byte limit the bombs are opened with
@@ -160,7 +160,7 @@ def test_reopening_maps_the_cached_columns(tmp_path: Path) -> None:
     again = open_snapshot(path)
     assert again.load_info is not None
     assert again.load_info.cached
-    assert isinstance(again.data.traces[0].addr.base, np.memmap)  # mapped, not read
+    assert resident.mapping_of(again.data.traces[0].addr) is not None  # mapped, not read
     with pytest.raises(SnapshotLoadError, match="larger than 100 bytes"):
         open_snapshot(path, max_bytes=100)  # the limit holds for the cached columns too
     in_process = open_snapshot(small_snapshot())
@@ -395,3 +395,35 @@ def test_a_file_is_previewed_while_converted_and_its_first_view_kept(tmp_path: P
     assert again.load_info.cached
     assert previews == [overview(again, "", first_only=True)]  # the sites view, not a preview
     assert not previews[0].get("preview")
+
+
+def _rss_file() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+
+
+def test_mapped_pages_are_given_back_between_views(tmp_path: Path) -> None:
+    """Reading every mapped column makes its pages resident here; `release_pages` gives them
+    back (the values read again are the same)."""
+    entries = [
+        {"action": "alloc", "addr": i << 9, "size": 512, "stream": 0, "time_us": i, "frames": []}
+        for i in range(300_000)
+    ]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    open_snapshot(path)
+    snap = open_snapshot(path)  # from the cache: mapped
+    assert snap.load_info is not None
+    assert snap.load_info.cached
+    columns = [*vars_of(snap.data.traces[0]), *vars_of(snap.replay(0).intervals)]
+    mapped = sum(c.nbytes for c in columns if resident.mapping_of(c) is not None)
+    assert mapped > 10 * MB
+    sums = [int(c.sum()) for c in columns]  # every page read
+    before = _rss_file()
+    snap.release_pages()
+    assert before - _rss_file() > 0.8 * mapped
+    assert [int(c.sum()) for c in columns] == sums
+
+
+def vars_of(obj: Any) -> list[np.ndarray[Any, Any]]:
+    return [v for f in obj.__dataclass_fields__ if isinstance(v := getattr(obj, f), np.ndarray)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import mmap
 import os
 import pickle
 import shutil
@@ -303,13 +304,32 @@ def _column(entry: Path, index: dict[str, Any], name: str, dtype: Any) -> np.nda
     meta = index["columns"][name]
     path = entry / f"{name}.npy"
     # An empty column cannot be mapped (mmap refuses length 0); it is read instead.
-    arr = np.load(path, mmap_mode="r" if meta["length"] else None, allow_pickle=False)
+    arr = _map(path) if meta["length"] else np.load(path, allow_pickle=False)
     if arr.dtype != np.dtype(dtype) or arr.ndim != 1 or len(arr) != meta["length"]:
         raise CacheInvalid(f"{name}: not the column the index describes")
     if len(arr) and _file_crc(path, arr.nbytes) != meta["crc32"]:
         raise CacheInvalid(f"{name}: corrupt (checksum)")
-    out: np.ndarray[Any, Any] = arr.view(np.ndarray)
-    return out
+    return arr
+
+
+def _map(path: Path) -> np.ndarray[Any, Any]:
+    """The .npy file's array, memory-mapped read-only (its mapping is the array's buffer, so
+    `resident.drop` can give its pages back)."""
+    with path.open("rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise CacheInvalid(f"{path.name}: .npy version {version}")
+        offset = f.tell()
+        if len(shape) != 1 or fortran or dtype.hasobject:
+            raise CacheInvalid(f"{path.name}: not a flat column")
+        if offset + shape[0] * dtype.itemsize > os.fstat(f.fileno()).st_size:
+            raise CacheInvalid(f"{path.name}: truncated")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=dtype, count=shape[0], offset=offset)
 
 
 def _file_crc(path: Path, nbytes: int) -> int:

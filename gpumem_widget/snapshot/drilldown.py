@@ -85,7 +85,9 @@ def alive_view(
     from gpumem_widget.snapshot.aggregate import axis_x
 
     view = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
+    snap.release_pages()
     segments = _segments(snap, device, view["event"])
+    snap.release_pages()
     if segments is not None:
         view["segments"] = segments
     e = view["event"]
@@ -169,14 +171,19 @@ def overview(
             "device": d,
             "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
         }
+        # Between views, the mapped columns' pages go back (each view reads what it needs).
+        snap.release_pages()
         if not first_only:
             cells = (
                 None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
             )
             slices = cell_slices(snap, d, cells)
+            snap.release_pages()
             reserved: dict[str, Any] = dict(reserved_over_time_view(snap, d, WIDTH))
             del reserved["table"]  # the active view carries reserved on its own columns
+            snap.release_pages()
             view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
+            snap.release_pages()
             view["reserved"] = reserved
             view["cells"] = slices
             view["bands"] = _cell_bands(snap, d, slices, "event")
@@ -377,6 +384,10 @@ class Drilldown:
         except Exception as e:
             log.warning("gpumem_widget drill-down: %s", e, exc_info=True)
             self.widget.drilldown_alive = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            current = self._current
+            if current is not None:
+                current.snap.release_pages()
 
     def _device(self, device: object) -> Snapshot | None:
         current = self._current

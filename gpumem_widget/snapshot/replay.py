@@ -64,6 +64,9 @@ class Intervals:
         return (self.start <= event) & (self.end > event)
 
 
+_INTERVAL_COLUMNS = [f for f in Intervals.__dataclass_fields__ if f != "n_events"]
+
+
 @dataclass(frozen=True, slots=True)
 class Oom:
     device: int
@@ -317,6 +320,21 @@ class Snapshot:
             if d not in self._replays:
                 self._replays[d] = replay_device(self.data, d)
             return self._replays[d]
+
+    def release_pages(self) -> None:
+        """Give back the resident pages of the columns mapped from the cache (a view reads
+        them in again as it needs them): the kernel holds only what it computes with."""
+        from gpumem_widget.snapshot.resident import drop
+
+        arrays: list[Any] = []
+        for t in self.data.traces.values():
+            arrays += [getattr(t, f) for f in DeviceTrace.__dataclass_fields__]
+        with self._lock:
+            replays = list(self._replays.values())
+        for r in replays:
+            arrays += [r.time_us, r.active, r.reserved, r.snapshot_events]
+            arrays += [getattr(r.intervals, f) for f in _INTERVAL_COLUMNS]
+        drop(arrays)
 
     def intervals(self, device: int | None = None) -> Intervals:
         return self.replay(device).intervals

@@ -242,6 +242,7 @@ class SegmentTimeline:
                 if pos - last >= step and pos < n:
                     self._keep(pos, state)
                     last = pos
+            self.snap.release_pages()  # the trace's mapped pages read so far
         self._check_end(state)
         self._end = state
 
