@@ -477,8 +477,8 @@ export class Chart {
           size: bottom ? 26 : 2,
           space: 70,
           // Clock times; only the bottom panel labels them, the others keep the grid lines.
-          values: (_u: uPlot, splits: number[], _axis: number, _space: number, incr: number) =>
-            splits.map((v) => (bottom ? formatClock(v, clockPrecision(incr)) : "")),
+          values: (u: uPlot, splits: number[], _axis: number, _space: number, incr: number) =>
+            bottom ? fitLabels(u, splits, splits.map((v) => formatClock(v, clockPrecision(incr))), axisFont) : splits.map(() => ""),
         },
         {
           stroke: p.muted,
@@ -878,6 +878,22 @@ export function withAlpha(color: string, alpha: number): string {
   }
   const [r, g, b] = rgb ?? [128, 128, 128];
   return `rgba(${r}, ${g}, ${b}, ${alpha})`;
+}
+
+let measurer: CanvasRenderingContext2D | null = null;
+
+/** The x axis's labels, blank where one centred on its tick would run past the canvas's edge
+ * (uPlot would draw it cut off, "05:50:0"); its grid line stays. */
+export function fitLabels(u: uPlot, splits: readonly number[], labels: readonly string[], font: string): string[] {
+  measurer ??= document.createElement("canvas").getContext("2d");
+  if (measurer === null) return [...labels];
+  measurer.font = font;
+  const plotLeft = u.bbox.left / uPlot.pxRatio;
+  return labels.map((text, i) => {
+    const x = plotLeft + u.valToPos(splits[i] ?? NaN, "x");
+    const half = measurer === null ? 0 : measurer.measureText(text).width / 2;
+    return x - half < 0 || x + half > u.width ? "" : text;
+  });
 }
 
 function div(className: string): HTMLDivElement {

@@ -92,6 +92,34 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
     expect(await page.locator(".gpumem-chart").getAttribute("data-samples")).toBe("100003");
   });
 
+  it("cuts no clock label at the chart's right edge, whatever the width", async () => {
+    await mount({ samples: 2000, devices: 0, cells: 3 });
+    const inkAtRightEdge: Record<number, number> = {};
+    try {
+      for (let width = 560; width <= 1000; width += 20) {
+        await page.setViewportSize({ width, height: 1200 });
+        await page.waitForFunction((w) => {
+          const c = document.querySelector<HTMLCanvasElement>(".gpumem-panel--host canvas");
+          return c !== null && Math.abs(c.getBoundingClientRect().right - w) < 60; // redrawn at this width
+        }, width);
+        await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+        // Text pixels in the last 2 CSS px of the clock labels' row (the bottom panel's axis).
+        inkAtRightEdge[width] = await page.evaluate(() => {
+          const c = document.querySelector<HTMLCanvasElement>(".gpumem-panel--host canvas") as HTMLCanvasElement;
+          const r = c.width / c.clientWidth;
+          const [w, h] = [Math.round(2 * r), Math.round(16 * r)];
+          const px = (c.getContext("2d") as CanvasRenderingContext2D).getImageData(c.width - w, c.height - h - Math.round(2 * r), w, h).data;
+          let n = 0;
+          for (let i = 3; i < px.length; i += 4) if ((px[i] as number) > 0) n++;
+          return n;
+        });
+      }
+    } finally {
+      await page.setViewportSize({ width: 1000, height: 1200 });
+    }
+    expect(Object.values(inkAtRightEdge).filter((n) => n > 0), JSON.stringify(inkAtRightEdge)).toEqual([]);
+  });
+
   it("draws the very first sample, alone, as a point", async () => {
     await mount({ samples: 1, devices: 0, cells: 0 });
     await page.waitForFunction(() => document.querySelector<HTMLElement>(".gpumem-chart")?.dataset["samples"] === "1");
