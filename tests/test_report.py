@@ -74,7 +74,14 @@ def docs_json(page: str) -> str:
     return found.group(1)
 
 
-def models(page: str, type_name: str) -> list[dict[str, Any]]:
+def shown_text(page: str) -> str:
+    """What the report's Div models show, as text: Bokeh escapes the document's JSON for the
+    page (one unescape), and a Div's text is HTML (another)."""
+    divs = models(page, "Div", unescape=True)
+    return "\n".join(html.unescape(str(d["attributes"].get("text", ""))) for d in divs)
+
+
+def models(page: str, type_name: str, unescape: bool = False) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def walk(node: Any) -> None:
@@ -87,7 +94,8 @@ def models(page: str, type_name: str) -> list[dict[str, Any]]:
             for v in node:
                 walk(v)
 
-    walk(json.loads(docs_json(page)))
+    text = docs_json(page)
+    walk(json.loads(html.unescape(text) if unescape else text))
     return out
 
 
@@ -142,11 +150,16 @@ def test_host_mode_report_shows_host_memory_not_zero_gpu_columns(tmp_path: Path)
     records = s.records()
     page = report(tmp_path / "host.html", session=s).read_text()
     titles = [t["attributes"].get("text") for t in models(page, "Title")]
-    assert "<title>Host memory report (no CUDA device)</title>" in page
-    assert titles == ["Host memory over the session (no CUDA device: this process's RSS, sampled)"]
+    assert "<title>Host memory report</title>" in page
+    assert titles == [
+        "Host memory over the session (this process's RSS, sampled; no GPU memory measured)"
+    ]
     assert "GPU memory over" not in page
     assert "GPU memory report" not in page
-    assert "Not measured: GPU memory." in html.unescape(page)
+    assert (  # torch is imported in this process: the reader's reason is that there is no CUDA
+        "No CUDA device: host-memory mode. Measured: this process's resident set size (RSS), "
+        "sampled, so a cell's peak is at least the figure shown. Not measured: GPU memory."
+    ) in shown_text(page)
     table = ledger_table(records, host_mode=True)
     assert [c.title for c in table.columns][3:6] == [
         "Δ host RSS",
@@ -359,3 +372,22 @@ def test_oom_report_has_the_segment_maps_fragmentation_and_reserved(tmp_path: Pa
     assert format_bytes(observer["requested"]) in text
     assert "OOM caused by fragmentation" in text
     assert (tmp_path / "oom.html").stat().st_size < 4_000_000
+
+
+def test_a_host_mode_report_says_why_in_the_sessions_words(tmp_path: Path) -> None:
+    """Where the notebook never imported torch, the report cannot know there is no CUDA device
+    (a GPU machine running other code): it says torch was not imported, not "no CUDA device"."""
+    from gpumem_widget.live.readers.torch_cuda import NOT_IMPORTED
+    from gpumem_widget.live.timeline import Timeline
+    from gpumem_widget.reporting.page import SessionData, render
+    from gpumem_widget.wire import protocol
+
+    timeline = Timeline(protocol.timeline_columns(0))
+    page = render(
+        title="Host memory report",
+        session=SessionData(timeline, [], 0, NOT_IMPORTED),
+        snapshots=[],
+    )
+    text = shown_text(page)
+    assert f"T{NOT_IMPORTED[1:]}. Measured: this process's resident set size (RSS)" in text
+    assert "no cuda device" not in text.lower()

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 SnapshotSource = str | os.PathLike[str] | Snapshot
 DEFAULT_TITLE = "GPU memory report"
-HOST_TITLE = "Host memory report (no CUDA device)"
+HOST_TITLE = "Host memory report"
 
 
 def report(
@@ -39,7 +39,12 @@ def report(
     """
     loaded = [_labeled(i, s) for i, s in enumerate(snapshots)]
     data = (
-        SessionData(session.timeline, session.records(), session.readers.num_devices)
+        SessionData(
+            session.timeline,
+            session.records(),
+            session.readers.num_devices,
+            session.readers.torch.reason,
+        )
         if session is not None
         else None
     )

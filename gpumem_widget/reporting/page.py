@@ -35,10 +35,18 @@ from gpumem_widget.version import __version__
 from gpumem_widget.wire.protocol import unpack_table
 
 Progress = Callable[[str], None]
-HOST_MODE_NOTE = (
-    "No CUDA device: host-memory mode. Measured: this process's resident set size (RSS), "
-    "sampled, so a cell's peak is at least the figure shown. Not measured: GPU memory."
+HOST_MODE_MEASURES = (
+    "Measured: this process's resident set size (RSS), sampled, so a cell's peak is at least "
+    "the figure shown. Not measured: GPU memory."
 )
+
+
+def host_mode_note(reason: str | None) -> str:
+    """Why there is no GPU figure, in the session's own words (no CUDA device, or torch not
+    imported yet: a machine with a GPU where the notebook never imported torch), then what is
+    measured."""
+    why = reason or "no CUDA device: host-memory mode"
+    return f"{why[:1].upper()}{why[1:]}. {HOST_MODE_MEASURES}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,7 @@ class SessionData:
     timeline: Timeline
     records: Sequence[CellRecord]
     num_devices: int
+    host_reason: str | None = None  # without a device: why (the torch reader's reason)
 
 
 def render(
@@ -105,7 +114,11 @@ def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[s
         names = ", ".join(label for label, _ in snapshots)
         sources.append(f"{len(snapshots)} snapshot{'s' if len(snapshots) > 1 else ''} ({names})")
     made = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    host = f"<p>{HOST_MODE_NOTE}</p>" if session is not None and session.num_devices == 0 else ""
+    host = (
+        f"<p>{esc(host_mode_note(session.host_reason))}</p>"
+        if session is not None and session.num_devices == 0
+        else ""
+    )
     return div(
         f"<h1>{esc(title)}</h1><p>From {esc(' and '.join(sources) or 'nothing')}; made "
         f"{esc(made)} by gpumem_widget {esc(__version__)}. Drag to pan, scroll to zoom, click "

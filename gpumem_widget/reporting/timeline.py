@@ -41,7 +41,7 @@ def timeline_figure(timeline: Timeline, records: Sequence[CellRecord], num_devic
     data: dict[str, Any] = {"x": columns[protocol.TIME_COLUMN] * 1e3}  # BokehJS: milliseconds
     host_mode = num_devices == 0
     p = time_figure(
-        "Host memory over the session (no CUDA device: this process's RSS, sampled)"
+        "Host memory over the session (this process's RSS, sampled; no GPU memory measured)"
         if host_mode
         else "GPU memory over the session",
         datetime=True,
