@@ -10,6 +10,8 @@ import gzip
 import html
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +40,7 @@ from gpumem_widget.units import format_bytes
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 TAGGED = SNAPSHOTS / "train_tagged.pickle.gz"
 MiB = 2**20
+GiB = 2**30
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 
@@ -391,3 +394,29 @@ def test_a_host_mode_report_says_why_in_the_sessions_words(tmp_path: Path) -> No
     text = shown_text(page)
     assert f"T{NOT_IMPORTED[1:]}. Measured: this process's resident set size (RSS)" in text
     assert "no cuda device" not in text.lower()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="runs the ticker's JavaScript in node")
+def test_bytes_axes_tick_at_round_binary_steps() -> None:
+    """The y axes' ticker (BokehJS runs its code) puts ticks at round steps of one binary unit:
+    0, 50 MiB, 100 MiB... for a 286 MiB axis, never Bokeh's decimal 47.68 MiB, 95.37 MiB."""
+    from gpumem_widget.reporting.style import BINARY_TICKS_JS, time_figure
+
+    assert time_figure("t", datetime=True).yaxis[0].ticker.major_code == BINARY_TICKS_JS
+    cases = [(0, 286 * MiB), (0, 100), (0, 3 * GiB), (512 * MiB, 40 * GiB), (0, 0)]
+    script = (
+        f"const f = (cb_data) => {{{BINARY_TICKS_JS}}};\n"
+        f"const cases = {json.dumps(cases)};\n"
+        "console.log(JSON.stringify(cases.map(([start, end]) => f({start, end}))));"
+    )
+    out = subprocess.run(
+        ["node", "-e", script], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    ticks = json.loads(out)
+    assert ticks[0] == [i * 50 * MiB for i in range(6)]  # 0 .. 250 MiB
+    assert ticks[1] == [0, 20, 40, 60, 80, 100]
+    assert ticks[2] == [0, GiB, 2 * GiB, 3 * GiB]
+    assert ticks[3] == [10 * GiB, 20 * GiB, 30 * GiB, 40 * GiB]
+    assert ticks[4] == [0]
+    for row in ticks:
+        assert all(t == int(t) for t in row)

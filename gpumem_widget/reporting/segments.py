@@ -17,7 +17,7 @@ from bokeh.models.annotations import Legend, LegendItem, Span
 from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
-from gpumem_widget.reporting.style import bytes_ticks
+from gpumem_widget.reporting.style import binary_ticker, bytes_ticks
 from gpumem_widget.snapshot.segment_views import ReservedOverTime
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
@@ -212,5 +212,6 @@ def bokeh_reserved_over_time(rot: ReservedOverTime) -> Any:
         )
     )
     fig.yaxis.formatter = bytes_ticks()  # "1.86 GiB", never "2.000e+9"
+    fig.yaxis.ticker = binary_ticker()  # at 256 MiB, 512 MiB..., never 47.68 MiB
     fig.legend.location = "top_left"
     return fig

@@ -8,6 +8,7 @@ from typing import Any
 from bokeh.models import (
     ColumnDataSource,
     CustomJSHover,
+    CustomJSTicker,
     CustomJSTickFormatter,
     DataRange1d,
     DatetimeTickFormatter,
@@ -37,8 +38,32 @@ ROW_HEIGHT = 26
 MAX_VISIBLE_ROWS = 20
 
 
+# Tick positions on a bytes axis at round steps of one binary unit (0, 50, 100 MiB...; 0, 1,
+# 2 GiB), as the widget's axis (`byteTicks` in js/src/format.ts); Bokeh's own ticker picks decimal
+# ones, which read 47.68 MiB, 95.37 MiB... once formatted. At most six over the visible range.
+BINARY_TICKS_JS = """
+const lo = Math.min(cb_data.start, cb_data.end), hi = Math.max(cb_data.start, cb_data.end);
+const span = Math.max(hi - lo, 1);
+let unit = 1;
+for (const u of [1024, 1024 ** 2, 1024 ** 3, 1024 ** 4, 1024 ** 5]) if (span >= u) unit = u;
+const steps = [1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 250, 500];
+let step = steps[steps.length - 1] * unit;
+for (const s of steps) {
+  if (unit === 1 && !Number.isInteger(s)) continue;  // whole bytes only
+  if (Math.floor(span / (s * unit) + 1e-9) + 1 <= 6) { step = s * unit; break; }
+}
+const ticks = [];
+for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k++) ticks.push(k * step);
+return ticks;
+"""
+
+
 def bytes_ticks() -> CustomJSTickFormatter:
     return CustomJSTickFormatter(code=_JS_BYTES.replace("X", "tick"))
+
+
+def binary_ticker() -> CustomJSTicker:
+    return CustomJSTicker(major_code=BINARY_TICKS_JS)
 
 
 def bytes_hover() -> CustomJSHover:
@@ -61,6 +86,7 @@ def time_figure(title: str, *, datetime: bool, height: int = 320) -> Any:
             seconds="%H:%M:%S", milliseconds="%H:%M:%S.%3N", minsec="%H:%M:%S"
         )
     p.yaxis.formatter = bytes_ticks()
+    p.yaxis.ticker = binary_ticker()
     p.y_range = DataRange1d(start=0)
     p.toolbar.logo = None
     return p
