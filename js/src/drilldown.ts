@@ -9,7 +9,8 @@ import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_c
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "./wire/drilldown";
 import { formatBytes, formatDelta, formatDuration } from "./format";
 import { ProtocolError } from "./wire/json";
-import type { BrowserMessage, Traits } from "./wire/protocol";
+import { parseStatus, type BrowserMessage, type Traits } from "./wire/protocol";
+import type { Mode } from "./cells";
 import { renderSegmentMap } from "./segments";
 
 type Stacking = "sites" | "categories";
@@ -95,10 +96,10 @@ export class DrilldownPanel {
     return this.overview?.devices.find((d) => d.device === this.device) ?? this.overview?.devices[0];
   }
 
-  setOverview(state: DrilldownState): void {
+  setOverview(state: DrilldownState, mode: Mode = "cuda"): void {
     if (state.kind === "empty") {
       this.overview = null;
-      this.message.textContent = "No snapshot loaded: run `%gpumem record on` then `%gpumem record off`, wrap a cell in `%%gpumem cell`, or call gpumem_widget.show_snapshot(path).";
+      this.message.textContent = emptySnapshotText(mode);
       this.showBody(false);
       return;
     }
@@ -592,12 +593,22 @@ export class DrilldownPanel {
   }
 }
 
+/** What the empty tab says: how to get a snapshot here (recording one needs CUDA). */
+export function emptySnapshotText(mode: Mode): string {
+  const open = "gpumem_widget.show_snapshot(path) or `%gpumem show-snapshot PATH`";
+  return mode === "host"
+    ? `No snapshot loaded. Recording one needs a CUDA device, and this kernel has none (host-memory mode); a snapshot file recorded elsewhere opens here with ${open}.`
+    : `No snapshot loaded: run \`%gpumem record on\` then \`%gpumem record off\`, wrap a cell in \`%%gpumem cell\`, or open a file with ${open}.`;
+}
+
 export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () => void {
   const panel = new DrilldownPanel((msg) => model.send(msg));
   el.append(panel.el);
+  // The mode only changes what the empty tab says; a status update then redraws nothing else.
+  let mode: Mode = parseStatus(model.get("status"), []).mode;
   const overview = (): void => {
     try {
-      panel.setOverview(parseDrilldown(model.get("drilldown")));
+      panel.setOverview(parseDrilldown(model.get("drilldown")), mode);
     } catch (e) {
       if (!(e instanceof ProtocolError)) throw e;
       panel.showError(e.message);
@@ -626,9 +637,18 @@ export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () =>
   const range = guarded(parseRangeView, (v) => panel.setRange(v), "drilldown_view");
   const search = guarded(parseSearch, (v) => panel.setSearch(v), "drilldown_search");
   const compare = guarded(parseCompare, (v) => panel.setCompare(v), "drilldown_compare");
+  const status = (): void => {
+    const now = parseStatus(model.get("status"), []).mode;
+    if (now === mode) return;
+    mode = now;
+    const raw: unknown = model.get("drilldown");
+    // As parseDrilldown's empty state; a loaded snapshot stays as the user left it.
+    if (raw == null || (typeof raw === "object" && Object.keys(raw).length === 0)) overview();
+  };
   overview();
   alive();
   compare();
+  model.on("change:status", status);
   model.on("change:drilldown", overview);
   model.on("change:drilldown_alive", alive);
   model.on("change:drilldown_view", range);
@@ -638,6 +658,7 @@ export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () =>
   const resize = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(() => panel.redraw());
   resize?.observe(panel.el);
   return () => {
+    model.off("change:status", status);
     model.off("change:drilldown", overview);
     model.off("change:drilldown_alive", alive);
     model.off("change:drilldown_view", range);

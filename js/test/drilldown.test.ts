@@ -237,6 +237,20 @@ describe("drill-down panel", () => {
     stop();
   });
 
+  it("says in host mode that recording needs CUDA, and how a file recorded elsewhere opens", () => {
+    const { el, model, stop } = mount({ drilldown: {}, drilldown_alive: {}, status: { mode: "host" } });
+    const text = (): string => el.querySelector(".gpumem-drilldown-empty")?.textContent ?? "";
+    expect(text()).toContain("Recording one needs a CUDA device, and this kernel has none (host-memory mode)");
+    expect(text()).toContain("gpumem_widget.show_snapshot(path)");
+    expect(text()).not.toContain("%gpumem record on");
+    model.set("status", { mode: "cuda" }); // the notebook imported torch on a GPU machine
+    expect(text()).toContain("`%gpumem record on` then `%gpumem record off`");
+    model.set("drilldown", { pending: "OOM in cell 4" });
+    model.set("status", { mode: "host" }); // a snapshot on its way is left as it is
+    expect(el.textContent).toContain("OOM in cell 4");
+    stop();
+  });
+
   it("steps event by event from the answer shown, and says where a column's peak is", () => {
     const { el, model, stop } = mount(received());
     const heading = el.querySelector<HTMLElement>(".gpumem-drilldown-alive-heading");
