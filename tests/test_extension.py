@@ -232,6 +232,11 @@ def test_host_mode_outputs_never_pass_host_figures_for_gpu_ones(
     assert out.strip() == "gpumem: no GPU memory to rank (no CUDA device: host-memory mode)"
     with pytest.raises(UsageError, match=r"needs a CUDA device, and there is none here"):
         ip.run_line_magic("gpumem", "snapshot")
+    ip.run_line_magic("gpumem", "postmortem")
+    assert capsys.readouterr().out.strip() == (
+        "gpumem: no post-mortem: they follow CUDA out-of-memory errors "
+        "(no CUDA device: host-memory mode)"
+    )
 
 
 @host_only

@@ -75,7 +75,13 @@ def _free(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 def _postmortem(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
     pm = session.last_postmortem
-    print(pm.format() if pm is not None else "gpumem: no cell has run out of CUDA memory yet")
+    if pm is not None:
+        print(pm.format())
+    elif session.mode == "host":  # not "yet": without a CUDA device there can be none
+        why = session.readers.torch.reason or "no CUDA device"
+        print(f"gpumem: no post-mortem: they follow CUDA out-of-memory errors ({why})")
+    else:
+        print("gpumem: no cell has run out of CUDA memory yet")
 
 
 @contextlib.contextmanager
