@@ -412,13 +412,15 @@ POOL = [frame(f"/m/{i % 3}.py", i, f"f{i}") for i in range(6)]
         max_size=30,
     ),
     st.booleans(),
+    st.sampled_from([1, 2, 7, 1 << 18]),
 )
 def test_stacks_are_the_entries_frames_however_they_are_shared(
-    stacks: list[Any], collide: bool
+    stacks: list[Any], collide: bool, rows_at_a_time: int
 ) -> None:
     """Entries' frames lists share frame dicts (as the pickle memo makes them), repeat whole
     lists, or hold equal copies; each entry's stack is its frames' content. `collide`: the
-    grouping by hash is made to report a collision, so the exact fallback runs."""
+    grouping by hash is made to report a collision, so the exact fallback runs; rows are
+    hashed `rows_at_a_time`."""
     from gpumem_widget.snapshot import load
 
     shared = [POOL[:2]] * 3  # one list object in several entries
@@ -427,13 +429,14 @@ def test_stacks_are_the_entries_frames_however_they_are_shared(
     entries = [
         {"action": "alloc", "addr": 512 * i, "size": 512, "frames": f} for i, f in enumerate(lists)
     ]
-    original = load._same_sequences
+    original, chunk = load._same_sequences, load._ROWS_AT_A_TIME
     try:
+        load._ROWS_AT_A_TIME = rows_at_a_time
         if collide:
             load._same_sequences = lambda flat, lens: (None, None)  # type: ignore[assignment]
         data = read_snapshot({"segments": [], "device_traces": [entries]})
     finally:
-        load._same_sequences = original
+        load._same_sequences, load._ROWS_AT_A_TIME = original, chunk
     table = data.stacks
     for i, f in enumerate(lists):
         got = table.frames_of(int(data.traces[0].stack[i]))

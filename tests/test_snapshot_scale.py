@@ -427,3 +427,27 @@ def test_mapped_pages_are_given_back_between_views(tmp_path: Path) -> None:
 
 def vars_of(obj: Any) -> list[np.ndarray[Any, Any]]:
     return [v for f in obj.__dataclass_fields__ if isinstance(v := getattr(obj, f), np.ndarray)]
+
+
+def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
+    """After the columns, the child replays the allocator to the first device's peak and keeps
+    that segment map (the slowest view) with them: the same map the kernel computes."""
+    from gpumem_widget.snapshot import columnar, drilldown
+    from gpumem_widget.snapshot.segment_views import segment_map_view
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    snap = open_snapshot(path)
+    info = snap.load_info
+    assert info is not None
+    assert info.finishing is not None
+    assert info.finishing.wait(30)
+    peak = int(np.argmax(snap.replay(0).active))
+    computed = segment_map_view(
+        snap, 0, event=peak, max_segments=drilldown.MAX_SEGMENTS, max_blocks=drilldown.MAX_BLOCKS
+    )
+    assert columnar.read_extra(Path(info.entry), columnar.PEAK_SEGMENTS) == {0: computed}
+    assert drilldown.alive_view(snap, 0, None)["segments"] == computed
+    assert drilldown._kept_segments(snap, 0, peak - 1) is None  # another instant: computed
+    again = open_snapshot(path)  # a reopen finds it without a child
+    assert drilldown._kept_segments(again, 0, peak) == computed

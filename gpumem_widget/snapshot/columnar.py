@@ -45,6 +45,9 @@ from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom
 
 FORMAT = 1
 INDEX = "index.pickle"
+# The segment map at the first device's peak, kept beside the index by the conversion child
+# once the columns are written: {device: segment_views.segment_map_view(...)}.
+PEAK_SEGMENTS = "peak_segments.pickle"
 TRACE_COLUMNS = {
     "action": np.int8,
     "addr": np.int64,
@@ -234,6 +237,23 @@ def write(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _trim(entry.parent, keep=entry)
+
+
+def write_extra(entry: Path, name: str, value: Any) -> None:
+    """Keep `value` (plain data) in the written `entry` as `name`, atomically."""
+    tmp = entry / f"{name}.tmp-{os.getpid()}"
+    tmp.write_bytes(pickle.dumps(value, protocol=4))
+    tmp.rename(entry / name)
+
+
+def read_extra(entry: Path, name: str) -> Any:
+    """What `write_extra` kept as `name` in `entry`; None where it is absent or unreadable."""
+    from gpumem_widget.snapshot.load import _DataOnlyUnpickler
+
+    try:
+        return _DataOnlyUnpickler(io.BytesIO((entry / name).read_bytes())).load()
+    except Exception:
+        return None
 
 
 def _trim(root: Path, keep: Path, limit: int = DEFAULT_CACHE_LIMIT) -> None:

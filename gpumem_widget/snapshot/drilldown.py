@@ -62,10 +62,37 @@ def describe_source(src: object) -> str:
     return "snapshot dict" if isinstance(src, Mapping) else type(src).__name__
 
 
+def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
+    """The segment map the conversion child kept with the columns, if it is the one asked for
+    (waiting for the child while it computes it: no slower than computing it here)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from gpumem_widget.snapshot import columnar
+
+    info = snap.load_info
+    if info is None or not info.entry or device != snap.devices[0]:
+        return None
+    active = snap.replay(device).active
+    if event != (int(np.argmax(active)) if len(active) else -1):
+        return None  # not the peak
+    if info.finishing is not None:
+        info.finishing.wait()
+    kept = columnar.read_extra(Path(info.entry), columnar.PEAK_SEGMENTS)
+    view = kept.get(device) if isinstance(kept, dict) else None
+    if isinstance(view, dict) and view.get("event") == event:
+        return view  # type: ignore[return-value]
+    return None
+
+
 def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
     from gpumem_widget.snapshot.segment_views import segment_map_view
 
+    kept = _kept_segments(snap, device, event)
+    if kept is not None:
+        return kept
     try:
         return segment_map_view(
             snap, device, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS

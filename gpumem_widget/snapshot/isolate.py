@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpumem_widget.snapshot import columnar
 from gpumem_widget.snapshot.load import (
     DEFAULT_MAX_BYTES,
@@ -130,7 +132,7 @@ def open_file(
             return data, info, replays
     if not cache:
         entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
-    peak = _run_child(
+    peak, finishing = _run_child(
         where,
         st=st,
         entry=entry,
@@ -139,6 +141,7 @@ def open_file(
         progress=progress,
         cancel=cancel,
         preview=preview,
+        keep_segments=cache,  # an uncached entry is removed once mapped
     )
     if progress is not None:
         progress("mapping", None)
@@ -150,7 +153,8 @@ def open_file(
         if not cache:  # the mapped columns stay readable after their files are unlinked
             shutil.rmtree(entry, ignore_errors=True)
     seconds = time.perf_counter() - started
-    return data, LoadInfo(False, seconds, peak, str(entry), first_view), replays
+    info = LoadInfo(False, seconds, peak, str(entry), first_view, finishing)
+    return data, info, replays
 
 
 def _run_child(
@@ -163,8 +167,10 @@ def _run_child(
     progress: Progress | None,
     cancel: threading.Event | None,
     preview: Preview | None = None,
-) -> int | None:
-    """Run the conversion in a child; its peak resident memory (bytes) when it told it."""
+    keep_segments: bool = True,
+) -> tuple[int | None, threading.Event | None]:
+    """Run the conversion in a child; its peak resident memory (bytes) when it told it, and
+    the event set once it has exited (it keeps working after the columns are written)."""
     job = {
         "path": where,
         "entry": str(entry),
@@ -174,6 +180,7 @@ def _run_child(
         "mtime_ns": st.st_mtime_ns,
         "progress": progress is not None,
         "preview": preview is not None,
+        "keep_segments": keep_segments,
     }
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
@@ -195,6 +202,8 @@ def _run_child(
     limit_rss = max_memory + _CHILD_BASE_RSS
     over = False
     sampled = 0
+    finishing: threading.Event | None = None
+    stderr = ""
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(child.stdout, selectors.EVENT_READ)
@@ -223,7 +232,12 @@ def _run_child(
                                 _show_preview(preview, msg["preview"])
                         else:
                             result = msg
-        code = child.wait()
+                    if result.get("done"):
+                        break  # the columns are written; the child keeps more for later
+        if result.get("done"):
+            code, finishing = 0, _finish_in_background(child)
+        else:
+            code = child.wait()
     except _Cancelled:
         _kill(child)
         shutil.rmtree(entry, ignore_errors=True)
@@ -232,9 +246,10 @@ def _run_child(
         _kill(child)
         raise
     finally:
-        child.stdout.close()
-        stderr = child.stderr.read().decode(errors="replace")
-        child.stderr.close()
+        if finishing is None:
+            child.stdout.close()
+            stderr = child.stderr.read().decode(errors="replace")
+            child.stderr.close()
         # The child's own high-water mark when it told it (rusage would include the parent's
         # memory at fork), else the most this process saw.
         told = result.get("peak_rss")
@@ -251,7 +266,27 @@ def _run_child(
     if code != 0 or not result.get("done"):
         tail = stderr.strip().splitlines()[-1:] or [f"exit status {code}"]
         raise SnapshotLoadError(f"{where}: the conversion process failed ({tail[0]})")
-    return last_child_peak
+    return last_child_peak, finishing
+
+
+def _finish_in_background(child: subprocess.Popen[bytes]) -> threading.Event:
+    """Let the child finish what it keeps beyond the columns (`_keep_peak_segments`) while the
+    caller goes on; the event is set once it has exited (and is reaped)."""
+    done = threading.Event()
+
+    def drain() -> None:
+        assert child.stdout is not None
+        assert child.stderr is not None
+        with contextlib.suppress(OSError, ValueError):
+            child.stdout.read()
+            child.stderr.read()
+        child.stdout.close()
+        child.stderr.close()
+        child.wait()
+        done.set()
+
+    threading.Thread(target=drain, name="gpumem-snapshot-child", daemon=True).start()
+    return done
 
 
 class _Cancelled(Exception):
@@ -301,7 +336,7 @@ def _vm_size() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _child(job: dict[str, Any]) -> dict[str, Any]:
+def _child(job: dict[str, Any]) -> tuple[dict[str, Any], Snapshot | None]:
     where = job["path"]
     with contextlib.suppress(OSError, ValueError):
         # Virtual memory: what is mapped now (interpreter, numpy) plus the cap.
@@ -322,7 +357,7 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
         with open_regular(where) as f:
             st = os.fstat(f.fileno())
         if (st.st_size, st.st_mtime_ns) != (job["size"], job["mtime_ns"]):
-            return {"error": f"{where}: the file changed while it was being opened"}
+            return {"error": f"{where}: the file changed while it was being opened"}, None
         say("reading", 0.0)
         stats: dict[str, int] = {}
         data = read_snapshot(
@@ -340,19 +375,20 @@ def _child(job: dict[str, Any]) -> dict[str, Any]:
         columnar.write(data, Path(job["entry"]), stats["bytes"], replays, _first_view(snap))
     except SnapshotLoadError as e:
         if not isinstance(e, OutOfMemory):
-            return {"error": str(e)}
-        return {
-            "error": f"{where}: converting it needs more than {int(job['max_memory']) >> 20} MB "
-            "of memory; pass a larger max_memory to open it"
-        }
+            return {"error": str(e)}, None
+        return {"error": _too_big(where, job)}, None
     except MemoryError:
-        return {
-            "error": f"{where}: converting it needs more than {int(job['max_memory']) >> 20} MB "
-            "of memory; pass a larger max_memory to open it"
-        }
+        return {"error": _too_big(where, job)}, None
     except OSError as e:
-        return {"error": f"{where}: {e.strerror or e}"}
-    return {"done": True}
+        return {"error": f"{where}: {e.strerror or e}"}, None
+    return {"done": True}, snap
+
+
+def _too_big(where: str, job: dict[str, Any]) -> str:
+    return (
+        f"{where}: converting it needs more than {int(job['max_memory']) >> 20} MB of memory; "
+        "pass a larger max_memory to open it"
+    )
 
 
 def _checked(data: SnapshotData) -> bool:
@@ -400,9 +436,29 @@ def _peak_rss() -> int | None:
     return None
 
 
+def _keep_peak_segments(snap: Snapshot, entry: Path) -> None:
+    """The segment map at the first device's peak (what the tab shows beside what is alive
+    there first), kept with the columns: replaying the allocator to it is the slowest view (a
+    Python loop over every entry), done here while the caller computes the others."""
+    from gpumem_widget.snapshot.drilldown import MAX_BLOCKS, MAX_SEGMENTS
+    from gpumem_widget.snapshot.segment_views import segment_map_view
+
+    if not snap.devices or not _checked(snap.data):
+        return
+    d = snap.devices[0]
+    rep = snap.replay(d)
+    event = int(np.argmax(rep.active)) if rep.n_events else -1
+    view = segment_map_view(snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS)
+    columnar.write_extra(entry, columnar.PEAK_SEGMENTS, {d: view})
+
+
 def main() -> None:
-    result = _child(json.loads(sys.argv[1]))
+    job = json.loads(sys.argv[1])
+    result, snap = _child(job)
     print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
+    if snap is not None and job.get("keep_segments"):
+        with contextlib.suppress(Exception):  # the caller computes it where it is missing
+            _keep_peak_segments(snap, Path(job["entry"]))
     # Everything the caller needs is in the cache: skip freeing this process's objects.
     sys.stderr.flush()
     os._exit(0)

@@ -532,39 +532,56 @@ def _stacks(
     return stack_of[list_of] if n else np.zeros(0, np.int32)
 
 
+# Rows of `_same_sequences` hashed and checked at a time: its temporaries stay near 100 MB.
+_ROWS_AT_A_TIME = 1 << 18
+
+
 def _same_sequences(
     flat: np.ndarray[Any, np.dtype[np.int64]], lens: np.ndarray[Any, np.dtype[np.int64]]
 ) -> tuple[Any, Any]:
     """Group the rows of a ragged array (`flat`, cut into rows of `lens`) by equal content: each
     row's group (numbered in order of first appearance) and each group's first row; (None,
     None) when two different rows share a hash (then nothing is grouped wrongly)."""
-    offsets = np.zeros(len(lens) + 1, np.int64)
+    n = len(lens)
+    offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
-    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(offsets[:-1], lens)
-    mixed = flat.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + pos.view(np.uint64) * np.uint64(
-        0xC2B2AE3D27D4EB4F
-    )
-    mixed ^= mixed >> np.uint64(29)
-    mixed *= np.uint64(0xBF58476D1CE4E5B9)
-    sums = np.zeros(len(flat) + 1, np.uint64)
-    np.cumsum(mixed, out=sums[1:])
-    digest = (
-        sums[offsets[1:]]
-        - sums[offsets[:-1]]
-        + lens.view(np.uint64) * np.uint64(0x94D049BB133111EB)
-    )
+    digest = np.empty(n, np.uint64)
+    for r0, r1, pos in _row_chunks(offsets, lens):
+        lo, hi = offsets[r0], offsets[r1]
+        mixed = flat[lo:hi].view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        mixed += pos.view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+        mixed ^= mixed >> np.uint64(29)
+        mixed *= np.uint64(0xBF58476D1CE4E5B9)
+        sums = np.zeros(hi - lo + 1, np.uint64)
+        np.cumsum(mixed, out=sums[1:])
+        ends, starts = offsets[r0 + 1 : r1 + 1] - lo, offsets[r0:r1] - lo
+        digest[r0:r1] = sums[ends] - sums[starts]
+    digest += lens.view(np.uint64) * np.uint64(0x94D049BB133111EB)
     _, first, group = np.unique(digest, return_index=True, return_inverse=True)
     group = group.reshape(-1)
     rep = first[group]
     if not np.array_equal(lens[rep], lens):
         return None, None
-    if not np.array_equal(flat[np.repeat(offsets[:-1][rep], lens) + pos], flat):
-        return None, None
+    for r0, r1, pos in _row_chunks(offsets, lens):
+        theirs = np.repeat(offsets[rep[r0:r1]], lens[r0:r1]) + pos
+        if not np.array_equal(flat[theirs], flat[offsets[r0] : offsets[r1]]):
+            return None, None
     # Renumber the groups by their first row, so stacks are interned in entry order.
     order = np.argsort(first, kind="stable")
     renumber = np.empty(len(order), np.int64)
     renumber[order] = np.arange(len(order))
     return renumber[group], first[order]
+
+
+def _row_chunks(
+    offsets: np.ndarray[Any, np.dtype[np.int64]], lens: np.ndarray[Any, np.dtype[np.int64]]
+) -> Iterator[tuple[int, int, np.ndarray[Any, np.dtype[np.int64]]]]:
+    """Rows [r0, r1) at a time, with each element's position within its row."""
+    for r0 in range(0, len(lens), _ROWS_AT_A_TIME):
+        r1 = min(len(lens), r0 + _ROWS_AT_A_TIME)
+        size = int(offsets[r1] - offsets[r0])
+        pos = np.arange(size, dtype=np.int64) - np.repeat(offsets[r0:r1] - offsets[r0], lens[r0:r1])
+        yield r0, r1, pos
 
 
 def _explain(entries: list[Any], device: int) -> NoReturn:

@@ -8,6 +8,7 @@ frame indices, innermost first, as torch lists them), and strings (`user_metadat
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -153,3 +154,6 @@ class LoadInfo:
     # The tab's first view as the conversion computed it (`drilldown.overview(first_only=True)`
     # without its source), kept with the columns; None where there is none.
     first_view: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    # Set once the conversion child has exited: after the columns it keeps the segment map at
+    # the peak (`columnar.PEAK_SEGMENTS`); None when no child ran.
+    finishing: threading.Event | None = field(default=None, repr=False, compare=False)
