@@ -7,8 +7,11 @@ Each configuration runs in its own fresh process with a real IPython shell, in i
 
     python benchmarks/bench_overhead.py [--rounds 3] [--cells 300] [--steps 600]
 
-Prints medians and the ratio to the baseline measured in the same run. The training loop needs
-CUDA; without it only the per-cell figure is measured.
+Prints medians and the ratio to the baseline measured in the same run: per trivial cell the wall
+time, the process's CPU time (all threads: the sampler's and the history writer's too), and for
+gpumem_widget the time inside its two cell hooks (what is left of "added" beyond them is spent
+outside: GIL hand-offs, caches). The training loop needs CUDA; without it only the per-cell
+figures are measured.
 """
 
 from __future__ import annotations
@@ -59,6 +62,28 @@ step_seconds = (time.perf_counter() - t0) / {steps}
 """
 
 
+def _time_hooks(ip: Any) -> list[int]:
+    """Wrap the extension's cell hooks where IPython keeps them; the list collects ns spent."""
+    spent: list[int] = []
+
+    def timed(hook: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            try:
+                return hook(*args)
+            finally:
+                spent.append(time.perf_counter_ns() - t0)
+
+        return wrapper
+
+    for event in ("pre_run_cell", "post_run_cell"):
+        callbacks = ip.events.callbacks[event]
+        for i, hook in enumerate(callbacks):
+            if getattr(hook, "__module__", "").startswith("gpumem_widget"):
+                callbacks[i] = timed(hook)
+    return spent
+
+
 def child(config: str, cells: int, steps: int, out: str) -> None:
     from IPython.testing.globalipapp import start_ipython
 
@@ -78,10 +103,13 @@ def child(config: str, cells: int, steps: int, out: str) -> None:
         ip.run_cell(SETUP, store_history=True).raise_error()
         for _ in range(20):  # warm up the hooks
             ip.run_cell("x = 1", store_history=True)
-        t0 = time.perf_counter()
+        spent = _time_hooks(ip)
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(cells):
             ip.run_cell("x = 1", store_history=True)
         per_cell = (time.perf_counter() - t0) / cells
+        cpu_per_cell = (time.process_time() - c0) / cells
+        hooks_per_cell = sum(spent) / 1e9 / cells
         step = None
         if ip.user_ns["cuda"]:
             ip.run_cell(LOOP.format(steps=steps), store_history=True).raise_error()
@@ -89,7 +117,15 @@ def child(config: str, cells: int, steps: int, out: str) -> None:
         if config == "gpumem_widget":
             ip.run_line_magic("unload_ext", "gpumem_widget")
     with open(out, "w") as f:
-        json.dump({"cell_ms": per_cell * 1e3, "step_ms": step * 1e3 if step else None}, f)
+        json.dump(
+            {
+                "cell_ms": per_cell * 1e3,
+                "cpu_ms": cpu_per_cell * 1e3,
+                "hooks_ms": hooks_per_cell * 1e3,
+                "step_ms": step * 1e3 if step else None,
+            },
+            f,
+        )
 
 
 def available(config: str) -> bool:
@@ -152,12 +188,19 @@ def main() -> None:
                 with open(f.name) as result:
                     results[c].append(json.load(result))
     base_cell = statistics.median(r["cell_ms"] for r in results["none"])
+    base_cpu = statistics.median(r["cpu_ms"] for r in results["none"])
     steps = [r["step_ms"] for r in results["none"] if r["step_ms"] is not None]
     base_step = statistics.median(steps) if steps else None
-    print(f"{'config':<16}{'ms/trivial cell':>16}{'added ms':>10}{'ms/step':>10}{'vs none':>10}")
+    print(
+        f"{'config':<16}{'ms/trivial cell':>16}{'added ms':>10}{'cpu added':>10}"
+        f"{'in hooks':>10}{'ms/step':>10}{'vs none':>10}"
+    )
     for c in configs:
         cell = statistics.median(r["cell_ms"] for r in results[c])
-        row = f"{c:<16}{cell:>16.3f}{cell - base_cell:>+10.3f}"
+        cpu = statistics.median(r["cpu_ms"] for r in results[c])
+        hooks = statistics.median(r["hooks_ms"] for r in results[c])
+        row = f"{c:<16}{cell:>16.3f}{cell - base_cell:>+10.3f}{cpu - base_cpu:>+10.3f}"
+        row += f"{hooks:>10.3f}" if c == "gpumem_widget" else f"{'':>10}"
         s = [r["step_ms"] for r in results[c] if r["step_ms"] is not None]
         if s and base_step:
             step = statistics.median(s)
@@ -166,6 +209,7 @@ def main() -> None:
             row += f"{'n/a':>10}{'(no CUDA)':>10}"
         print(row)
     print(f"rounds={args.rounds} cells={args.cells} steps={args.steps} (medians over rounds)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -93,6 +93,32 @@ def test_idle_rate_is_slow_and_back_to_back_cells_do_not_wake_the_thread() -> No
     assert taken_by_thread <= 2 + ticks, (taken_by_thread, took)
 
 
+def test_a_cell_start_wakes_the_idle_thread_only_to_take_up_the_fast_rate() -> None:
+    """The wake at a cell's start neither samples (the hooks just did) nor publishes: either
+    would take the GIL from the cell's first instructions. The fast rate starts from there."""
+    sampler, timeline, _ = make()
+    published: list[float] = []
+    sampler._publish = lambda: published.append(time.monotonic())
+    wake = CountingEvent()
+    sampler._wake = wake
+    sampler.busy_interval = 0.3
+    sampler.start()
+    try:
+        time.sleep(0.3)  # it sampled and published at once; now it sleeps its idle second
+        rows, publishes, turns = len(timeline), len(published), wake.waits
+        row = sampler.record(timeline_row(sampler))  # as `CellTracker.start` does
+        sampler.begin_cell(row)
+        time.sleep(0.15)  # half the busy interval: the thread has been woken by now
+        assert (len(timeline), len(published)) == (rows + 1, publishes)
+        time.sleep(1.0)
+        woke = wake.waits - turns
+        assert len(timeline) > rows + 1  # the fast rate, from one interval after the start
+    finally:
+        sampler.end_cell()
+        sampler.stop()
+    assert woke >= 2
+
+
 def timeline_row(sampler: Sampler) -> np.ndarray:
     from gpumem_widget.live.sampler import read_row
 

@@ -21,6 +21,9 @@ from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.wire import protocol
 
 log = logging.getLogger(__name__)
+# After a cell ends the thread keeps waking at the fast rate this long (sampling at the idle
+# rate): a next cell that follows soon (Run All) finds it so, and its start need not wake it.
+LINGER_S = 1.0
 
 
 def read_row(
@@ -85,6 +88,11 @@ class Sampler:
         self._last_publish = 0.0
         self._last_sample = 0.0  # monotonic
         self._deadline = 0.0  # monotonic time the thread will next wake by itself
+        # Set when a cell's start wakes the thread: only to take up the fast rate. The start's
+        # own sample was just taken, and publishing now would take the GIL from the cell's
+        # first instructions, so that wake neither samples nor publishes.
+        self._rate_only = False
+        self._cell_ended = -math.inf  # monotonic
         # Given the running cell's per-column maxima about every `checkpoint_interval` s (the
         # on-disk history keeps them, so a kernel killed mid-cell still says how high it went).
         self.checkpoint: Callable[[npt.NDArray[np.float64] | None], None] | None = None
@@ -131,13 +139,14 @@ class Sampler:
         self.paused = False
         self._wake.set()
 
-    def begin_cell(self) -> None:
-        """Enter the fast rate and start tracking each column's maximum for this cell."""
+    def begin_cell(self, first: npt.NDArray[np.float64] | None = None) -> None:
+        """Enter the fast rate and track each column's maximum for this cell, from `first` (the
+        sample the hooks took at its start, already recorded) on."""
         with self._lock:
-            self._cell_max = None
+            self._cell_max = first
         with self._rate_lock:
             self.busy = True
-            self._poke(self.busy_interval)
+            self._poke(self.busy_interval, rate_only=True)
 
     def end_cell(self) -> npt.NDArray[np.float64] | None:
         """Leave the fast rate; the per-column maxima sampled during the cell (None if none)."""
@@ -145,18 +154,21 @@ class Sampler:
             out, self._cell_max = self._cell_max, None
         with self._rate_lock:
             self.busy = False
+            self._cell_ended = time.monotonic()
             self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
         return out
 
     def poke(self) -> None:
         """Wake the thread now (to publish to a new widget)."""
         self._last_publish = 0.0
+        self._rate_only = False
         self._wake.set()
 
-    def _poke(self, within: float) -> None:
+    def _poke(self, within: float, rate_only: bool = False) -> None:
         """Wake the thread unless it wakes within `within` s anyway: back-to-back cells then
         cost no thread switches."""
         if self._deadline - time.monotonic() > within:
+            self._rate_only = rate_only
             self._wake.set()
 
     def sample(self) -> npt.NDArray[np.float64]:
@@ -188,6 +200,10 @@ class Sampler:
     def _run(self) -> None:
         failures = 0  # consecutive failed samples
         while not self._stop.is_set():
+            if self._rate_only:  # a cell started: only take up its rate (see `_rate_only`)
+                self._rate_only = False
+                self._plan(failures, None)
+                continue
             interval = self.busy_interval if self.busy else self.idle_interval
             # Woken early (a cell started or ended): sample only when due, so cells that
             # follow each other quickly cost the thread nothing.
@@ -211,18 +227,25 @@ class Sampler:
                 self._errors.pop("publisher", None)
             except Exception as e:  # a closed or broken widget must not stop the sampling
                 self._note_error("publisher", e)
-            # Under the lock `_poke` takes, so a cell starting now either is seen here or sees
-            # this deadline (and wakes the thread).
-            with self._rate_lock:
-                interval = self.busy_interval if self.busy else self.idle_interval
-                wait = max(self._last_sample + interval - time.monotonic(), 0.001)
-                # Back off on repeated failures so a broken reader cannot spin a core.
-                wait = min(wait * (2 ** min(failures, 6)), 60.0)
-                if publish_due is not None:
-                    wait = min(wait, publish_due)
-                self._deadline = time.monotonic() + wait
-            self._wake.wait(wait)
-            self._wake.clear()
+            self._plan(failures, publish_due)
+
+    def _plan(self, failures: int, publish_due: float | None) -> None:
+        """Sleep until the next sample (or publish) is due, or until woken."""
+        # Under the lock `_poke` takes, so a cell starting now either is seen here or sees
+        # this deadline (and wakes the thread).
+        with self._rate_lock:
+            now = time.monotonic()
+            interval = self.busy_interval if self.busy else self.idle_interval
+            wait = max(self._last_sample + interval - now, 0.001)
+            # Back off on repeated failures so a broken reader cannot spin a core.
+            wait = min(wait * (2 ** min(failures, 6)), 60.0)
+            if publish_due is not None:
+                wait = min(wait, publish_due)
+            if not self.busy and now - self._cell_ended < LINGER_S:
+                wait = min(wait, self.busy_interval)  # see LINGER_S
+            self._deadline = now + wait
+        self._wake.wait(wait)
+        self._wake.clear()
 
     def _maybe_checkpoint(self) -> None:
         if self.checkpoint is None or not self.busy:

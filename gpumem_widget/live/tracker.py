@@ -90,8 +90,10 @@ class CellTracker:
                     self.readers.torch.reset_peaks(d)
                 except Exception as e:
                     missing.setdefault(f"cuda:{d} peak", _why("reset_peak_memory_stats", e))
-        self.sampler.begin_cell()
+        # The start's sample first, then the fast rate: the thread, woken to take it up, finds a
+        # sample just taken and has nothing to do while the cell starts.
         row = self.sampler.record(read_row(self.readers, stats, nvml=False))  # not needed here
+        self.sampler.begin_cell(row)
         self._current = _CellStart(
             execution_count=execution_count,
             cell_id=cell_id,
