@@ -30,6 +30,9 @@ from gpumem_widget.workers.messages import (
 )
 from gpumem_widget.workers.signing import new_key
 from gpumem_widget.workers.store import Worker, WorkerStore
+# At the top, not in `wire`: the sampler thread calls that, and an import there is the one thing
+# that can hang it for good (a Ctrl-C inside importlib's own lock handling leaks the lock).
+from gpumem_widget.workers.view import hub_wire
 
 if TYPE_CHECKING:
     from gpumem_widget.live.session import Session
@@ -238,8 +241,6 @@ class WorkerHub:
         return version != self._wired[1] and time.monotonic() - self._wired_at >= WIRE_PERIOD
 
     def wire(self) -> dict[str, Any]:
-        from gpumem_widget.workers.view import hub_wire
-
         self._wired = (self.store.structure, self.store.version)
         self._wired_at = time.monotonic()
         return hub_wire(self.address.samples, self.counts(), self.store.workers())
