@@ -6,6 +6,12 @@ Each configuration runs in its own fresh process with a real IPython shell, in i
   ipyexperiments  the peer's CellLogger (IPyExperimentsPytorch), if installed
 
     python benchmarks/bench_overhead.py [--rounds 3] [--cells 300] [--steps 600]
+    python benchmarks/bench_overhead.py --interleaved [--blocks 1500]
+
+`--interleaved` measures the hooks alone, in one shell with the extension loaded: its two cell
+hooks are registered or not for each block of 4 trivial cells, at random, and the last 2 cells of
+each block are timed; the medians of both sides come from the same moments of the same process,
+so they hold on a machine that others share (the separate processes above do not).
 
 Prints medians and the ratio to the baseline measured in the same run: per trivial cell the wall
 time, the process's CPU time (all threads: the sampler's and the history writer's too), and for
@@ -128,6 +134,62 @@ def child(config: str, cells: int, steps: int, out: str) -> None:
         )
 
 
+def interleaved(blocks: int) -> None:
+    import random
+
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    assert ip is not None
+    rng = random.Random(13)
+    samples: dict[bool, list[tuple[int, int, int]]] = {False: [], True: []}
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        ip.run_line_magic("load_ext", "gpumem_widget")
+        ip.run_cell(SETUP, store_history=True).raise_error()
+        for _ in range(20):
+            ip.run_cell("x = 1", store_history=True)
+        spent = _time_hooks(ip)
+        ours = [
+            (event, hook)
+            for event in ("pre_run_cell", "post_run_cell")
+            for hook in ip.events.callbacks[event]
+            if getattr(hook, "__module__", "") == __name__  # the timed wrappers
+        ]
+        for _ in range(blocks):
+            on = rng.random() < 0.5
+            for event, hook in ours:
+                callbacks = ip.events.callbacks[event]
+                if on and hook not in callbacks:
+                    callbacks.append(hook)
+                elif not on and hook in callbacks:
+                    callbacks.remove(hook)
+            for k in range(4):
+                spent.clear()
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                ip.run_cell("x = 1", store_history=True)
+                if k >= 2:  # the cell before was of the same kind
+                    wall, cpu = time.perf_counter_ns() - t0, time.thread_time_ns() - c0
+                    samples[on].append((wall, cpu, sum(spent)))
+        for event, hook in ours:
+            if hook not in ip.events.callbacks[event]:
+                ip.events.callbacks[event].append(hook)
+        ip.run_line_magic("unload_ext", "gpumem_widget")
+
+    def median_ms(on: bool, i: int) -> float:
+        return statistics.median(x[i] for x in samples[on]) / 1e6
+
+    wall, cpu, hooks = (median_ms(True, i) - median_ms(False, i) for i in range(3))
+    print(f"{'hooks':<10}{'cells':>7}{'ms/trivial cell':>16}{'main CPU ms':>12}{'in hooks':>10}")
+    for on in (False, True):
+        row = f"{'on' if on else 'off':<10}{len(samples[on]):>7}{median_ms(on, 0):>16.3f}"
+        print(row + f"{median_ms(on, 1):>12.3f}{median_ms(on, 2):>10.3f}")
+    print(
+        f"added by the hooks: {wall:+.3f} ms wall, {cpu:+.3f} ms main-thread CPU; of it "
+        f"{hooks:.3f} ms inside them, {wall - hooks:+.3f} ms outside (medians per cell)"
+    )
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def available(config: str) -> bool:
     if config != "ipyexperiments":
         return True
@@ -151,11 +213,18 @@ def main() -> None:
         default=",".join(CONFIGS),
         help="comma-separated subset of: " + ", ".join(CONFIGS) + " (none is always run)",
     )
+    ap.add_argument(
+        "--interleaved", action="store_true", help="the hooks on and off in one shell (see above)"
+    )
+    ap.add_argument("--blocks", type=int, default=1500, help="with --interleaved")
     ap.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.cells, args.steps, args.out)
+        return
+    if args.interleaved:
+        interleaved(args.blocks)
         return
     wanted = {"none", *args.configs.split(",")}
     configs = [c for c in CONFIGS if c in wanted and available(c)]
