@@ -30,9 +30,7 @@ from gpumem_widget.workers.messages import (
 )
 from gpumem_widget.workers.signing import new_key
 from gpumem_widget.workers.store import Worker, WorkerStore
-# At the top, not in `wire`: the sampler thread calls that, and an import there is the one thing
-# that can hang it for good (a Ctrl-C inside importlib's own lock handling leaks the lock).
-from gpumem_widget.workers.view import hub_wire
+from gpumem_widget.workers.view import hub_wire  # here, not in `wire`: see there
 
 if TYPE_CHECKING:
     from gpumem_widget.live.session import Session
@@ -241,6 +239,8 @@ class WorkerHub:
         return version != self._wired[1] and time.monotonic() - self._wired_at >= WIRE_PERIOD
 
     def wire(self) -> dict[str, Any]:
+        # The sampler thread calls this: an import here (a first one) could hang it for good,
+        # should a Ctrl-C land inside importlib's own lock handling and leak the import lock.
         self._wired = (self.store.structure, self.store.version)
         self._wired_at = time.monotonic()
         return hub_wire(self.address.samples, self.counts(), self.store.workers())
