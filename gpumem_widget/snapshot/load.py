@@ -445,21 +445,15 @@ def _trace_rest(
 ) -> DeviceTrace:
     """`totals` with its stream, stack, tag and compile context columns read."""
     where = f"device_traces[{device}]"
-    try:
-        stream = _values(entries, "stream", 0)
+    try:  # each list becomes its column before the next is read: one list alive at a time
+        stream = _int_column(_values(entries, "stream", 0), where, "stream")
         tag = _intern(interner.strings, _values(entries, "user_metadata", ""))
         ctx = _intern(interner.strings, _values(entries, "compile_context", ""))
-        frame_lists = _values(entries, "frames", ())
+        _check_strings(interner.strings, entries, device)
+        stack = _stacks(_values(entries, "frames", ()), where, interner)
     except (KeyError, TypeError, AttributeError):
         _explain(entries, device)
-    _check_strings(interner.strings, entries, device)
-    return dataclasses.replace(
-        totals,
-        stream=_int_column(stream, where, "stream"),
-        stack=_stacks(frame_lists, where, interner),
-        tag=tag,
-        compile_context=ctx,
-    )
+    return dataclasses.replace(totals, stream=stream, stack=stack, tag=tag, compile_context=ctx)
 
 
 def _check_strings(strings: dict[Any, int], entries: list[Any], device: int) -> None:
@@ -503,6 +497,7 @@ def _stacks(
                 raise _Invalid(f"{where}[{i}]['frames'] is {kind}, expected a list")
     list_ids = np.fromiter(map(id, frame_lists), np.int64, n)
     _, first_of_list, list_of = np.unique(list_ids, return_index=True, return_inverse=True)
+    del list_ids
     # In order of first appearance, so stacks are numbered the same on every load.
     order = np.argsort(first_of_list)
     rank = np.empty(len(order), np.int64)
@@ -516,6 +511,7 @@ def _stacks(
         lens = lengths[rows]
         flat = np.fromiter(map(id, chain.from_iterable(distinct)), np.int64, int(lens.sum()))
         groups, first = _same_sequences(flat, lens)
+        del flat
         if groups is None:  # a hash collision: group by the id tuples themselves
             keys: dict[tuple[int, ...], int] = {}
             groups = np.fromiter(
@@ -532,8 +528,8 @@ def _stacks(
     return stack_of[list_of] if n else np.zeros(0, np.int32)
 
 
-# Rows of `_same_sequences` hashed and checked at a time: its temporaries stay near 100 MB.
-_ROWS_AT_A_TIME = 1 << 18
+# Rows of `_same_sequences` hashed and checked at a time: its temporaries stay near 30 MB.
+_ROWS_AT_A_TIME = 1 << 16
 
 
 def _same_sequences(
