@@ -1,16 +1,18 @@
 """IPython extension entry points: `%load_ext`, `%unload_ext`, `%reload_ext gpumem_widget`.
 
-Loading shows the widget at once, registers the two cell hooks and the `%gpumem` magic, and
+Loading shows the widget at once, registers the two cell hooks and the `%gpumem` magic, puts
+the workers' address in the environment (a process the loading cell starts inherits it), and
 builds the rest of the session (numpy, the readers, the sampler, the on-disk history, the
-workers' listener: about half of loading) on a thread, while the kernel goes back to the user;
-the next cell's hook waits for it, so no cell goes unrecorded. Unloading removes every one of
-them, so a reload leaves exactly one of each.
+workers' listener on that address: most of loading) on a thread, while the kernel goes back to
+the user; the next cell's hook waits for it, so no cell goes unrecorded. Unloading removes
+every one of them, so a reload leaves exactly one of each.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from gpumem_widget.live.session import Session
     from gpumem_widget.magics.core import Command
     from gpumem_widget.wire.widget import GpuMemWidget
+    from gpumem_widget.workers.address import WorkerAddress
 
 log = logging.getLogger(__name__)
 START_WAIT_S = 60.0  # how long a cell's hook waits for the session (NVML can be slow to open)
@@ -29,9 +32,12 @@ class Starting:
     """The session of one `%load_ext`, built on its own thread; the IPython hooks are this
     object's, and hand each cell to the session once it is there."""
 
-    def __init__(self, shell: Any, widget: GpuMemWidget) -> None:
+    def __init__(
+        self, shell: Any, widget: GpuMemWidget, workers: WorkerAddress | None = None
+    ) -> None:
         self.shell = shell
         self.widget = widget
+        self.workers = workers  # the workers' address, exported already; the hub binds it
         self.session: Session | None = None
         self.error: str | None = None
         self.done = threading.Event()
@@ -49,11 +55,13 @@ class Starting:
             try:
                 from gpumem_widget.workers.hub import listen
 
-                listen(session)  # workers this kernel spawns find it through the environment
+                listen(session, reserved=self.workers)
             except Exception as e:  # no pyzmq, no port: the notebook's own view goes on
+                withdraw_workers(self.workers)
                 session.report_error(f"workers: cannot listen: {type(e).__name__}: {e}")
             self.session = session
         except Exception as e:  # said in the widget and by `%gpumem`; the user's cells go on
+            withdraw_workers(self.workers)
             self.error = f"gpumem_widget could not start: {type(e).__name__}: {e}"
             log.error("%s", self.error, exc_info=True)
             with contextlib.suppress(Exception):
@@ -77,6 +85,29 @@ class Starting:
         # (its end has no start to match); any later cell's pre-run hook has waited already.
         if self.done.is_set() and self.session is not None:
             self.session.post_run_cell(result)
+
+
+def reserve_workers() -> WorkerAddress | None:
+    """The address workers will find this kernel at, in its environment now: every process the
+    notebook starts inherits it, from the loading cell on (the hub binds it on the thread)."""
+    try:
+        from gpumem_widget.workers.address import reserve
+
+        address = reserve()
+    except OSError as e:  # no loopback to bind: the thread tries again, on its own ports
+        log.warning("gpumem_widget: workers: cannot reserve an address: %s", e)
+        return None
+    os.environ.update(address.env())
+    return address
+
+
+def withdraw_workers(address: WorkerAddress | None) -> None:
+    """Take a reserved address out of the environment again (nothing will listen there)."""
+    from gpumem_widget.workers.address import VARIABLES
+
+    if address is not None and os.environ.get(VARIABLES[0]) == address.samples:
+        for name in VARIABLES:
+            os.environ.pop(name, None)
 
 
 def commands() -> tuple[Command, ...]:
@@ -115,7 +146,7 @@ def load_ipython_extension(ip: Any) -> None:
 
     widget = GpuMemWidget()  # no devices yet: the session lays them out once torch is seen
     display(widget)
-    starting = Starting(ip, widget)
+    starting = Starting(ip, widget, reserve_workers())
     ip.events.register("pre_run_cell", starting.pre_run_cell)
     ip.events.register("post_run_cell", starting.post_run_cell)
     ip.register_magic_function(gpumem, magic_kind="line_cell", magic_name="gpumem")
@@ -140,6 +171,7 @@ def unload_ipython_extension(ip: Any) -> None:
     if session is not None:
         session.stop()
     else:
+        withdraw_workers(starting.workers)
         from gpumem_widget.live.session import close_widget
 
         close_widget(starting.widget)

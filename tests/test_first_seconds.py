@@ -172,7 +172,7 @@ def test_load_ext_shows_the_widget_before_numpy_and_the_next_cell_waits_for_the_
     """`%load_ext` returns with the widget shown and the rest of the session still to build (held
     here until the cell has started); the cell run then waits for it and is recorded."""
     code = """
-import sys, threading
+import os, sys, threading
 from IPython.core.interactiveshell import InteractiveShell
 import gpumem_widget
 from gpumem_widget import extension
@@ -184,12 +184,15 @@ shown = []
 shell.display_pub.publish = lambda data, *a, **k: shown.append(data)
 shell.run_line_magic("load_ext", "gpumem_widget")
 starting = extension._starting
-print("SHOWN", len(shown), "numpy" in sys.modules, starting.session is None)
+print("SHOWN", len(shown), "numpy" in sys.modules, "zmq" in sys.modules, starting.session is None)
+exported = os.environ["GPUMEM_WIDGET_ADDRESS"]  # what a process started now would inherit
 threading.Timer(0.3, gate.set).start()
 shell.run_cell("x = 1", store_history=True)
 s = gpumem_widget.current_session()
 print("READY", s.widget is starting.widget, [r.source for r in gpumem_widget.ledger()])
+print("WORKERS", s.workers.address.samples == exported == os.environ["GPUMEM_WIDGET_ADDRESS"])
 shell.run_line_magic("unload_ext", "gpumem_widget")
+print("WITHDRAWN", "GPUMEM_WIDGET_ADDRESS" not in os.environ)
 """
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -199,8 +202,10 @@ shell.run_line_magic("unload_ext", "gpumem_widget")
         timeout=120,
         env=FRESH_ENV,
     ).stdout
-    assert "SHOWN 1 False True" in out  # shown; numpy (and the session) not yet there
+    assert "SHOWN 1 False False True" in out  # shown; numpy, zmq, the session not yet there
     assert "READY True ['x = 1']" in out  # the shown widget is the session's; the cell recorded
+    assert "WORKERS True" in out  # the hub listens where loading said it would
+    assert "WITHDRAWN True" in out
 
 
 def test_a_session_that_cannot_start_says_so_and_the_cells_run() -> None:

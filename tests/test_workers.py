@@ -659,6 +659,35 @@ def test_listen_moves_the_listener_and_the_environment(
     assert session.workers.address == new
 
 
+def test_a_hub_binds_the_address_reserved_for_it_or_says_it_moved() -> None:
+    """`%load_ext` exports an address before the hub exists (`address.reserve`); the hub binds
+    those ports with that key, and where one was taken meanwhile, another, saying so."""
+    import socket
+
+    from gpumem_widget.workers.address import host_port, reserve
+
+    reserved = reserve()
+    assert reserved.samples != reserved.control
+    hub = WorkerHub(reserved=reserved)
+    try:
+        assert hub.address == reserved
+        assert not hub.listener.moved
+    finally:
+        hub.listener.close()
+    taken = reserve()
+    with socket.socket() as squatter:  # someone took the samples port in between
+        squatter.bind(("127.0.0.1", host_port(taken.samples)[1]))
+        squatter.listen()
+        hub = WorkerHub(reserved=taken)
+        try:
+            assert hub.listener.moved
+            assert hub.address.samples != taken.samples
+            assert hub.address.control == taken.control  # the free one is kept
+            assert hub.key == taken.key
+        finally:
+            hub.listener.close()
+
+
 def test_unloading_stops_listening_and_withdraws_the_environment() -> None:
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gpumem_widget")

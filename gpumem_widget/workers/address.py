@@ -68,3 +68,24 @@ def host_port(address: str, what: str = "address") -> tuple[str, int]:
     if not 0 < port < 65536:
         raise AddressError(f"{what}: port {port} is out of range")
     return m["host"].strip("[]"), port
+
+
+def reserve(interface: str = "127.0.0.1") -> WorkerAddress:
+    """An address for this kernel's hub, chosen before the hub exists (`%load_ext` exports it at
+    once, so a process the loading cell starts already inherits it; the hub binds it a moment
+    later, on the thread that builds the session). Two ports free now, and a fresh key."""
+    import socket
+
+    from gpumem_widget.workers.signing import new_key
+
+    family = socket.AF_INET6 if ":" in interface else socket.AF_INET
+    host = f"[{interface}]" if ":" in interface else interface
+    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(2)]
+    try:
+        for s in sockets:  # both open at once: two different ports
+            s.bind((interface, 0))
+        samples, control = (int(s.getsockname()[1]) for s in sockets)
+    finally:
+        for s in sockets:
+            s.close()
+    return WorkerAddress(f"tcp://{host}:{samples}", f"tcp://{host}:{control}", new_key())

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpumem_widget.live.workers import WorkerCellUsage
-from gpumem_widget.workers.address import VARIABLES, WorkerAddress
+from gpumem_widget.workers.address import VARIABLES, WorkerAddress, host_port
 from gpumem_widget.workers.agent import LISTENING_HERE
 from gpumem_widget.workers.listener import Listener
 from gpumem_widget.workers.messages import (
@@ -49,11 +49,17 @@ class WorkerHub:
         interface: str = "127.0.0.1",
         key: bytes | None = None,
         snapshot_dir: str | None = None,
+        reserved: WorkerAddress | None = None,
     ) -> None:
-        self.key = key if key is not None else new_key()
+        """`reserved`: the address exported before the hub existed (`address.reserve`): its key,
+        and its ports where they are still free."""
+        self.key = reserved.key if reserved is not None else key if key is not None else new_key()
         self.store = WorkerStore()
         bind = "0.0.0.0" if interface == "*" else interface
-        self.listener = Listener(self.key, self._on_message, bind)
+        ports = None
+        if reserved is not None:
+            ports = (host_port(reserved.samples)[1], host_port(reserved.control)[1])
+        self.listener = Listener(self.key, self._on_message, bind, ports)
         self.address = WorkerAddress(
             _reachable(self.listener.samples_address, bind),
             _reachable(self.listener.control_address, bind),
@@ -256,10 +262,18 @@ class WorkerHub:
         }
 
 
-def listen(session: Session, interface: str = "127.0.0.1") -> WorkerHub:
+def listen(
+    session: Session, interface: str = "127.0.0.1", reserved: WorkerAddress | None = None
+) -> WorkerHub:
     """Listen for workers on `interface` (replacing any listener the session had), export the
-    address to this kernel's environment, and feed the widget's Workers view."""
-    hub = WorkerHub(interface)
+    address to this kernel's environment, and feed the widget's Workers view. `reserved`: the
+    address `%load_ext` exported already (see `address.reserve`)."""
+    hub = WorkerHub(interface, reserved=reserved)
+    if hub.listener.moved:  # taken between the reservation and now: rare, and said
+        session.report_error(
+            "workers: the reserved port was taken; listening on another "
+            f"({hub.address.samples}): a process started by the loading cell has the old one"
+        )
     hub.start()
     old, session.workers = session.workers, hub
     if old is not None:

@@ -43,8 +43,11 @@ class Listener:
         key: bytes,
         on_message: Callable[[WorkerMessage], bool],
         interface: str = "127.0.0.1",
+        ports: tuple[int, int] | None = None,
     ) -> None:
-        """`on_message` stores an accepted message; it returns False for a replay."""
+        """`on_message` stores an accepted message; it returns False for a replay. `ports`:
+        (samples, control) to bind, reserved beforehand; one taken meanwhile gets a random one
+        (`moved` then says so)."""
         self._signer = Signer(key)
         self._on_message = on_message
         self._ctx = zmq.Context()
@@ -60,14 +63,17 @@ class Listener:
             if ":" in interface:
                 self._pull.setsockopt(zmq.IPV6, 1)
                 self._pub.setsockopt(zmq.IPV6, 1)
-            pull_port = self._pull.bind_to_random_port(f"tcp://{host}")
-            pub_port = self._pub.bind_to_random_port(f"tcp://{host}")
+            pull_port, pub_port = (
+                _bind(sock, host, port)
+                for sock, port in zip((self._pull, self._pub), ports or (None, None), strict=True)
+            )
         except zmq.ZMQError:
             self.close()
             raise
         self.interface = interface
         self.samples_address = f"tcp://{host}:{pull_port}"
         self.control_address = f"tcp://{host}:{pub_port}"
+        self.moved = ports is not None and ports != (pull_port, pub_port)
         self._pub_lock = threading.Lock()  # the hooks (main thread) and this thread publish
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,3 +158,14 @@ class Listener:
         self.lag_sum += lag
         self.lag_max = max(self.lag_max, lag)
         return None
+
+
+def _bind(sock: zmq.Socket[bytes], host: str, port: int | None) -> int:
+    """Bind `port` (reserved beforehand), or a random one when there is none or it was taken."""
+    if port is not None:
+        try:
+            sock.bind(f"tcp://{host}:{port}")
+            return port
+        except zmq.ZMQError:
+            pass
+    return int(sock.bind_to_random_port(f"tcp://{host}"))
