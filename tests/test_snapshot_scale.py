@@ -451,3 +451,22 @@ def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     assert drilldown._kept_segments(snap, 0, peak - 1) is None  # another instant: computed
     again = open_snapshot(path)  # a reopen finds it without a child
     assert drilldown._kept_segments(again, 0, peak) == computed
+
+
+def test_a_preview_that_fails_is_skipped_not_the_open(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The child's preview is optional: where computing it fails, nothing is sent and the
+    conversion goes on (the kernel's own views then say what is wrong)."""
+    from gpumem_widget.snapshot import drilldown, load
+
+    data = load.read_snapshot(small_snapshot())
+    isolate._send_preview(data)
+    assert json.loads(capsys.readouterr().out)["preview"]
+
+    def broken(*args: Any) -> dict[str, Any]:
+        raise RuntimeError("view lost")
+
+    monkeypatch.setattr(drilldown, "preview", broken)
+    isolate._send_preview(data)
+    assert capsys.readouterr().out == ""

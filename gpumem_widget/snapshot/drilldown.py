@@ -43,6 +43,9 @@ LARGEST = 30
 # near 250 KB at most (the largest segments are kept; sub-pixel runs of blocks merge).
 MAX_SEGMENTS = 200
 MAX_BLOCKS = 1200
+# How long to wait for the conversion child's segment map at the peak (it started before the
+# kernel's other views, so it is normally done or nearly).
+KEPT_SEGMENTS_WAIT_S = 120.0
 
 CellWindow = tuple[int, float, float]  # execution_count, start, end (unix seconds)
 
@@ -77,8 +80,8 @@ def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None
     active = snap.replay(device).active
     if event != (int(np.argmax(active)) if len(active) else -1):
         return None  # not the peak
-    if info.finishing is not None:
-        info.finishing.wait()
+    if info.finishing is not None and not info.finishing.wait(KEPT_SEGMENTS_WAIT_S):
+        return None  # the child is still at it: computed here instead
     kept = columnar.read_extra(Path(info.entry), columnar.PEAK_SEGMENTS)
     view = kept.get(device) if isinstance(kept, dict) else None
     if isinstance(view, dict) and view.get("event") == event:

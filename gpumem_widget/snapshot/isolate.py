@@ -403,12 +403,17 @@ def _checked(data: SnapshotData) -> bool:
 
 
 def _send_preview(data: SnapshotData) -> None:
-    """Send the caller the first view of `data`, whose stacks are not read yet."""
+    """Send the caller the first view of `data`, whose stacks are not read yet (none where it
+    fails: the caller's own views then say why)."""
     from gpumem_widget.snapshot.drilldown import preview
 
-    if _checked(data):
+    if not _checked(data):
+        return
+    try:
         view = pickle.dumps(preview(Snapshot(data), ""), protocol=5)
-        print(json.dumps({"preview": base64.b64encode(view).decode()}), flush=True)
+    except Exception:
+        return
+    print(json.dumps({"preview": base64.b64encode(view).decode()}), flush=True)
 
 
 def _first_view(snap: Snapshot) -> dict[str, Any] | None:
