@@ -335,8 +335,23 @@ describe("the chart's axis and labels", () => {
     model.set("drilldown", { loading: "big.pickle", stage: "converting", fraction: null });
     expect(bar?.hasAttribute("value")).toBe(false); // busy: no fraction known
     expect(el.textContent).toContain("converting");
-    // The first view: active memory by site alone; categories and cells still computing.
+    // The child's preview (before the stacks are read): one series, every allocation, drawn on
+    // the active total's column with the peak it reaches; no "other", categories not ready.
     const full = received()["drilldown"] as Record<string, unknown>;
+    const totals = (full["devices"] as Record<string, unknown>[]).map((d) => {
+      const active = d["active"] as Record<string, unknown>;
+      const peak = (active["peak"] as Record<string, number>)["bytes"];
+      const group = { column: "total", label: "all allocations (by site: still reading the stacks)", filename: null, line: null, name: null, peak_bytes: peak };
+      return { device: d["device"], active: { ...active, groups: [group] } };
+    });
+    model.set("drilldown", { source: "big.pickle", taken_at: null, devices: totals, partial: true, preview: true });
+    expect(bar?.hidden).toBe(true);
+    expect(el.querySelector("canvas")).not.toBeNull();
+    const shown = [...el.querySelectorAll<HTMLElement>(".gpumem-drilldown-legend-item:not(.gpumem-drilldown-legend-reserved)")];
+    expect(shown.map((e) => e.dataset["site"])).toEqual(["all allocations (by site: still reading the stacks)"]);
+    expect(Number(shown[0]?.dataset["peakBytes"])).toBe(fixture.expected.peak_bytes);
+    expect(el.textContent).toContain("Per cell: computing");
+    // The first view: active memory by site alone; categories and cells still computing.
     const devices = (full["devices"] as Record<string, unknown>[]).map((d) => ({ device: d["device"], active: d["active"] }));
     model.set("drilldown", { ...full, devices, partial: true });
     expect(bar?.hidden).toBe(true);
