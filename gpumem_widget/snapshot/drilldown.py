@@ -359,16 +359,18 @@ class Drilldown:
         cells = [*(self._ledger_cells() if self._ledger_cells else ()), *extra_cells]
         started = time.perf_counter()
         kept = snap.load_info.first_view if snap.load_info is not None else None
+        first: dict[str, Any] | None = None
+        if not drawn:  # kept with the columns (only the label is this call's), or computed
+            first = (
+                {**kept, "source": label}
+                if kept is not None
+                else overview(snap, label, cells, first_only=True)
+            )
+            first["compute_s"] = time.perf_counter() - started
         with self._lock:
             self._current = _Current(snap, label)
             self._pending = None
-            if not drawn:  # kept with the columns (only the label is this call's), or computed
-                first = (
-                    {**kept, "source": label}
-                    if kept is not None
-                    else overview(snap, label, cells, first_only=True)
-                )
-                first["compute_s"] = time.perf_counter() - started
+            if first is not None:
                 with self.widget.hold_sync():
                     self.widget.drilldown = first
                     self.widget.drilldown_alive = {}

@@ -10,6 +10,11 @@ limit, reports progress line by line, and is killed when the caller is interrupt
 cancels. Whatever goes wrong ends in one `SnapshotLoadError`; the caller's memory never holds
 more than the columns.
 
+So that something is drawn early, the child sends a preview (active and reserved memory over
+the trace) as soon as the totals' columns are read, before the stacks; it keeps the tab's first
+view with the columns, and once they are written (the caller maps them and goes on) it replays
+the allocator to the peak and keeps that segment map too, under its RLIMIT_AS cap alone.
+
 A second open of an unchanged file finds its columns in the cache and starts no child.
 """
 
