@@ -29,6 +29,9 @@ def mapping_of(arr: np.ndarray[Any, Any]) -> mmap.mmap | None:
 
 def drop(arrays: Iterable[np.ndarray[Any, Any]]) -> int:
     """Drop the resident pages of the mappings behind `arrays`; how many mappings."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None:  # no madvise here: the pages stay until the mapping goes
+        return 0
     seen: dict[int, mmap.mmap] = {}
     for arr in arrays:
         m = mapping_of(arr)
@@ -36,5 +39,5 @@ def drop(arrays: Iterable[np.ndarray[Any, Any]]) -> int:
             seen[id(m)] = m
     for m in seen.values():
         with contextlib.suppress(ValueError, OSError):  # closed, or the call is unsupported
-            m.madvise(mmap.MADV_DONTNEED)
+            m.madvise(advice)
     return len(seen)
