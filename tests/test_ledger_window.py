@@ -168,16 +168,19 @@ def test_the_post_run_hook_sends_a_bounded_window_however_fast_cells_come() -> N
     publish from the thread in between (back-to-back cells), the tail stays under a block and
     the base goes out once a block, so a cell's send never grows with the cells before it."""
     ledger, widget, publish = session(3 * WIRE_BLOCK)
-    bases: list[int] = []
-    widget.observe(lambda change: bases.append(len(change["new"])), names=["cells"])
+    messages: list[dict[str, Any]] = []
+    widget._send = lambda msg, buffers=None: messages.append(msg)  # type: ignore[method-assign]
     for i in range(3 * WIRE_BLOCK + 1, 13 * WIRE_BLOCK + 3):
         ledger.append(record(i))
+        before = len(messages)
         publish.ledger_now()
+        assert len(messages) == before + 1  # one message a cell
         assert len(widget.cells_tail) < WIRE_BLOCK
         extent = widget.ledger_extent
         shown = [*widget.cells, *widget.cells_tail]
         assert extent["total"] == i == extent["first"] + len(shown)
         assert [c["execution_count"] for c in shown] == list(range(extent["first"] + 1, i + 1))
+    bases = [len(json.loads(m["state"]["cells"])) for m in messages if "cells" in m["state"]]
     assert len(bases) == 10  # one base a block crossed, each whole blocks
     assert all(n % WIRE_BLOCK == 0 and n <= WINDOW_RECORDS for n in bases)
     publish()  # the thread has nothing left to send

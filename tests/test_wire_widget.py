@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from gpumem_widget.live.ledger import CellRecord, Ledger
 from gpumem_widget.wire import record_json, widget
@@ -70,3 +71,22 @@ def test_both_record_traits_go_out_as_text() -> None:
     assert isinstance(state["cells_tail"], str)
     assert [c["execution_count"] for c in json.loads(state["cells"])] == [1]
     w.close()
+
+
+def test_send_traits_sends_what_hold_sync_would_and_sets_the_values() -> None:
+    forms = [_record(n, f"x = {n}").to_wire() for n in range(3)]
+    values = {"cells_tail": forms, "ledger_extent": {"total": 3, "first": 0, "bands_first": 0}}
+    sent: list[tuple[Any, Any]] = []
+    held, direct = widget.GpuMemWidget(), widget.GpuMemWidget()
+    for w in (held, direct):
+        w._send = lambda msg, buffers=None: sent.append((msg, buffers))  # type: ignore[method-assign]
+    with held.hold_sync():
+        for name, value in values.items():
+            setattr(held, name, value)
+    direct.send_traits(values)
+    assert len(sent) == 2
+    assert sent[0] == sent[1]
+    assert direct.cells_tail == forms
+    assert direct.ledger_extent == values["ledger_extent"]
+    held.close()
+    direct.close()

@@ -58,7 +58,8 @@ class Publisher:
                 if self._changed("devices", repr(devices)):
                     w.devices = devices
             self._timeline(w)
-            self._ledger(w)
+            for name, value in self._ledger().items():
+                setattr(w, name, value)
             if self.workers is not None and self.workers.due():
                 w.workers = self.workers.wire()
             status = self.status()
@@ -74,15 +75,16 @@ class Publisher:
         come: the tail (under `WIRE_BLOCK` records, each record's JSON text made once) and the
         extent every cell, the base once a block, the band table once a `BAND_BLOCK`. The
         timeline's tail goes with them (when its base was sent): it holds the sample taken at the
-        cell's end, so the chart's range reaches the cell's band when its row arrives."""
-        w = self.widget
-        with w.hold_sync():
-            # The tail only (at most `TAIL_ROWS` rows); a new base is the thread's to send.
-            if self._seen.get("base") == self.timeline.base_version and self._changed(
-                "tail", self.timeline.version
-            ):
-                w.timeline_tail = self.timeline.tail_table()
-            self._ledger(w)
+        cell's end, so the chart's range reaches the cell's band when its row arrives. One
+        message, sent without traitlets' per-set machinery (`GpuMemWidget.send_traits`)."""
+        changes = self._ledger()
+        # The tail only (at most `TAIL_ROWS` rows); a new base is the thread's to send.
+        if self._seen.get("base") == self.timeline.base_version and self._changed(
+            "tail", self.timeline.version
+        ):
+            changes["timeline_tail"] = self.timeline.tail_table()
+        if changes:
+            self.widget.send_traits(changes)
 
     def _timeline(self, w: GpuMemWidget) -> None:
         if self._changed("base", self.timeline.base_version):
@@ -91,15 +93,18 @@ class Publisher:
         if self._changed("tail", self.timeline.version):
             w.timeline_tail = self.timeline.tail_table()
 
-    def _ledger(self, w: GpuMemWidget) -> None:
+    def _ledger(self) -> dict[str, Any]:
+        """The ledger's traits that changed since they were last sent, by name."""
+        out: dict[str, Any] = {}
         if self._changed("cells", (self.ledger.version, self.ledger.epoch)):
             view = self.ledger.window()
             if self._changed("cells_base", (view.first, view.cut, view.epoch)):
-                w.cells = view.base
-            w.cells_tail = view.tail
+                out["cells"] = view.base
+            out["cells_tail"] = view.tail
             if self._changed("bands", (view.bands_first, view.bands_cut, view.epoch)):
-                w.cell_bands = self.ledger.bands(view.bands_first, view.bands_cut)
-            w.ledger_extent = view.extent()
+                out["cell_bands"] = self.ledger.bands(view.bands_first, view.bands_cut)
+            out["ledger_extent"] = view.extent()
+        return out
 
 
 class LedgerPages:

@@ -26,6 +26,18 @@ log = logging.getLogger(__name__)
 LINGER_S = 1.0
 
 
+_NAN_ROWS: dict[int, npt.NDArray[np.float64]] = {}
+
+
+def _nan_row(width: int) -> npt.NDArray[np.float64]:
+    """A fresh row of NaN (a copy of a kept one: `np.full` takes several times as long)."""
+    kept = _NAN_ROWS.get(width)
+    if kept is None:
+        kept = _NAN_ROWS[width] = np.full(width, np.nan)
+    row: npt.NDArray[np.float64] = kept.copy()
+    return row
+
+
 def read_row(
     readers: Readers, stats: Sequence[AllocatorStats | None] | None = None, nvml: bool = True
 ) -> npt.NDArray[np.float64]:
@@ -33,7 +45,7 @@ def read_row(
     `stats`, when the caller has just read them, saves reading the allocator twice;
     `nvml=False` skips NVML's process list, the costliest read (about 40 us)."""
     n = readers.num_devices
-    row = np.full(2 + n * len(protocol.DEVICE_FIELDS), np.nan)
+    row = _nan_row(2 + n * len(protocol.DEVICE_FIELDS))
     row[0] = time.time()
     k = 1
     for d in range(n):

@@ -9,6 +9,7 @@ edges and the sampled values), marked as such.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -228,7 +229,7 @@ class CellTracker:
         if row is None:
             return None
         v = float(row[self._cols[column]])
-        return None if np.isnan(v) else int(v)
+        return None if math.isnan(v) else int(v)
 
     def reset(self) -> None:
         self.session_peaks = [SessionPeak() for _ in range(self.readers.num_devices)]

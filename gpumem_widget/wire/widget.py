@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+from collections.abc import Mapping
 from typing import Any
 
 import anywidget
@@ -82,6 +83,16 @@ class GpuMemWidget(anywidget.AnyWidget):
         self.front_end_closed = False
         if self.comm is not None:  # the front end can close it (a closed output, a restart)
             self.comm.on_close(self._on_front_end_close)
+
+    def send_traits(self, values: Mapping[str, Any]) -> None:
+        """Set traits the kernel alone writes and send them in one update, the message
+        `hold_sync` would send, without traitlets' per-set validation, comparison and change
+        events: the post-run hook sends a few every cell, and those were a third of its cost.
+        So no observer sees these sets (nothing in the package observes the widget's traits);
+        the values are the payloads their builders typed."""
+        for name, value in values.items():
+            self._trait_values[name] = value
+        self.send_state(list(values))
 
     def _on_front_end_close(self, msg: Any) -> None:
         self.front_end_closed = True
