@@ -388,7 +388,7 @@ def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> S
         strings=tuple(interner.strings),
         has_time=bool(has_time),
         allocator_settings=_plain_dict(raw.get("allocator_settings"), "allocator_settings"),
-        external_annotations=_plain_list(raw.get("external_annotations"), "external_annotations"),
+        external_annotations=[],  # read after the early view, which does not show them
         overflow_flags=_overflow_flags(raw.get("trace_alloc_overflowed"), len(traces_raw)),
         recorder=_plain_dict(recorder, RECORDER_KEY),
     )
@@ -396,7 +396,11 @@ def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> S
         early(data)
     traces = {d: _trace_rest(traces_raw[d], d, interner, t) for d, t in totals.items()}
     return dataclasses.replace(
-        data, traces=traces, stacks=interner.table(), strings=tuple(interner.strings)
+        data,
+        traces=traces,
+        stacks=interner.table(),
+        strings=tuple(interner.strings),
+        external_annotations=_plain_list(raw.get("external_annotations"), "external_annotations"),
     )
 
 
