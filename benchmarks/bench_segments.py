@@ -5,7 +5,8 @@
 The file is scripts/make_big_snapshot.py's (cached under benchmarks/results/ as bench_snapshot.py
 caches it). Reported: building the timeline (one pass over the trace, keeping checkpoints),
 `seeks` random seeks, the same instants replayed from the first entry (a timeline with one
-checkpoint), their ratio, and the full `segment_map_view` per click. Target: 20 seeks under 1 s.
+checkpoint), their ratio, and the full segment map view per click (`segment_map`, in its
+wire form). Target: 20 seeks under 1 s.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     snap = open_snapshot(args.file)
     snap.replay(0)
     t0 = time.perf_counter()
-    tl = seg.timeline(snap, 0)  # the one segment_map_view uses
+    tl = seg.timeline(snap, 0)  # the one segment_map uses
     build = time.perf_counter() - t0
     n = tl.replay.n_events
     events = random.Random(0).sample(range(n), args.seeks)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     seek = time.perf_counter() - t0
     t0 = time.perf_counter()
     for e in events:
-        segment_views.segment_map_view(snap, 0, event=e)
+        segment_views.segment_map(snap, 0, event=e).to_wire()
     views = time.perf_counter() - t0
     saved = seg.CHECKPOINT_MIN
     seg.CHECKPOINT_MIN = n + 1  # one checkpoint: every seek replays from the first entry

@@ -15,7 +15,7 @@
   at 240 columns (1000 in the widget) to stay small. Frame file names are made relative to the
   repository they were recorded in, and the measured ``compute_s`` is fixed, so the file is the
   same on every machine.
-- ``segments.json``: `segment_map_view` of two recorded snapshots and of a simulated
+- ``segments.json``: `segment_map` (its wire form) of two recorded snapshots and of a simulated
   fragmentation OOM (tests/allocator_sim.py).
 
 Each carries ``expected``: figures computed here that the JS side must show. After changing the
@@ -59,7 +59,7 @@ from gpumem_widget.holders.variables import Holder, HoldersReport, TensorSummary
 from gpumem_widget.live import notes  # noqa: E402
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, Ledger  # noqa: E402
 from gpumem_widget.snapshot import drilldown, open_snapshot  # noqa: E402
-from gpumem_widget.snapshot.segment_views import segment_map_view  # noqa: E402
+from gpumem_widget.snapshot.segment_views import segment_map  # noqa: E402
 from gpumem_widget.wire import payloads, protocol  # noqa: E402
 from gpumem_widget.wire.widget import GpuMemWidget  # noqa: E402
 
@@ -469,7 +469,7 @@ def fragmented() -> payloads.SegmentMap:
         sim.free(a)
     with contextlib.suppress(SimulatedOOM):
         sim.malloc(3 * GiB)
-    return segment_map_view(open_snapshot(sim.snapshot()), 0, oom=0)
+    return segment_map(open_snapshot(sim.snapshot()), 0, oom=0).to_wire()
 
 
 def segments_fixture() -> dict[str, Any]:
@@ -477,7 +477,7 @@ def segments_fixture() -> dict[str, Any]:
     empty_cache() advice), expandable at its end (expandable segments, many small blocks), and
     the simulated fragmentation OOM, where advice lists expandable segments."""
     views: dict[str, Any] = {
-        name: segment_map_view(open_snapshot(recorded(name)), 0)
+        name: segment_map(open_snapshot(recorded(name)), 0).to_wire()
         for name in ("train_tagged", "expandable")
     }
     views["fragmented"] = fragmented()

@@ -155,7 +155,7 @@ def test_a_failing_segment_map_never_hides_what_is_alive(
     def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise RuntimeError("layout lost")
 
-    monkeypatch.setattr(segment_views, "segment_map_view", broken)
+    monkeypatch.setattr(segment_views, "segment_map", broken)
     # Computed here, not taken from the conversion child's (tests/test_snapshot_scale.py).
     monkeypatch.setattr(drilldown, "_kept_segments", lambda *args: None)
     gpumem_widget.show_snapshot(FIXTURES / "toy_linear.pickle.gz")

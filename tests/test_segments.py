@@ -16,7 +16,7 @@ from allocator_sim import AllocatorSim, frame
 
 from gpumem_widget.snapshot import Snapshot, open_snapshot
 from gpumem_widget.snapshot import segments as seg
-from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map_view
+from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map
 from gpumem_widget.snapshot.segments import (
     Layout,
     Rules,
@@ -105,7 +105,7 @@ def test_replay_of_the_later_snapshot_stopped_at_the_earlier_equals_it() -> None
     event = first.replay(0).n_events - 1
     layout = timeline(second, 0).layout(event)
     assert replayed_layout(layout) == snapshot_layout(first)
-    by_time = segment_map_view(second, 0, t=float(second.replay(0).time_us[event]) / 1e6)
+    by_time = segment_map(second, 0, t=float(second.replay(0).time_us[event]) / 1e6).to_wire()
     assert by_time["event"] == event
 
 
@@ -122,26 +122,26 @@ def test_expandable_segments_are_mapped_ranges() -> None:
     for i in unmaps.tolist():  # and outside every segment once unmapped
         a = int(t.addr[i])
         assert not any(s.address <= a < s.address + s.size for s in tl.layout(i).segments)
-    view = segment_map_view(snap, 0)
+    view = segment_map(snap, 0).to_wire()
     assert all(s["expandable"] for s in view["segments"])
     assert {s["pool"] for s in view["segments"]} == {"small", "large"}
 
 
 def test_oom_view_is_the_state_when_it_failed() -> None:
     snap = load("oom")
-    view = segment_map_view(snap, 0, oom=0)
+    view = segment_map(snap, 0, oom=0).to_wire()
     (oom,) = snap.ooms
     assert view["event"] == oom.event
     figures = {f["key"]: f["value"] for f in view["fragmentation"]["figures"]}
     assert figures["oom_requested"] == oom.requested
     assert figures["oom_fragmented"] is False  # 1 PiB never fit: not fragmentation
     with pytest.raises(ValueError, match="no OOM number 1"):
-        segment_map_view(snap, 0, oom=1)
+        segment_map(snap, 0, oom=1)
 
 
 def test_view_is_json_with_stacks_and_sizes() -> None:
     snap = load("train_tagged")
-    view = segment_map_view(snap, 0)
+    view = segment_map(snap, 0).to_wire()
     again = json.loads(json.dumps(view))
     assert again == view
     blocks = [b for s in view["segments"] for b in s["blocks"]]
@@ -199,7 +199,7 @@ def test_pending_frees_are_their_own_state() -> None:
     sim.start_recording()
     a = sim.malloc(8 * MiB)
     sim.free(a, deferred=True)
-    view = segment_map_view(open_snapshot(sim.snapshot()), 0)
+    view = segment_map(open_snapshot(sim.snapshot()), 0).to_wire()
     states = [b["state"] for s in view["segments"] for b in s["blocks"]]
     assert "pending_free" in states
 

@@ -433,7 +433,7 @@ def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     """After the columns, the child replays the allocator to the first device's peak and keeps
     that segment map (the slowest view) with them: the same map the kernel computes."""
     from gpumem_widget.snapshot import columnar, drilldown
-    from gpumem_widget.snapshot.segment_views import segment_map_view
+    from gpumem_widget.snapshot.segment_views import segment_map
 
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
@@ -443,9 +443,9 @@ def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     assert info.finishing is not None
     assert info.finishing.wait(30)
     peak = int(np.argmax(snap.replay(0).active))
-    computed = segment_map_view(
+    computed = segment_map(
         snap, 0, event=peak, max_segments=drilldown.MAX_SEGMENTS, max_blocks=drilldown.MAX_BLOCKS
-    )
+    ).to_wire()
     assert columnar.read_extra(Path(info.entry), columnar.PEAK_SEGMENTS) == {0: computed}
     assert drilldown.alive_view(snap, 0, None)["segments"] == computed
     assert drilldown._kept_segments(snap, 0, peak - 1) is None  # another instant: computed

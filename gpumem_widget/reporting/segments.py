@@ -1,9 +1,9 @@
 """Bokeh figures of the allocator's segments, for the standalone report (offline, no CDN):
 the segment map with fragmentation figures and advice, and reserved beside active over time.
 
-Both take what the widget's views are made of (`snapshot.segment_views.segment_map_view` and
-`reserved_over_time`), so the report draws exactly what the widget draws. Text goes into
-Divs escaped and with TeX off, so file paths and tags print as written.
+Both take the domain objects the widget's views are made from (`snapshot.segment_views`'s
+`segment_map` and `reserved_over_time`), so the report draws exactly what the widget draws.
+Text goes into Divs escaped and with TeX off, so file paths and tags print as written.
 """
 
 from __future__ import annotations
@@ -18,9 +18,14 @@ from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
 from gpumem_widget.reporting.style import binary_ticker, bytes_ticks
-from gpumem_widget.snapshot.segment_views import ReservedOverTime
+from gpumem_widget.snapshot.fragmentation import Figure
+from gpumem_widget.snapshot.segment_views import (
+    BlockRun,
+    ReservedOverTime,
+    SegmentMap,
+    ShownSegment,
+)
 from gpumem_widget.units import format_bytes
-from gpumem_widget.wire import payloads
 
 COLORS = {"allocated": "#4c78a8", "pending_free": "#f58518", "free": "#d9d9d9", "waste": "#e45756"}
 LABELS = {
@@ -33,34 +38,34 @@ ROW_HEIGHT = 18
 MIN_BAR = 0.04  # the smallest segment still gets this share of the width
 
 
-def _figure_value(f: payloads.Figure) -> str:
-    value = f["value"]
+def _figure_value(f: Figure) -> str:
+    value = f.value
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if f["unit"] == "bytes":
+    if f.unit == "bytes":
         return format_bytes(float(value))
-    if f["unit"] == "ratio":
+    if f.unit == "ratio":
         return f"{float(value):.2f}"
     return str(value)
 
 
-def _hidden(hidden: payloads.Hidden) -> str:
+def _hidden(view: SegmentMap) -> str:
     """What the view left out: smaller segments beyond its limit."""
-    if not hidden["segments"]:
+    if not view.hidden_segments:
         return ""
-    return f"; {hidden['segments']} smaller, {format_bytes(hidden['bytes'])}, not shown"
+    return f"; {view.hidden_segments} smaller, {format_bytes(view.hidden_bytes)}, not shown"
 
 
 def _text(markup: str) -> Div:
     return Div(text=markup, disable_math=True, sizing_mode="stretch_width")
 
 
-def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
+def bokeh_segment_map(view: SegmentMap) -> Any:
     """The segment map (one row per segment, blocks by state, hover details), then the
     fragmentation figures and the advice, as one Bokeh column."""
-    segments = view["segments"]
-    stacks = view["stacks"]
-    largest = max((s["size"] for s in segments), default=1)
+    segments = view.segments
+    stacks = view.stacks
+    largest = max((s.size for s in segments), default=1)
     cols: dict[str, list[Any]] = {
         k: []
         for k in (
@@ -69,35 +74,33 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
         )
     }  # fmt: skip
 
-    def add(
-        row: int, seg: payloads.Segment, b: payloads.SegmentBlock, kind: str, *, lo: int, hi: int
-    ) -> None:
-        scale = max(MIN_BAR, seg["size"] / largest) / seg["size"]
-        stack = stacks[b["stack"]] if 0 <= b["stack"] < len(stacks) else {"site": ""}
+    def add(row: int, seg: ShownSegment, b: BlockRun, kind: str, *, lo: int, hi: int) -> None:
+        scale = max(MIN_BAR, seg.size / largest) / seg.size
+        site = stacks[b.stack].site if 0 <= b.stack < len(stacks) else ""
         cols["left"].append(lo * scale)
         cols["right"].append(hi * scale)
         cols["bottom"].append(row + 0.1)
         cols["top"].append(row + 0.9)
         cols["color"].append(COLORS[kind])
         cols["kind"].append(kind)
-        cols["state"].append(b["state"])
-        cols["size"].append(format_bytes(b["size"]))
-        cols["requested"].append(format_bytes(b["requested_size"]) if b["state"] != "free" else "")
-        cols["stream"].append(b["stream"])
-        cols["address"].append(hex(seg["address"] + b["offset"]))
-        cols["site"].append(stack["site"])
-        cols["tag"].append(b["tag"])
-        cols["count"].append(b["count"])
+        cols["state"].append(b.state)
+        cols["size"].append(format_bytes(b.size))
+        cols["requested"].append(format_bytes(b.requested_size) if b.state != "free" else "")
+        cols["stream"].append(b.stream)
+        cols["address"].append(hex(seg.address + b.offset))
+        cols["site"].append(site)
+        cols["tag"].append(b.tag)
+        cols["count"].append(b.count)
 
     for row, seg in enumerate(segments):
-        for b in seg["blocks"]:
-            state = "free" if b["state"] == "inactive" else b["state"]
-            end = b["offset"] + b["size"]
-            used = b["offset"] + min(b["size"], b["requested_size"])
+        for b in seg.blocks:
+            state = "free" if b.state == "inactive" else b.state
+            end = b.offset + b.size
+            used = b.offset + min(b.size, b.requested_size)
             if state == "free" or used >= end:
-                add(row, seg, b, state, lo=b["offset"], hi=end)
+                add(row, seg, b, state, lo=b.offset, hi=end)
             else:  # the request, then what rounding added
-                add(row, seg, b, state, lo=b["offset"], hi=used)
+                add(row, seg, b, state, lo=b.offset, hi=used)
                 add(row, seg, b, "waste", lo=used, hi=end)
     source = ColumnDataSource(cols)
     n = max(1, len(segments))
@@ -107,7 +110,7 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
         x_range=Range1d(start=0, end=1),
         y_range=Range1d(start=n, end=0),
         tools="xpan,xwheel_zoom,reset,save",
-        title=f"cuda:{view['device']} segments ({len(segments)} shown{_hidden(view['hidden'])})",
+        title=f"cuda:{view.device} segments ({len(segments)} shown{_hidden(view)})",
     )
     renderer: Any = fig.quad(  # a GlyphRenderer[Quad], which Bokeh's stubs won't take as a Glyph's
         left="left", right="right", bottom="bottom", top="top", color="color", source=source
@@ -126,8 +129,8 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
         )
     )
     fig.yaxis.major_label_overrides = {
-        i + 0.5: f"{hex(s['address'])} {format_bytes(s['size'])} {s['pool']}"
-        + (" exp" if s["expandable"] else "")
+        i + 0.5: f"{hex(s.address)} {format_bytes(s.size)} {s.pool}"
+        + (" exp" if s.expandable else "")
         for i, s in enumerate(segments)
     }
     fig.yaxis.ticker = [i + 0.5 for i in range(len(segments))]
@@ -139,16 +142,16 @@ def bokeh_segment_map(view: payloads.SegmentMap) -> Any:
     ]
     fig.add_layout(Legend(items=items, orientation="horizontal"), "above")
     figures = "".join(
-        f"<tr><th style='text-align:left'>{html.escape(f['label'])}</th>"
+        f"<tr><th style='text-align:left'>{html.escape(f.label)}</th>"
         f"<td style='text-align:right;padding:0 8px'>{html.escape(_figure_value(f))}</td>"
-        f"<td>{html.escape(f['meaning'])}</td></tr>"
-        for f in view["fragmentation"]["figures"]
+        f"<td>{html.escape(f.meaning)}</td></tr>"
+        for f in view.fragmentation.figures()
     )
     advice = "".join(
-        f"<li><code>{html.escape(a['setting'])}</code>: {html.escape(a['why'])} "
-        f"<i>({html.escape(a['figure'])} = {html.escape(str(a['value']))})</i><br>"
-        f"{html.escape(a['how'])}</li>"
-        for a in view["advice"]
+        f"<li><code>{html.escape(a.setting)}</code>: {html.escape(a.why)} "
+        f"<i>({html.escape(a.figure)} = {html.escape(str(a.value))})</i><br>"
+        f"{html.escape(a.how)}</li>"
+        for a in view.advice
     )
     return column(
         fig,

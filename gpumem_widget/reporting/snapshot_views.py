@@ -30,7 +30,7 @@ from gpumem_widget.reporting.style import (
 )
 from gpumem_widget.reporting.summary import DeviceSummary
 from gpumem_widget.snapshot import Snapshot, alive_at, categories, cell_slices
-from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map_view
+from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire.protocol import unpack_table
 
@@ -94,7 +94,7 @@ def _segments(when: str, snap: Snapshot, device: int, event: int) -> list[Any]:
 
     head = div(f"<h3>Allocator segments {esc(when)}</h3>")
     try:
-        view = segment_map_view(
+        view = segment_map(
             snap, device, event=event, max_segments=MAP_SEGMENTS, max_blocks=MAP_BLOCKS
         )
     except Exception as e:  # an optional view, as in the widget

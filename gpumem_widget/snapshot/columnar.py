@@ -46,7 +46,7 @@ from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom
 FORMAT = 1
 INDEX = "index.pickle"
 # The segment map at the first device's peak, kept beside the index by the conversion child
-# once the columns are written: {device: segment_views.segment_map_view(...)}.
+# once the columns are written: {device: segment_views.segment_map(...).to_wire()}.
 PEAK_SEGMENTS = "peak_segments.pickle"
 TRACE_COLUMNS = {
     "action": np.int8,

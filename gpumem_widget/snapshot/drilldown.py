@@ -91,15 +91,15 @@ def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None
 
 def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
-    from gpumem_widget.snapshot.segment_views import segment_map_view
+    from gpumem_widget.snapshot.segment_views import segment_map
 
     kept = _kept_segments(snap, device, event)
     if kept is not None:
         return kept
     try:
-        return segment_map_view(
+        return segment_map(
             snap, device, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS
-        )
+        ).to_wire()
     except Exception as e:  # an optional view: what is alive still shows without it
         log.warning("gpumem_widget: no segment map: %s", e, exc_info=True)
         return None

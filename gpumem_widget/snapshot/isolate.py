@@ -451,14 +451,16 @@ def _keep_peak_segments(snap: Snapshot, entry: Path) -> None:
     there first), kept with the columns: replaying the allocator to it is the slowest view (a
     Python loop over every entry), done here while the caller computes the others."""
     from gpumem_widget.snapshot.drilldown import MAX_BLOCKS, MAX_SEGMENTS
-    from gpumem_widget.snapshot.segment_views import segment_map_view
+    from gpumem_widget.snapshot.segment_views import segment_map
 
     if not snap.devices or not _checked(snap.data):
         return
     d = snap.devices[0]
     rep = snap.replay(d)
     event = int(np.argmax(rep.active)) if rep.n_events else -1
-    view = segment_map_view(snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS)
+    view = segment_map(
+        snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS
+    ).to_wire()
     columnar.write_extra(entry, columnar.PEAK_SEGMENTS, {d: view})
 
 

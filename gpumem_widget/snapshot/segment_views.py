@@ -13,9 +13,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from gpumem_widget.snapshot.advice import advise
+from gpumem_widget.snapshot.advice import Advice, advise
 from gpumem_widget.snapshot.attribution import folded_path, site_of
-from gpumem_widget.snapshot.fragmentation import from_layout
+from gpumem_widget.snapshot.fragmentation import Fragmentation, from_layout
 from gpumem_widget.snapshot.model import NO_STACK
 from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
 from gpumem_widget.snapshot.segments import SegmentView, event_at, timeline
@@ -38,7 +38,124 @@ def _x_of(snap: Snapshot, rep: DeviceReplay, event: int) -> float | None:
 BAR_PIXELS = 800  # a segment bar's width on screen: blocks under a pixel merge into runs
 
 
-def segment_map_view(
+@dataclass(frozen=True, slots=True)
+class BlockRun:
+    """A block of a shown segment, or a run of sub-pixel blocks in one state merged into one."""
+
+    offset: int  # from the segment's start
+    size: int
+    requested_size: int
+    state: str  # "free" | "allocated" | "pending_free"
+    stream: int
+    stack: int  # into `SegmentMap.stacks` (0: no stack, and every merged run)
+    tag: str
+    count: int  # blocks merged into this entry
+
+
+@dataclass(frozen=True, slots=True)
+class ShownSegment:
+    address: int
+    size: int
+    stream: int
+    pool: str  # "small" or "large"
+    expandable: bool
+    stack: int  # into `SegmentMap.stacks`
+    blocks: tuple[BlockRun, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StackText:
+    """A stack as screen text: its user site and its last folded frames."""
+
+    site: str
+    frames: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OomMark:
+    index: int  # this device's OOM number
+    event: int
+    t: float | None
+    requested: int
+    device_free: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentMap:
+    """The segment map at one instant, reduced to what fits a screen, with the fragmentation
+    figures and advice for that instant."""
+
+    device: int
+    x_unit: Literal["s", "entry"]
+    entries: int
+    event: int
+    t: float | None
+    segments: tuple[ShownSegment, ...]  # by address
+    stacks: tuple[StackText, ...]  # index 0: no stack
+    hidden_segments: int  # smaller segments beyond the limit, left out
+    hidden_bytes: int
+    merged_blocks: int  # blocks folded into runs
+    ooms: tuple[OomMark, ...]
+    fragmentation: Fragmentation
+    advice: tuple[Advice, ...]
+    anomalies: tuple[tuple[str, int], ...]
+
+    def to_wire(self) -> payloads.SegmentMap:
+        """The browser's form (`payloads.SegmentMap`)."""
+        return {
+            "view": "segment_map",
+            "device": self.device,
+            "x_unit": self.x_unit,
+            "entries": self.entries,
+            "event": self.event,
+            "t": self.t,
+            "segments": [
+                {
+                    "address": s.address,
+                    "size": s.size,
+                    "stream": s.stream,
+                    "pool": s.pool,
+                    "expandable": s.expandable,
+                    "stack": s.stack,
+                    "blocks": [
+                        {
+                            "offset": b.offset,
+                            "size": b.size,
+                            "requested_size": b.requested_size,
+                            "state": b.state,
+                            "stream": b.stream,
+                            "stack": b.stack,
+                            "tag": b.tag,
+                            "count": b.count,
+                        }
+                        for b in s.blocks
+                    ],
+                }
+                for s in self.segments
+            ],
+            "stacks": [{"site": k.site, "frames": list(k.frames)} for k in self.stacks],
+            "hidden": {
+                "segments": self.hidden_segments,
+                "bytes": self.hidden_bytes,
+                "merged_blocks": self.merged_blocks,
+            },
+            "ooms": [
+                {
+                    "index": o.index,
+                    "event": o.event,
+                    "t": o.t,
+                    "requested": o.requested,
+                    "device_free": o.device_free,
+                }
+                for o in self.ooms
+            ],
+            "fragmentation": self.fragmentation.to_wire(),
+            "advice": [a.to_wire() for a in self.advice],
+            "anomalies": dict(self.anomalies),
+        }
+
+
+def segment_map(
     snap: Snapshot,
     device: int | None = None,
     t: float | None = None,
@@ -47,16 +164,14 @@ def segment_map_view(
     oom: int | None = None,
     max_segments: int = 400,
     max_blocks: int = 4000,
-) -> payloads.SegmentMap:
+) -> SegmentMap:
     """The segment map right after time `t` (or trace entry `event`, or OOM number `oom` of
     this device; default: the snapshot's end), with its fragmentation figures and advice.
 
-    Segments come sorted by address, each with its blocks (``offset`` from the segment's start,
-    ``size``, ``requested_size``, ``state`` free / allocated / pending_free, ``stream``, ``stack``
-    into ``stacks``); expandable segments are listed per contiguous mapped range, as torch lists
-    them. Beyond `max_segments` the largest are kept; where blocks exceed `max_blocks`, runs of
-    blocks in one state too small to see (under a pixel of a `BAR_PIXELS` bar) merge into one
-    entry whose ``count`` says how many."""
+    Segments come sorted by address, each with its blocks; expandable segments are listed per
+    contiguous mapped range, as torch lists them. Beyond `max_segments` the largest are kept;
+    where blocks exceed `max_blocks`, runs of blocks in one state too small to see (under a
+    pixel of a `BAR_PIXELS` bar) merge into one entry whose ``count`` says how many."""
     tl = timeline(snap, device)
     rep = tl.replay
     failed = None
@@ -75,37 +190,28 @@ def segment_map_view(
     shown = sorted(layout.segments, key=lambda s: -s.size)[: max(0, max_segments)]
     shown.sort(key=lambda s: s.address)
     n_blocks = sum(len(s.blocks) for s in shown)
-    segments = [_segment_wire(s, stacks, merge=n_blocks > max_blocks) for s in shown]
+    segments = tuple(_shown(s, stacks, merge=n_blocks > max_blocks) for s in shown)
     kept = {s.address for s in shown}
     hidden = [s for s in layout.segments if s.address not in kept]
-    return {
-        "view": "segment_map",
-        "device": tl.device,
-        "x_unit": _x_unit(snap),
-        "entries": rep.n_events,
-        "event": layout.event,
-        "t": _x_of(snap, rep, layout.event),
-        "segments": segments,
-        "stacks": stacks.table,
-        "hidden": {
-            "segments": len(hidden),
-            "bytes": sum(s.size for s in hidden),
-            "merged_blocks": n_blocks - sum(len(s["blocks"]) for s in segments),
-        },
-        "ooms": [
-            {
-                "index": i,
-                "event": o.event,
-                "t": _x_of(snap, rep, o.event),
-                "requested": o.requested,
-                "device_free": o.device_free,
-            }
+    return SegmentMap(
+        device=tl.device,
+        x_unit=_x_unit(snap),
+        entries=rep.n_events,
+        event=layout.event,
+        t=_x_of(snap, rep, layout.event),
+        segments=segments,
+        stacks=tuple(stacks.table),
+        hidden_segments=len(hidden),
+        hidden_bytes=sum(s.size for s in hidden),
+        merged_blocks=n_blocks - sum(len(s.blocks) for s in segments),
+        ooms=tuple(
+            OomMark(i, o.event, _x_of(snap, rep, o.event), o.requested, o.device_free)
             for i, o in enumerate(rep.ooms)
-        ],
-        "fragmentation": frag.to_wire(),
-        "advice": [a.to_wire() for a in advise(frag, snap.data.allocator_settings)],
-        "anomalies": dict(tl.anomalies),
-    }
+        ),
+        fragmentation=frag,
+        advice=tuple(advise(frag, snap.data.allocator_settings)),
+        anomalies=tuple(tl.anomalies.items()),
+    )
 
 
 class _StackLabels:
@@ -114,7 +220,7 @@ class _StackLabels:
     def __init__(self, snap: Snapshot) -> None:
         self.snap = snap
         self.index: dict[int, int] = {NO_STACK: 0}
-        self.table: list[payloads.StackLabel] = [{"site": "", "frames": []}]
+        self.table: list[StackText] = [StackText("", ())]
 
     def __call__(self, stack: int) -> int:
         if stack not in self.index:
@@ -122,49 +228,55 @@ class _StackLabels:
             site = site_of(frames, "user")
             self.index[stack] = len(self.table)
             self.table.append(
-                {"site": site.label() if site else "", "frames": folded_path(frames)[-8:]}
+                StackText(site.label() if site else "", tuple(folded_path(frames)[-8:]))
             )
         return self.index[stack]
 
 
-def _segment_wire(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> payloads.Segment:
+def _shown(seg: SegmentView, stacks: _StackLabels, *, merge: bool) -> ShownSegment:
     pixel = seg.size / BAR_PIXELS
-    out: list[payloads.SegmentBlock] = []
+    out: list[BlockRun] = []
     for b in seg.blocks:
         last = out[-1] if out else None
         if (
             merge
             and last is not None
-            and last["state"] == b.state
+            and last.state == b.state
             and b.size < pixel
-            and last["size"] < pixel * max(1, last["count"])
+            and last.size < pixel * max(1, last.count)
         ):
-            last["size"] += b.size
-            last["requested_size"] += b.requested_size
-            last["count"] += 1
-            last["stack"] = 0
+            out[-1] = BlockRun(
+                last.offset,
+                last.size + b.size,
+                last.requested_size + b.requested_size,
+                last.state,
+                last.stream,
+                0,
+                last.tag,
+                last.count + 1,
+            )
             continue
         out.append(
-            {
-                "offset": b.address - seg.address,
-                "size": b.size,
-                "requested_size": b.requested_size,
-                "state": b.state,
-                "stream": b.stream,
-                "stack": stacks(b.stack),
-                "tag": stacks.snap.string(b.tag),
-                "count": 1,
-            }
+            BlockRun(
+                offset=b.address - seg.address,
+                size=b.size,
+                requested_size=b.requested_size,
+                state=b.state,
+                stream=b.stream,
+                stack=stacks(b.stack),
+                tag=stacks.snap.string(b.tag),
+                count=1,
+            )
         )
-    return {
-        "address": seg.address,
-        "size": seg.size,
-        "stream": seg.stream,
-        "pool": seg.pool,
-        "expandable": seg.expandable,
-        "stack": stacks(seg.stack),
-        "blocks": out,
-    }
+    return ShownSegment(
+        address=seg.address,
+        size=seg.size,
+        stream=seg.stream,
+        pool=seg.pool,
+        expandable=seg.expandable,
+        stack=stacks(seg.stack),
+        blocks=tuple(out),
+    )
 
 
 @dataclass(frozen=True, slots=True)

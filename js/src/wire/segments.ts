@@ -1,4 +1,4 @@
-// The segment map view (gpumem_widget/snapshot/segment_views.py `segment_map_view`) as the
+// The segment map view (gpumem_widget/snapshot/segment_views.py `segment_map(...).to_wire()`) as the
 // browser reads it: checked field by field, each failure a ProtocolError naming the field.
 
 import { ProtocolError, field, isBool, isNumber, isNumberOrNull, isObject, isString, type Json } from "./json";
