@@ -17,15 +17,18 @@ Prints medians and the ratio to the baseline measured in the same run: per trivi
 time, the process's CPU time (all threads: the sampler's and the history writer's too), and for
 gpumem_widget the time inside its two cell hooks (what is left of "added" beyond them is spent
 outside: GIL hand-offs, caches). The training loop needs CUDA; without it only the per-cell
-figures are measured.
+figures are measured. The on-disk history goes to a temporary file of the run's own (set
+GPUMEM_WIDGET_HISTORY to choose one).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -220,6 +223,12 @@ def main() -> None:
     ap.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if "GPUMEM_WIDGET_HISTORY" not in os.environ:
+        # A history file of the run's own: the user's (its size, its cap's pruning, its other
+        # sessions) would be measured too. Children inherit it.
+        folder = tempfile.mkdtemp(prefix="bench-overhead-history-")
+        os.environ["GPUMEM_WIDGET_HISTORY"] = os.path.join(folder, "history.sqlite3")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     if args.child:
         child(args.child, args.cells, args.steps, args.out)
         return

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 from typing import Any
 
-from gpumem_widget.live.ledger import CellRecord, Ledger
+import pytest
+
+from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK, CellRecord, Ledger
 from gpumem_widget.wire import record_json, widget
 
 
@@ -34,25 +37,43 @@ def test_the_text_is_the_json_of_the_records_and_reads_back_equal() -> None:
     assert text.isascii()
 
 
-def test_each_form_is_encoded_once_and_a_new_form_is_not_mistaken_for_an_old_one() -> None:
-    forms = [_record(n, f"x = {n}").to_wire() for n in range(3)]
-    widget._records_text(forms, None)
-    cached = {id(f): record_json._texts[id(f)][1] for f in forms}
-    assert (
-        widget._records_text(forms[1:], None)
-        == "[" + ",".join(cached[id(f)] for f in forms[1:]) + "]"
+def test_the_ledger_encodes_each_record_once_and_sends_join_its_texts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger makes each record's text as it derives its form (the text is also its
+    size); the window hands them out with the forms, and sending only joins them."""
+    encoded: list[Any] = []
+    encoder = record_json._ENCODER
+    monkeypatch.setattr(
+        record_json,
+        "_ENCODER",
+        SimpleNamespace(encode=lambda v: encoded.append(v) or encoder.encode(v)),
     )
-    other = _record(9, "y = 9").to_wire()
-    assert json.loads(widget._records_text([other], None)) == [other]
-
-
-def test_the_ledger_measures_each_record_with_the_text_the_widget_sends() -> None:
-    """The post-run hook derives the record's form and its size; the send then only joins."""
     ledger = Ledger()
-    ledger.append(_record(1, "x = 1"))
-    (form,) = ledger.wire()
-    assert record_json._texts[id(form)][0] is form  # encoded by the ledger, once
-    assert ledger._sizes == [len(record_json.record_text(form))]
+    for n in range(1, 2 * WIRE_BLOCK + 4):
+        ledger.append(_record(n, f"x = {n}"))
+    view = ledger.window()
+    assert len(encoded) == 2 * WIRE_BLOCK + 3  # one each, as derived
+    assert ledger._sizes == [len(encoder.encode(f)) for f in ledger.wire()]
+    for part in (view.base, view.tail):
+        assert isinstance(part, record_json.Records)
+        text = widget._records_text(part, None)
+        assert json.loads(text) == list(part)
+        assert text == json.dumps(list(part), separators=(",", ":"), allow_nan=False)
+    assert len(encoded) == 2 * WIRE_BLOCK + 3  # sending encoded nothing again
+
+
+def test_texts_of_records_that_left_the_window_are_dropped() -> None:
+    ledger = Ledger()
+    for n in range(1, WINDOW_RECORDS + 4 * WIRE_BLOCK + 1):
+        ledger.append(_record(n, f"x = {n}"))
+    view = ledger.window()
+    assert view.first == 4 * WIRE_BLOCK
+    assert ledger._texts[: view.first] == [None] * view.first
+    assert all(t is not None for t in ledger._texts[view.first :])
+    # A list of forms without texts (an older caller) is encoded as it goes.
+    forms = ledger.wire()[:3]
+    assert json.loads(widget._records_text(forms, None)) == forms
 
 
 def test_a_record_json_cannot_hold_still_goes_out_as_valid_json() -> None:

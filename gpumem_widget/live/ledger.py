@@ -18,7 +18,7 @@ import numpy as np
 from gpumem_widget.live.rows import Rows
 from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.wire import payloads, protocol
-from gpumem_widget.wire.record_json import record_text
+from gpumem_widget.wire.record_json import Records, record_text
 
 if TYPE_CHECKING:
     pass
@@ -260,7 +260,11 @@ class Ledger:
         self._derive_lock = threading.Lock()  # one thread at a time derives the browser forms
         self._records: list[CellRecord] = []
         self._wire: list[payloads.Cell] = []  # each record's browser form, made once
-        self._sizes: list[int] = []  # its JSON size in bytes
+        # Its JSON text, kept while the record may be in the window (None once it has left), and
+        # the text's size.
+        self._texts: list[str | None] = []
+        self._texts_from = 0  # texts before this index are dropped
+        self._sizes: list[int] = []
         self._bands = _Bands()
         self._index: dict[int, int] = {}  # execution count -> record index
         # The latest runs of each source, so per-cell checks never scan the whole ledger.
@@ -282,6 +286,8 @@ class Ledger:
         with self._derive_lock, self._lock:
             self._records.clear()
             self._wire.clear()
+            self._texts.clear()
+            self._texts_from = 0
             self._sizes.clear()
             self._bands = _Bands()
             self._index.clear()
@@ -302,7 +308,9 @@ class Ledger:
             epoch = self.epoch
         for record in new:
             wire = record.to_wire()
-            self._sizes.append(len(record_text(wire)))  # the text the widget will send
+            text = record_text(wire)  # what the widget sends, and how big the record is
+            self._texts.append(text)
+            self._sizes.append(len(text))
             self._bands.append(record)
             self._index[record.execution_count] = len(self._wire)
             self._wire.append(wire)
@@ -326,12 +334,17 @@ class Ledger:
             bands_cut = total // BAND_BLOCK * BAND_BLOCK
             if bands_cut < first:  # the browser makes the newest bands from the window's records
                 bands_cut = cut
+            # A record that has left the window goes out only in a page (as its form): its text
+            # goes, so the kernel keeps a window's worth of texts.
+            for i in range(self._texts_from, first):
+                self._texts[i] = None
+            self._texts_from = max(self._texts_from, first)
             return WireWindow(
                 total=total,
                 first=first,
                 cut=cut,
-                base=self._wire[first:cut],
-                tail=self._wire[cut:total],
+                base=Records(self._wire[first:cut], self._texts[first:cut]),
+                tail=Records(self._wire[cut:total], self._texts[cut:total]),
                 bands_first=max(0, bands_cut - MAX_BANDS),
                 bands_cut=bands_cut,
                 epoch=epoch,

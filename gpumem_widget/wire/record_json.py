@@ -2,43 +2,57 @@
 
 `cells` and `cells_tail` go to the browser as one JSON text each: ipywidgets walks a list of dicts
 node by node looking for binary buffers (about 1 ms a cell at 50 records), a string it passes at
-once. The ledger makes each record's browser form once and never changes it, and measures its
-size with this very text (`Ledger._derive`), so the post-run hook that sends the record reuses it
-and every later send only joins texts.
+once. The ledger makes each record's browser form and its JSON text once (`Ledger._derive`: the
+text is also how it measures the record) and hands the window out as `Records`, forms with their
+texts, so every send only joins texts.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-# By the identity of the form; the form is held beside its text, so an id is never reused while
-# it is cached.
-_texts: dict[int, tuple[Any, str]] = {}
-MAX_CACHED = 4096
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # ASCII escapes: a lone
-# surrogate stays valid
+from gpumem_widget.wire import payloads
+
+# Compact; ASCII escapes keep a lone surrogate valid.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+class Records(list[payloads.Cell]):
+    """Records' browser forms (what Python reads from the trait) with each one's JSON text
+    (what goes on the wire); a text may be None (made again when sent)."""
+
+    texts: Sequence[str | None]
+
+    def __init__(self, forms: Iterable[payloads.Cell], texts: Sequence[str | None]) -> None:
+        super().__init__(forms)
+        if len(texts) != len(self):
+            raise ValueError(f"{len(self)} records but {len(texts)} texts")
+        self.texts = texts
 
 
 def record_text(form: Any) -> str:
     """One record's JSON text (compact, ASCII)."""
-    cached = _texts.get(id(form))
-    if cached is not None and cached[0] is form:
-        return cached[1]
     try:
-        text = _ENCODER.encode(form)
+        return _ENCODER.encode(form)
     except (TypeError, ValueError):  # a NaN or a foreign object in a note: never a broken send
-        text = _ENCODER.encode(_plain(form))
-    if len(_texts) >= MAX_CACHED:
-        _texts.clear()
-    _texts[id(form)] = (form, text)
-    return text
+        return _ENCODER.encode(_plain(form))
 
 
 def records_text(forms: Any) -> str:
-    """A list of records as one JSON text."""
-    return "[" + ",".join(record_text(f) for f in forms) + "]"
+    """A list of records as one JSON text: the texts `Records` carry, joined."""
+    texts = getattr(forms, "texts", None)
+    if texts is None:
+        return "[" + ",".join(record_text(f) for f in forms) + "]"
+    return (
+        "["
+        + ",".join(
+            t if t is not None else record_text(f) for t, f in zip(texts, forms, strict=True)
+        )
+        + "]"
+    )
 
 
 def _plain(value: Any) -> Any:
