@@ -185,9 +185,9 @@ def test_snapshot_report_matches_the_views(tmp_path: Path) -> None:
     snap = open_snapshot(TAGGED)
     (summary,) = summarize(snap, TAGGED.name)
     replay = snap.replay(0)
-    assert summary.active["peak"]["bytes"] == int(replay.active.max())
+    assert summary.active.facts.peak.bytes == int(replay.active.max())
     assert summary.peak_reserved == int(replay.reserved.max())
-    assert html.escape(format_bytes(summary.active["peak"]["bytes"])) in page
+    assert html.escape(format_bytes(summary.active.facts.peak.bytes)) in page
     assert len(models(page, "DataTable")) == 3  # cells, call tree, largest allocations
     assert out.stat().st_size < 4_000_000
 
@@ -265,13 +265,13 @@ def test_free_space_and_fragmentation() -> None:
     inactive = [b.size for s in snap.data.segments for b in s.blocks if not b.active]
     assert summary.free.free == sum(inactive) > 0
     assert summary.free.largest_free == max(inactive)
-    assert summary.free.reserved == summary.active["end_reserved"]
+    assert summary.free.reserved == summary.active.facts.end_reserved
     assert FreeSpace(100, 40, 2, 30, 1).fragmentation == pytest.approx(0.25)
     assert FreeSpace(100, 0, 0, 0, 1).fragmentation == 0.0
     text = summary.format(top=3)
     assert text.count("\n    ") == 3  # three sites listed
     assert "fragmentation" in text
-    assert format_bytes(summary.active["peak"]["bytes"]) in text
+    assert format_bytes(summary.active.facts.peak.bytes) in text
 
 
 @pytest.mark.parametrize(

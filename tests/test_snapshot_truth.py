@@ -47,8 +47,8 @@ def test_the_cli_summary_prints_exact_site_maxima() -> None:
     snapshot = raw("train_tagged")
     truth = independent_site_peaks(snapshot, 0)
     (summary,) = summarize(open_snapshot(snapshot), "train_tagged", width=7)
-    for g in summary.active["groups"]:
-        assert g["peak_bytes"] == truth[g["label"]]
+    for g in summary.active.groups:
+        assert g.peak_bytes == truth[g.label]
 
 
 @pytest.mark.parametrize("name", ["train_tagged", "fragmentation_oom", "overflow", "expandable"])

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from bokeh.embed import file_html
 from bokeh.layouts import column
 from bokeh.models import CustomJS
@@ -32,7 +33,6 @@ from gpumem_widget.reporting.summary import DeviceSummary, summarize
 from gpumem_widget.reporting.timeline import timeline_figure
 from gpumem_widget.snapshot import Snapshot
 from gpumem_widget.version import __version__
-from gpumem_widget.wire.protocol import unpack_table
 
 Progress = Callable[[str], None]
 HOST_MODE_MEASURES = (
@@ -84,7 +84,7 @@ def render(
     for label, snap in snapshots:
         say(f"computing the views of {label}")
         for summary in summarize(snap, label):
-            cells = windows if windows and summary.active["x_unit"] == "s" else None
+            cells = windows if windows and summary.active.facts.x_unit == "s" else None
             panels.append(snapshot_panel(snap, summary, _overlapping(cells, summary)))
             summaries.append(summary)
     if len(panels) > 1:
@@ -101,7 +101,7 @@ def _overlapping(cells: CellWindows | None, summary: DeviceSummary) -> CellWindo
     """The ledger's cells that overlap the trace (else the snapshot's own tags decide)."""
     if not cells:
         return None
-    t0, t1 = summary.active["t0"], summary.active["t1"]
+    t0, t1 = summary.active.t0, summary.active.t1
     inside = [c for c in cells if c[2] >= t0 and c[1] <= t1]
     return inside or None
 
@@ -156,14 +156,14 @@ def _selector(summaries: Sequence[DeviceSummary], panels: Sequence[list[Any]]) -
 
 
 def _overview_figure(summaries: Sequence[DeviceSummary]) -> Any:
-    datetime = all(s.active["x_unit"] == "s" for s in summaries)
+    datetime = all(s.active.facts.x_unit == "s" for s in summaries)
     p = time_figure("Active memory of every snapshot", datetime=datetime, height=260)
     for i, s in enumerate(summaries):
-        t = unpack_table(s.active["table"])
-        x = t["t"] * 1e3 if datetime else t["t"]
+        columns = s.active.columns
+        x = columns.t * 1e3 if datetime else columns.t
         p.line(
             x,
-            t["total"],
+            columns.total.astype(np.float64),
             color=LINE_COLORS[i % len(LINE_COLORS)],
             line_width=1.5,
             legend_label=s.title,
@@ -173,13 +173,13 @@ def _overview_figure(summaries: Sequence[DeviceSummary]) -> Any:
 
 
 def _overview_table(summaries: Sequence[DeviceSummary]) -> Any:
-    rows = {
+    rows: dict[str, list[Any]] = {
         "name": [s.title for s in summaries],
-        "peak": [s.active["peak"]["bytes"] for s in summaries],
+        "peak": [s.active.facts.peak.bytes for s in summaries],
         "reserved": [s.peak_reserved for s in summaries],
         "free": [s.free.free for s in summaries],
-        "ooms": [len(s.active["ooms"]) for s in summaries],
-        "entries": [s.active["entries"] for s in summaries],
+        "ooms": [len(s.active.facts.ooms) for s in summaries],
+        "entries": [s.active.facts.entries for s in summaries],
     }
     return table(
         rows,

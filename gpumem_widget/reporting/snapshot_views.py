@@ -29,7 +29,8 @@ from gpumem_widget.reporting.style import (
     time_figure,
 )
 from gpumem_widget.reporting.summary import DeviceSummary
-from gpumem_widget.snapshot import Snapshot, alive_at, categories, cell_slices
+from gpumem_widget.snapshot import Snapshot, alive_at, category_memory, cell_slices
+from gpumem_widget.snapshot.aggregate import F64, ActiveMemory, CategoryMemory, DeviceFacts
 from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire.protocol import unpack_table
@@ -43,6 +44,7 @@ MAX_OOMS_SHOWN = 3
 MAP_SEGMENTS = 48
 MAP_BLOCKS = 1500
 CellWindows = Sequence[tuple[int, float, float]]
+Series = tuple[str, str, F64]  # a stacked series: its key, its label, its bytes per column
 
 
 def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | None) -> list[Any]:
@@ -55,24 +57,28 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
 
     d = summary.device
     view = summary.active
-    datetime = view["x_unit"] == "s"
+    width = len(view.columns.t)
+    datetime = view.facts.x_unit == "s"
     slices = cell_slices(snap, d, cells)
+    sites: list[Series] = [(g.column, g.label, g.values) for g in view.groups]
+    if view.other is not None:
+        sites.append(("other", "other sites", view.other))
     parts: list[Any] = [
         div(f"<h2>{esc(summary.title)}</h2>"),
         _facts(summary),
         _stacked(
             "Active memory by allocation site (each column shows its highest instant)",
             view,
-            [(g["column"], g["label"]) for g in view["groups"]] + [("other", "other sites")],
+            sites,
             datetime,
             slices["cells"],
         ),
     ]
-    cat = categories(snap, d, width=view["width"])
-    shown = [(g["column"], g["label"]) for g in cat["groups"] if g["peak_bytes"] > 0]
+    cat = category_memory(snap, d, width=width)
+    shown = [(g.column, g.label, g.values) for g in cat.groups if g.peak_bytes > 0]
     by_category = _stacked("Active memory by category", cat, shown, datetime, slices["cells"])
     by_category.x_range = parts[-1].x_range  # zoom all three together
-    reserved = bokeh_reserved_over_time(reserved_over_time(snap, d, view["width"]))
+    reserved = bokeh_reserved_over_time(reserved_over_time(snap, d, width))
     reserved.x_range = parts[-1].x_range
     parts += [by_category, reserved]
     if slices["cells"]:
@@ -80,10 +86,10 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     peak = alive_at(snap, d, max_nodes=TREE_ROWS * 2)
     parts += _alive("at the peak", peak, summary)
     parts += _segments("at the peak", snap, d, peak["event"])
-    for oom in view["ooms"][-MAX_OOMS_SHOWN:]:
-        at_oom = alive_at(snap, d, event=oom["event"], max_nodes=TREE_ROWS * 2)
-        when = f"at the OOM ({summary.when(oom['t'])})"
-        parts += _alive(when, at_oom, summary) + _segments(when, snap, d, oom["event"])
+    for oom in view.facts.ooms[-MAX_OOMS_SHOWN:]:
+        at_oom = alive_at(snap, d, event=oom.event, max_nodes=TREE_ROWS * 2)
+        when = f"at the OOM ({summary.when(oom.t)})"
+        parts += _alive(when, at_oom, summary) + _segments(when, snap, d, oom.event)
     return parts
 
 
@@ -110,33 +116,36 @@ def _facts(summary: DeviceSummary) -> Any:
     return div(f"<table class='gpumem-facts'>{rows}</table>")
 
 
-def _x(view: dict[str, Any], t: Any) -> Any:
+def _x(facts: DeviceFacts, t: Any) -> Any:
     """Unix seconds as BokehJS datetimes (milliseconds); entry numbers as they are."""
-    return np.asarray(t, dtype=np.float64) * 1e3 if view["x_unit"] == "s" else t
+    return np.asarray(t, dtype=np.float64) * 1e3 if facts.x_unit == "s" else t
 
 
 def _stacked(
     title: str,
-    view: dict[str, Any],
-    series: Sequence[tuple[str, str]],
+    view: ActiveMemory | CategoryMemory,
+    series: Sequence[Series],
     datetime: bool,
     cells: Sequence[dict[str, Any]],
 ) -> Any:
-    """Stacked areas of `series` (column, label), with the total (and reserved, when the view
-    has it) as lines; hover shows every series at that column."""
-    reserved = "reserved" in view["table"]["columns"]
-    table_ = unpack_table(view["table"])
-    data: dict[str, Any] = {"x": _x(view, table_["t"]), "total": table_["total"]}
-    for key, _ in series:
-        data[key] = table_[key]
-    if reserved:
-        data["reserved"] = table_["reserved"]
+    """Stacked areas of `series`, with the total (and reserved, when the view has it) as lines;
+    hover shows every series at that column."""
+    columns = view.columns
+    reserved = columns.reserved is not None
+    # Bytes as float64, as the browser gets them.
+    data: dict[str, Any] = {"x": _x(view.facts, columns.t), "total": columns.total.astype(float)}
+    for key, _, values in series:
+        data[key] = values
+    if columns.reserved is not None:
+        data["reserved"] = columns.reserved.astype(float)
     source = ColumnDataSource(data)
     p = time_figure(title, datetime=datetime)
-    _cell_bands(p, view, cells, float(np.max(data["reserved" if reserved else "total"], initial=1)))
-    keys = [k for k, _ in series]
+    top = float(np.max(data["reserved" if reserved else "total"], initial=1))
+    _cell_bands(p, view.facts, cells, top)
+    keys = [k for k, _, _ in series]
     colors = [SITE_COLORS[i % len(SITE_COLORS)] for i in range(len(keys))]
-    p.varea_stack(keys, x="x", source=source, color=colors, legend_label=_unique(series))
+    labels = _unique([label for _, label, _ in series])
+    p.varea_stack(keys, x="x", source=source, color=colors, legend_label=labels)
     total = p.line("x", "total", source=source, color="#222222", line_width=1, legend_label="total")
     if reserved:
         p.line(
@@ -147,9 +156,13 @@ def _stacked(
             line_dash="dashed",
             legend_label="reserved",
         )
-    _marks(p, view)
+    _marks(p, view.facts)
     as_bytes = bytes_hover()
-    fields = [("total", "total"), *([("reserved", "reserved")] if reserved else []), *series]
+    fields = [
+        ("total", "total"),
+        *([("reserved", "reserved")] if reserved else []),
+        *((key, label) for key, label, _ in series),
+    ]
     p.add_tools(
         HoverTool(
             renderers=[total],
@@ -163,32 +176,32 @@ def _stacked(
     return p
 
 
-def _unique(series: Sequence[tuple[str, str]]) -> list[str]:
+def _unique(labels: Sequence[str]) -> list[str]:
     """Legend labels, made distinct: Bokeh merges legend items that share a label."""
     seen: dict[str, int] = {}
     out = []
-    for _, label in series:
+    for label in labels:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
     return out
 
 
-def _marks(p: Any, view: dict[str, Any]) -> None:
+def _marks(p: Any, facts: DeviceFacts) -> None:
     """The peak and every OOM, as vertical rules."""
-    if view["peak"]["t"] is not None:
+    if facts.peak.t is not None:
         p.add_layout(
             Span(
-                location=float(_x(view, view["peak"]["t"])),
+                location=float(_x(facts, facts.peak.t)),
                 dimension="height",
                 line_color=PEAK_COLOR,
                 line_dash="dotted",
                 line_width=1,
             )
         )
-    for oom in view["ooms"]:
+    for oom in facts.ooms:
         p.add_layout(
             Span(
-                location=float(_x(view, oom["t"])),
+                location=float(_x(facts, oom.t)),
                 dimension="height",
                 line_color=OOM_COLOR,
                 line_width=2,
@@ -196,13 +209,13 @@ def _marks(p: Any, view: dict[str, Any]) -> None:
         )
 
 
-def _cell_bands(p: Any, view: dict[str, Any], cells: Sequence[dict[str, Any]], top: float) -> None:
+def _cell_bands(p: Any, facts: DeviceFacts, cells: Sequence[dict[str, Any]], top: float) -> None:
     if not cells:
         return
     source = ColumnDataSource(
         {
-            "left": _x(view, [c["start"] for c in cells]),
-            "right": _x(view, [c["end"] for c in cells]),
+            "left": _x(facts, [c["start"] for c in cells]),
+            "right": _x(facts, [c["end"] for c in cells]),
             "count": [c["execution_count"] for c in cells],
             "allocated": [c["allocated_bytes"] for c in cells],
             "peak": [c["peak_bytes"] for c in cells],

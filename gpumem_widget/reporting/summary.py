@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
-from gpumem_widget.snapshot import Snapshot, active_memory_view
+from gpumem_widget.snapshot import Snapshot, active_memory
+from gpumem_widget.snapshot.aggregate import ActiveMemory
 from gpumem_widget.units import format_bytes
 
 DEFAULT_WIDTH = 1200
@@ -37,7 +37,7 @@ class FreeSpace:
 class DeviceSummary:
     label: str  # where the snapshot came from (a file name, a rank)
     device: int
-    active: dict[str, Any]  # `active_memory_view`'s result
+    active: ActiveMemory
     peak_reserved: int
     free: FreeSpace
 
@@ -48,24 +48,21 @@ class DeviceSummary:
     def when(self, t: float | None) -> str:
         if t is None:
             return "before the trace"
-        if self.active["x_unit"] == "entry":
+        if self.active.facts.x_unit == "entry":
             return f"entry {t:.0f}"
         return utc(t)
 
     def facts(self) -> list[tuple[str, str]]:
         """(name, value) lines, in the order a reader wants them."""
-        a, f = self.active, self.free
+        a, f = self.active.facts, self.free
         out = [
-            ("trace", f"{a['entries']:,} entries, {a['allocations']:,} allocations"),
-            (
-                "peak allocated",
-                f"{format_bytes(a['peak']['bytes'])} at {self.when(a['peak']['t'])}",
-            ),
+            ("trace", f"{a.entries:,} entries, {a.allocations:,} allocations"),
+            ("peak allocated", f"{format_bytes(a.peak.bytes)} at {self.when(a.peak.t)}"),
             ("peak reserved", format_bytes(self.peak_reserved)),
             (
                 "at the snapshot",
-                f"{format_bytes(a['end_bytes'])} allocated, "
-                f"{format_bytes(a['end_reserved'])} reserved in {plural(f.segments, 'segment')}",
+                f"{format_bytes(a.end_bytes)} allocated, "
+                f"{format_bytes(a.end_reserved)} reserved in {plural(f.segments, 'segment')}",
             ),
             (
                 "reserved but free",
@@ -73,36 +70,34 @@ class DeviceSummary:
                 f"{format_bytes(f.largest_free)} (fragmentation {f.fragmentation:.0%})",
             ),
         ]
-        if a["active_before"]:
-            out.append(
-                ("before recording", f"{format_bytes(a['active_before'])} already allocated")
-            )
-        for oom in a["ooms"]:
-            tag = f" [{oom['tag']}]" if oom["tag"] else ""
+        if a.active_before:
+            out.append(("before recording", f"{format_bytes(a.active_before)} already allocated"))
+        for oom in a.ooms:
+            tag = f" [{oom.tag}]" if oom.tag else ""
             out.append(
                 (
                     "OOM",
-                    f"at {self.when(oom['t'])}{tag}: requested {format_bytes(oom['requested'])}, "
-                    f"CUDA had {format_bytes(oom['device_free'])} free",
+                    f"at {self.when(oom.t)}{tag}: requested {format_bytes(oom.requested)}, "
+                    f"CUDA had {format_bytes(oom.device_free)} free",
                 )
             )
-        out += [("warning", w) for w in a["warnings"]]
+        out += [("warning", w) for w in a.warnings]
         return out
 
     def format(self, top: int = 10) -> str:
         lines = [self.title]
         width = max(len(name) for name, _ in self.facts())
         lines += [f"  {name:<{width}}  {value}" for name, value in self.facts()]
-        groups = self.active["groups"][:top]
+        groups = self.active.groups[:top]
         if groups:
             lines.append(
                 "  top allocation sites (exact highest bytes at once · allocated in all · count)"
             )
             for g in groups:
                 lines.append(
-                    f"    {format_bytes(g['peak_bytes']):>10}"
-                    f"  {format_bytes(g['bytes_allocated']):>10}"
-                    f"  {g['count']:>8,}  {g['label']}"
+                    f"    {format_bytes(g.peak_bytes):>10}"
+                    f"  {format_bytes(g.bytes_allocated):>10}"
+                    f"  {g.count:>8,}  {g.label}"
                 )
         return "\n".join(lines)
 
@@ -141,7 +136,7 @@ def summarize(
             DeviceSummary(
                 label=label,
                 device=device,
-                active=active_memory_view(snap, device, width=width, top=top),
+                active=active_memory(snap, device, width=width, top=top),
                 peak_reserved=max(int(replay.reserved.max(initial=0)), replay.reserved_before),
                 free=free_space(snap, device),
             )

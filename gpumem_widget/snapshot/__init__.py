@@ -1,8 +1,9 @@
 """PyTorch memory snapshots: record them, load them safely, replay them, and draw them per cell.
 
-`open_snapshot` takes a `_dump_snapshot` file or a `_snapshot()` dict; the view functions
-(`active_memory_view`, `alive_at`, `cell_slices`, `categories`) turn it into screen-sized data
-for the drill-down panel; `export_memory_viz` writes the pickle PyTorch's memory_viz reads.
+`open_snapshot` takes a `_dump_snapshot` file or a `_snapshot()` dict; the views turn it into
+screen-sized data: `active_memory` and `category_memory` as typed objects, `active_memory_view`,
+`categories`, `alive_at` and `cell_slices` as the drill-down panel's JSON. `export_memory_viz`
+writes the pickle PyTorch's memory_viz reads.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from gpumem_widget.lazy import lazy_attributes
 if TYPE_CHECKING:
     from gpumem_widget.snapshot.aggregate import (
         CATEGORIES,
+        active_memory,
         active_memory_view,
         alive_at,
         categories,
+        category_memory,
         cell_slices,
         known_pointers,
     )
@@ -47,9 +50,11 @@ if TYPE_CHECKING:
 # and views) are only needed once a snapshot is shown.
 _LAZY = {
     "CATEGORIES": "aggregate",
+    "active_memory": "aggregate",
     "active_memory_view": "aggregate",
     "alive_at": "aggregate",
     "categories": "aggregate",
+    "category_memory": "aggregate",
     "cell_of_tag": "tags",
     "cell_slices": "aggregate",
     "known_pointers": "aggregate",
@@ -135,9 +140,11 @@ __all__ = [
     "RecordingUnavailable",
     "Snapshot",
     "SnapshotLoadError",
+    "active_memory",
     "active_memory_view",
     "alive_at",
     "categories",
+    "category_memory",
     "cell_of_tag",
     "cell_slices",
     "export_memory_viz",

@@ -12,13 +12,19 @@ Every view reduces the trace first, so its size depends on the screen, not on th
 out as packed tables in `protocol`'s wire format (one little-endian buffer per column), as
 float64 so byte counts stay exact; the rest is small JSON. Times are unix seconds, or entry
 numbers where the snapshot has no times (`"x_unit": "entry"`).
+
+(a) and (d) are computed once as typed objects (`active_memory`, `active_total`,
+`category_memory`: `ActiveMemory`, `CategoryMemory`, each with its `DeviceFacts`), which the
+report reads; their ``to_wire()`` is the one place their browser form is made, and
+`active_memory_view`, `active_total_view` and `categories` return it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -55,13 +61,22 @@ _IDLE_SHOWN = 0.02
 
 
 @dataclass(frozen=True, slots=True)
+class IdleGap:
+    """An idle stretch collapsed on a time axis: where it is drawn, and how long it was."""
+
+    x: float
+    width: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class AxisX:
     """Each trace entry's position on the x axis, and the idle stretches collapsed on it."""
 
     axis: Axis
     unit: str  # "entry" (event order, or a time axis without recorded times) or "s"
     x: F64
-    idle: list[dict[str, float]]  # {"x", "width", "seconds"}: where a gap was collapsed
+    idle: tuple[IdleGap, ...]  # where a gap was collapsed
 
 
 def axis_x(
@@ -72,22 +87,20 @@ def axis_x(
     squeezed into a sliver (the gap is then listed in ``idle``, to mark it)."""
     n = rep.n_events
     if axis == "event" or not snap.data.has_time:
-        return AxisX(axis, "entry", np.arange(n, dtype=np.float64), [])
+        return AxisX(axis, "entry", np.arange(n, dtype=np.float64), ())
     t = rep.time_us / 1e6
     if not collapse_idle or n < 2:
-        return AxisX(axis, "s", t, [])
+        return AxisX(axis, "s", t, ())
     gaps = np.diff(t)
     span = float(t[-1] - t[0])
     long_ = gaps > _IDLE_SHARE * span
     if not long_.any():
-        return AxisX(axis, "s", t, [])
+        return AxisX(axis, "s", t, ())
     rest = span - float(gaps[long_].sum())
     shown = max(_IDLE_SHOWN * rest, 1e-6)
     cut = np.where(long_, gaps - shown, 0.0)
     x = t - np.concatenate(([0.0], np.cumsum(cut)))
-    idle = [
-        {"x": float(x[i]), "width": shown, "seconds": float(gaps[i])} for i in np.flatnonzero(long_)
-    ]
+    idle = tuple(IdleGap(float(x[i]), shown, float(gaps[i])) for i in np.flatnonzero(long_))
     return AxisX(axis, "s", x, idle)
 
 
@@ -317,7 +330,86 @@ def _describe(key: Frame | str) -> dict[str, Any]:
 # -- (a) active memory over time ---------------------------------------------------------------
 
 
-def _common(snap: Snapshot, rep: DeviceReplay, ax: AxisX | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Peak:
+    """The highest active total: its bytes, its entry (-1: before the trace), its position on
+    the view's axis and its unix time (None where there is none)."""
+
+    bytes: int
+    event: int
+    t: float | None
+    time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OomAt:
+    """An OOM of the trace: where it happened, what was asked, what CUDA had free."""
+
+    event: int
+    t: float  # on the view's axis
+    time: float | None  # unix seconds
+    requested: int
+    device_free: int
+    tag: str
+    cell: int | None  # the cell of a ``cell:N`` tag
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """What every view says about the device; positions (``t``) are on the view's axis."""
+
+    device: int
+    axis: Axis
+    x_unit: str  # "entry" or "s"
+    idle: tuple[IdleGap, ...]
+    entries: int
+    allocations: int
+    active_before: int
+    reserved_before: int
+    end_bytes: int  # active at the snapshot
+    end_reserved: int
+    peak: Peak
+    peak_reserved: int
+    overflowed: bool
+    ooms: tuple[OomAt, ...]
+    anomalies: tuple[tuple[str, int], ...]
+    warnings: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The keys every view's wire form starts with."""
+        p = self.peak
+        return {
+            "device": self.device,
+            "axis": self.axis,
+            "x_unit": self.x_unit,
+            "idle": [{"x": g.x, "width": g.width, "seconds": g.seconds} for g in self.idle],
+            "entries": self.entries,
+            "allocations": self.allocations,
+            "active_before": self.active_before,
+            "reserved_before": self.reserved_before,
+            "end_bytes": self.end_bytes,
+            "end_reserved": self.end_reserved,
+            "peak": {"bytes": p.bytes, "event": p.event, "t": p.t, "time": p.time},
+            "peak_reserved": self.peak_reserved,
+            "overflowed": self.overflowed,
+            "ooms": [
+                {
+                    "event": o.event,
+                    "t": o.t,
+                    "time": o.time,
+                    "requested": o.requested,
+                    "device_free": o.device_free,
+                    "tag": o.tag,
+                    "cell": o.cell,
+                }
+                for o in self.ooms
+            ],
+            "anomalies": dict(self.anomalies),
+            "warnings": list(self.warnings),
+        }
+
+
+def device_facts(snap: Snapshot, rep: DeviceReplay, ax: AxisX | None = None) -> DeviceFacts:
     """What every view says about the device; positions (``t``) are on `ax` (default: wall-clock
     unix seconds, or entry numbers without recorded times), ``time`` in unix seconds."""
     from gpumem_widget.snapshot.validate import looks_wrapped, warnings_for
@@ -327,64 +419,181 @@ def _common(snap: Snapshot, rep: DeviceReplay, ax: AxisX | None = None) -> dict[
     peak = int(np.argmax(rep.active)) if rep.n_events else -1
     peak_reserved = max(int(rep.reserved.max(initial=0)), rep.reserved_before)
     time = _times(rep, snap.data.has_time, np.array([peak, *(o.event for o in rep.ooms)], np.int64))
-    return {
-        "device": rep.device,
-        "axis": ax.axis,
-        "x_unit": ax.unit,
-        "idle": ax.idle,
-        "entries": rep.n_events,
-        "allocations": len(rep.intervals),
-        "active_before": rep.active_before,
-        "reserved_before": rep.reserved_before,
-        "end_bytes": rep.active_after(rep.n_events - 1),  # at the snapshot
-        "end_reserved": int(rep.reserved[-1]) if rep.n_events else rep.reserved_before,
-        "peak": {
-            "bytes": rep.active_after(peak) if peak >= 0 else rep.active_before,
-            "event": peak,
-            "t": float(x[peak]) if peak >= 0 else None,
-            "time": None if np.isnan(time[0]) else float(time[0]),
-        },
-        "peak_reserved": peak_reserved,
-        "overflowed": rep.overflowed or looks_wrapped(snap, rep) is not None,
-        "ooms": [
-            {
-                "event": o.event,
-                "t": float(x[o.event]),
-                "time": None if np.isnan(when) else float(when),
-                "requested": o.requested,
-                "device_free": o.device_free,
-                "tag": snap.string(o.tag),
-                "cell": cell_of_tag(snap.string(o.tag)),
-            }
+    return DeviceFacts(
+        device=rep.device,
+        axis=ax.axis,
+        x_unit=ax.unit,
+        idle=ax.idle,
+        entries=rep.n_events,
+        allocations=len(rep.intervals),
+        active_before=rep.active_before,
+        reserved_before=rep.reserved_before,
+        end_bytes=rep.active_after(rep.n_events - 1),
+        end_reserved=int(rep.reserved[-1]) if rep.n_events else rep.reserved_before,
+        peak=Peak(
+            bytes=rep.active_after(peak) if peak >= 0 else rep.active_before,
+            event=peak,
+            t=float(x[peak]) if peak >= 0 else None,
+            time=None if np.isnan(time[0]) else float(time[0]),
+        ),
+        peak_reserved=peak_reserved,
+        overflowed=rep.overflowed or looks_wrapped(snap, rep) is not None,
+        ooms=tuple(
+            OomAt(
+                event=o.event,
+                t=float(x[o.event]),
+                time=None if np.isnan(when) else float(when),
+                requested=o.requested,
+                device_free=o.device_free,
+                tag=snap.string(o.tag),
+                cell=cell_of_tag(snap.string(o.tag)),
+            )
             for o, when in zip(rep.ooms, time[1:], strict=True)
-        ],
-        "anomalies": rep.anomalies,
-        "warnings": warnings_for(snap, rep),
-    }
+        ),
+        anomalies=tuple(rep.anomalies.items()),
+        warnings=tuple(warnings_for(snap, rep)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenColumns:
+    """The columns every stacked view shares: position, the entry each column shows (its
+    highest active instant: a click on the column asks about it), active there; when full,
+    also its time, the column's lowest active, reserved there and the column's range of it."""
+
+    t: F64
+    event: I64
+    total: I64
+    time: F64 | None = None
+    min: F64 | None = None
+    reserved: I64 | None = None
+    reserved_max: F64 | None = None
+    reserved_min: F64 | None = None
+
+    def named(self) -> dict[str, npt.NDArray[Any]]:
+        """The columns it has, by wire name, in the wire's order."""
+        out: dict[str, npt.NDArray[Any]] = {"t": self.t, "event": self.event, "total": self.total}
+        for name in ("time", "min", "reserved", "reserved_max", "reserved_min"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
 
 
 def _base_columns(
     snap: Snapshot, rep: DeviceReplay, ax: AxisX, grid: _Grid, full: bool = True
-) -> dict[str, Any]:
-    """The columns every stacked view shares: position, the entry each column shows (its
-    highest active instant: a click on the column asks about it), active there; with `full`,
-    also its time, the column's lowest active, reserved there and the column's range of it."""
-    columns: dict[str, Any] = {
-        "t": grid.start,
-        "event": grid.event,
-        "total": _after(rep.active, rep.active_before, grid.event),
-    }
-    if full:
-        high, low = _column_range(rep, grid, ax.x, rep.reserved, rep.reserved_before)
-        columns["time"] = _times(rep, snap.data.has_time, grid.event)
-        columns["min"] = grid.low
-        columns["reserved"] = _after(rep.reserved, rep.reserved_before, grid.event)
-        columns["reserved_max"] = high
-        columns["reserved_min"] = low
-    return columns
+) -> ScreenColumns:
+    """`ScreenColumns` over `grid`; `full` adds time, min and reserved."""
+    total = _after(rep.active, rep.active_before, grid.event)
+    if not full:
+        return ScreenColumns(grid.start, grid.event, total)
+    high, low = _column_range(rep, grid, ax.x, rep.reserved, rep.reserved_before)
+    return ScreenColumns(
+        t=grid.start,
+        event=grid.event,
+        total=total,
+        time=_times(rep, snap.data.has_time, grid.event),
+        min=grid.low,
+        reserved=_after(rep.reserved, rep.reserved_before, grid.event),
+        reserved_max=high,
+        reserved_min=low,
+    )
 
 
-def active_memory_view(
+@dataclass(frozen=True, slots=True)
+class SiteGroup:
+    """One allocation site's series, and its exact highest bytes within the view's range."""
+
+    column: str  # its column in the wire's table
+    label: str
+    filename: str | None  # None for a label without a frame
+    line: int | None
+    name: str | None
+    peak_bytes: int
+    peak_event: int  # the first entry where it is reached
+    count: int  # allocations
+    bytes_allocated: int
+    values: F64  # bytes at each screen column
+
+
+@dataclass(frozen=True, slots=True)
+class _Stacked:
+    """What a view stacked over screen columns has, whatever its groups are."""
+
+    facts: DeviceFacts
+    t0: float  # the range shown, on the facts' axis
+    t1: float
+    range_events: tuple[int, int]  # the entries inside [t0, t1]
+    columns: ScreenColumns
+
+    def _wire(self, view: str, series: Iterable[tuple[str, F64]]) -> dict[str, Any]:
+        """The wire form's keys up to its table: the shared columns, then `series` (by column
+        name), every one float64 in one packed table."""
+        columns = self.columns.named()
+        columns.update(series)
+        return {
+            "view": view,
+            **self.facts.to_wire(),
+            "t0": self.t0,
+            "t1": self.t1,
+            "range_events": list(self.range_events),
+            "width": len(self.columns.t),
+            "table": pack_f8(columns),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveMemory(_Stacked):
+    """Active memory over time at screen columns, stacked by allocation site (`groups`, then
+    everything else summed in `other`, None where the groups cover everything)."""
+
+    groups: tuple[SiteGroup, ...]
+    other: F64 | None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The browser's form (`aggregate`'s module docstring)."""
+        series = [(g.column, g.values) for g in self.groups]
+        if self.other is not None:
+            series.append(("other", self.other))
+        return {
+            **self._wire("active_memory", series),
+            "groups": [
+                {
+                    "column": g.column,
+                    "label": g.label,
+                    "filename": g.filename,
+                    "line": g.line,
+                    "name": g.name,
+                    "peak_bytes": g.peak_bytes,
+                    "peak_event": g.peak_event,
+                    "count": g.count,
+                    "bytes_allocated": g.bytes_allocated,
+                }
+                for g in self.groups
+            ],
+        }
+
+
+class _InWireForm(Protocol):
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+_P = ParamSpec("_P")
+
+
+def _in_wire_form(view: Callable[_P, _InWireForm], name: str) -> Callable[_P, dict[str, Any]]:
+    """`view`, returning its object's wire form (the dict the Snapshot tab's traits carry)."""
+
+    @functools.wraps(view)
+    def wire(*args: _P.args, **kwargs: _P.kwargs) -> dict[str, Any]:
+        return view(*args, **kwargs).to_wire()
+
+    wire.__name__ = wire.__qualname__ = name
+    wire.__doc__ = f"`{view.__name__}` in the browser's form (its ``to_wire()``)."
+    return wire
+
+
+def active_memory(
     snap: Snapshot,
     device: int | None = None,
     width: int = 1200,
@@ -395,7 +604,7 @@ def active_memory_view(
     t1: float | None = None,
     axis: Axis = "time",
     collapse_idle: bool = False,
-) -> dict[str, Any]:
+) -> ActiveMemory:
     """Active memory over time, stacked by allocation site: the `top` sites and "other".
 
     Each of the `width` columns shows the instant of its highest total (``event``), so no spike
@@ -414,37 +623,63 @@ def active_memory_view(
     columns = _base_columns(snap, rep, ax, grid)
     groups = []
     for i, (g, row) in enumerate(zip(chosen, series, strict=True)):
-        columns[f"g{i}"] = row
         mask = sites.of_interval == g
         groups.append(
-            {
-                "column": f"g{i}",
-                **_describe(sites.keys[g]),
-                "peak_bytes": int(peaks[i]),
-                "peak_event": int(peak_events[i]),
-                "count": int(mask.sum()),
-                "bytes_allocated": int(rep.intervals.size[mask].sum()),
-            }
+            _site_group(
+                sites.keys[g],
+                column=f"g{i}",
+                peak_bytes=int(peaks[i]),
+                peak_event=int(peak_events[i]),
+                count=int(mask.sum()),
+                bytes_allocated=int(rep.intervals.size[mask].sum()),
+                values=row,
+            )
         )
-    columns["other"] = other
-    return {
-        "view": "active_memory",
-        **_common(snap, rep, ax),
-        "t0": grid.t0,
-        "t1": grid.t1,
-        "range_events": [grid.lo, grid.hi],
-        "width": len(grid.start),
-        "table": pack_f8(columns),
-        "groups": groups,
-    }
+    return ActiveMemory(
+        device_facts(snap, rep, ax),
+        grid.t0,
+        grid.t1,
+        (grid.lo, grid.hi),
+        columns,
+        tuple(groups),
+        other,
+    )
+
+
+def _site_group(
+    key: Frame | str,
+    *,
+    column: str,
+    peak_bytes: int,
+    peak_event: int,
+    count: int,
+    bytes_allocated: int,
+    values: F64,
+) -> SiteGroup:
+    frame = None if isinstance(key, str) else key
+    return SiteGroup(
+        column=column,
+        label=key if isinstance(key, str) else key.label(),
+        filename=frame.filename if frame else None,
+        line=frame.line if frame else None,
+        name=frame.name if frame else None,
+        peak_bytes=peak_bytes,
+        peak_event=peak_event,
+        count=count,
+        bytes_allocated=bytes_allocated,
+        values=values,
+    )
+
+
+active_memory_view = _in_wire_form(active_memory, "active_memory_view")
 
 
 ALL_ALLOCATIONS = "all allocations (by site: still reading the stacks)"
 
 
-def active_total_view(
+def active_total(
     snap: Snapshot, device: int | None = None, width: int = 1200, *, axis: Axis = "time"
-) -> dict[str, Any]:
+) -> ActiveMemory:
     """`active_memory_view`'s shape with one group, every allocation: what can be drawn before
     a snapshot's stacks are read (it needs only the replay's totals). The group's peak is the
     trace's highest active total, reached first at ``peak_event`` (-1: already before it)."""
@@ -452,28 +687,24 @@ def active_total_view(
     ax = axis_x(snap, rep, axis)
     grid = _grid(rep, ax.x, width, None, None)
     columns = _base_columns(snap, rep, ax, grid)
-    columns["g0"] = columns["total"]
     top = int(rep.active.max()) if rep.n_events else rep.active_before
     reached = int(np.argmax(rep.active)) if top > rep.active_before else -1
     iv = rep.intervals
-    group = {
-        "column": "g0",
-        **_describe(ALL_ALLOCATIONS),
-        "peak_bytes": max(top, rep.active_before),
-        "peak_event": reached,
-        "count": len(iv),
-        "bytes_allocated": int(iv.size.sum()),
-    }
-    return {
-        "view": "active_memory",
-        **_common(snap, rep, ax),
-        "t0": grid.t0,
-        "t1": grid.t1,
-        "range_events": [grid.lo, grid.hi],
-        "width": len(grid.start),
-        "table": pack_f8(columns),
-        "groups": [group],
-    }
+    group = _site_group(
+        ALL_ALLOCATIONS,
+        column="g0",
+        peak_bytes=max(top, rep.active_before),
+        peak_event=reached,
+        count=len(iv),
+        bytes_allocated=int(iv.size.sum()),
+        values=columns.total.astype(np.float64),
+    )
+    return ActiveMemory(
+        device_facts(snap, rep, ax), grid.t0, grid.t1, (grid.lo, grid.hi), columns, (group,), None
+    )
+
+
+active_total_view = _in_wire_form(active_total, "active_total_view")
 
 
 # -- (b) what is alive at an instant -----------------------------------------------------------
@@ -531,7 +762,7 @@ def alive_at(
     biggest = alive[np.argsort(-iv.size[alive], kind="stable")[:largest]]
     return {
         "view": "alive_at",
-        **_common(snap, rep),
+        **device_facts(snap, rep).to_wire(),
         "event": event,
         "t": float(x[event]) if event >= 0 else None,
         "entry": _entry(snap, rep, event),
@@ -658,7 +889,7 @@ def cell_slices(
     and what is alive at every cell's peak comes from one sweep: a trace with hundreds of cells
     costs a few passes over its allocations, not a few per cell."""
     rep = snap.replay(device)
-    common = _common(snap, rep)  # first: its temporaries and the ones below never coexist
+    facts = device_facts(snap, rep)  # first: its temporaries and the ones below never coexist
     iv = rep.intervals
     x = _x(rep, snap.data.has_time)
     n = rep.n_events
@@ -722,7 +953,7 @@ def cell_slices(
                 "alive_at_snapshot_top": _top_of(sites, alive, iv.size, top),
             }
         out.append(record)
-    return {"view": "cell_slices", **common, "tagged": tagged, "cells": out}
+    return {"view": "cell_slices", **facts.to_wire(), "tagged": tagged, "cells": out}
 
 
 class _ByKey:
@@ -820,7 +1051,49 @@ def known_pointers(model: Any = None, optimizer: Any = None) -> dict[str, set[in
     return known
 
 
-def categories(
+@dataclass(frozen=True, slots=True)
+class CategoryGroup:
+    """One category's series, and its exact highest bytes within the view's range."""
+
+    column: str  # its column in the wire's table: the category's name
+    label: str
+    peak_bytes: int
+    peak_event: int  # the first entry where it is reached
+    count: int  # allocations
+    exact_count: int  # of them, classified by a live tensor's address
+    values: F64  # bytes at each screen column
+
+
+@dataclass(frozen=True, slots=True)
+class CategoryMemory(_Stacked):
+    """Active memory over time at screen columns, stacked by category (every one of
+    `CATEGORIES`, in that order), and each category's bytes alive at the peak."""
+
+    groups: tuple[CategoryGroup, ...]
+    at_peak: tuple[tuple[str, int], ...]  # (category, bytes) alive at the trace's peak
+    phase_source: Literal["windows", "stacks", "none"]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The browser's form (`aggregate`'s module docstring)."""
+        return {
+            **self._wire("categories", [(g.column, g.values) for g in self.groups]),
+            "groups": [
+                {
+                    "column": g.column,
+                    "label": g.label,
+                    "peak_bytes": g.peak_bytes,
+                    "peak_event": g.peak_event,
+                    "count": g.count,
+                    "exact_count": g.exact_count,
+                }
+                for g in self.groups
+            ],
+            "at_peak": dict(self.at_peak),
+            "phase_source": self.phase_source,
+        }
+
+
+def category_memory(
     snap: Snapshot,
     device: int | None = None,
     model: Any = None,
@@ -834,7 +1107,7 @@ def categories(
     axis: Axis = "time",
     collapse_idle: bool = False,
     full_columns: bool = True,
-) -> dict[str, Any]:
+) -> CategoryMemory:
     """Active memory over time stacked by category (`CATEGORIES`); `full_columns` False leaves
     out the columns `active_memory_view` holds too (time, min, reserved).
 
@@ -872,36 +1145,38 @@ def categories(
     columns = _base_columns(snap, rep, ax, grid, full_columns)
     groups = []
     for i, name in enumerate(CATEGORIES):
-        columns[name] = series[i]
         mask = category == i
         groups.append(
-            {
-                "column": name,
-                "label": name.replace("_", " "),
-                "peak_bytes": int(peaks[i]),
-                "peak_event": int(peak_events[i]),
-                "count": int(mask.sum()),
-                "exact_count": int((mask & exact).sum()),
-            }
+            CategoryGroup(
+                column=name,
+                label=name.replace("_", " "),
+                peak_bytes=int(peaks[i]),
+                peak_event=int(peak_events[i]),
+                count=int(mask.sum()),
+                exact_count=int((mask & exact).sum()),
+                values=series[i],
+            )
         )
     peak = int(np.argmax(rep.active)) if rep.n_events else -1
     at_peak = iv.alive_after(peak)
-    return {
-        "view": "categories",
-        **_common(snap, rep, ax),
-        "t0": grid.t0,
-        "t1": grid.t1,
-        "range_events": [grid.lo, grid.hi],
-        "width": len(grid.start),
-        "table": pack_f8(columns),
-        "groups": groups,
-        "at_peak": {
-            name: int(iv.size[at_peak & (category == i)].sum()) for i, name in enumerate(CATEGORIES)
-        },
-        "phase_source": "windows"
+    return CategoryMemory(
+        facts=device_facts(snap, rep, ax),
+        t0=grid.t0,
+        t1=grid.t1,
+        range_events=(grid.lo, grid.hi),
+        columns=columns,
+        groups=tuple(groups),
+        at_peak=tuple(
+            (name, int(iv.size[at_peak & (category == i)].sum()))
+            for i, name in enumerate(CATEGORIES)
+        ),
+        phase_source="windows"
         if phases is not None
         else ("stacks" if len(snap.stacks.stacks) > 1 else "none"),
-    }
+    )
+
+
+categories = _in_wire_form(category_memory, "categories")
 
 
 _PHASES = ("forward", "backward", "optimizer", "parameters", "other")

@@ -19,7 +19,7 @@ from gpumem_widget.snapshot.aggregate import (
     _grid,
     _sites,
     axis_x,
-    categories,
+    category_memory,
 )
 from gpumem_widget.snapshot.attribution import SiteMode
 from gpumem_widget.snapshot.replay import Snapshot
@@ -49,7 +49,7 @@ def _side(snap: Snapshot, device: int | None, site: SiteMode) -> dict[str, Any]:
         "peak_reserved": max(int(rep.reserved.max(initial=0)), rep.reserved_before),
         "end_bytes": rep.active_after(rep.n_events - 1),
         "by_site": site_bytes,
-        "by_category": categories(snap, rep.device, width=1, full_columns=False)["at_peak"],
+        "by_category": dict(category_memory(snap, rep.device, width=1, full_columns=False).at_peak),
     }
 
 
