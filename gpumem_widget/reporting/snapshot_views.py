@@ -7,7 +7,7 @@ thousand numbers."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,11 +29,18 @@ from gpumem_widget.reporting.style import (
     time_figure,
 )
 from gpumem_widget.reporting.summary import DeviceSummary
-from gpumem_widget.snapshot import Snapshot, alive_at, category_memory, cell_slices
-from gpumem_widget.snapshot.aggregate import F64, ActiveMemory, CategoryMemory, DeviceFacts
+from gpumem_widget.snapshot import Snapshot, alive_memory, category_memory, cell_slices
+from gpumem_widget.snapshot.aggregate import (
+    F64,
+    ActiveMemory,
+    AliveMemory,
+    Allocation,
+    CallTree,
+    CategoryMemory,
+    DeviceFacts,
+)
 from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map
 from gpumem_widget.units import format_bytes
-from gpumem_widget.wire.protocol import unpack_table
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +90,11 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     parts += [by_category, reserved]
     if slices["cells"]:
         parts += [div("<h3>Cells</h3>"), _cells_table(slices["cells"])]
-    peak = alive_at(snap, d, max_nodes=TREE_ROWS * 2)
+    peak = alive_memory(snap, d, max_nodes=TREE_ROWS * 2)
     parts += _alive("at the peak", peak, summary)
-    parts += _segments("at the peak", snap, d, peak["event"])
+    parts += _segments("at the peak", snap, d, peak.event)
     for oom in view.facts.ooms[-MAX_OOMS_SHOWN:]:
-        at_oom = alive_at(snap, d, event=oom.event, max_nodes=TREE_ROWS * 2)
+        at_oom = alive_memory(snap, d, event=oom.event, max_nodes=TREE_ROWS * 2)
         when = f"at the OOM ({summary.when(oom.t)})"
         parts += _alive(when, at_oom, summary) + _segments(when, snap, d, oom.event)
     return parts
@@ -277,33 +284,31 @@ def _cells_table(cells: Sequence[dict[str, Any]]) -> DataTable:
     )
 
 
-def _alive(when: str, view: dict[str, Any], summary: DeviceSummary) -> list[Any]:
+def _alive(when: str, view: AliveMemory, summary: DeviceSummary) -> list[Any]:
     head = div(
-        f"<h3>Alive {esc(when)}: {esc(format_bytes(view['total_bytes']))} in "
-        f"{view['count']:,} allocations</h3>"
+        f"<h3>Alive {esc(when)}: {esc(format_bytes(view.total_bytes))} in "
+        f"{view.count:,} allocations</h3>"
     )
-    return [head, _tree_table(view), _largest_table(view["largest"], summary)]
+    return [head, _tree_table(view.tree), _largest_table(view.largest, summary)]
 
 
-def _tree_table(view: dict[str, Any]) -> DataTable:
+def _tree_table(tree: CallTree) -> DataTable:
     """The call tree, depth first with the largest child first, indented by depth."""
-    t = unpack_table(view["tree"])
-    labels = view["labels"]
-    parent = t["parent"].astype(np.int64)
+    labels = tree.labels
     children: dict[int, list[int]] = {}
-    for i in np.argsort(-t["bytes"], kind="stable"):
-        children.setdefault(int(parent[i]), []).append(int(i))
+    for i in np.argsort(-tree.bytes, kind="stable"):
+        children.setdefault(int(tree.parent[i]), []).append(int(i))
     order: list[tuple[int, int]] = []
     stack = [(i, 0) for i in reversed(children.get(-1, []))]
     while stack and len(order) < TREE_ROWS:
         node, depth = stack.pop()
         order.append((node, depth))
         stack += [(c, depth + 1) for c in reversed(children.get(node, []))]
-    rows = {
+    rows: dict[str, list[Any]] = {
         "label": ["\u00a0\u00a0" * depth + labels[i] for i, depth in order],
-        "bytes": [float(t["bytes"][i]) for i, _ in order],
-        "self": [float(t["self_bytes"][i]) for i, _ in order],
-        "count": [int(t["count"][i]) for i, _ in order],
+        "bytes": [float(tree.bytes[i]) for i, _ in order],
+        "self": [float(tree.self_bytes[i]) for i, _ in order],
+        "count": [int(tree.count[i]) for i, _ in order],
     }
     return table(
         rows,
@@ -321,18 +326,17 @@ def _tree_table(view: dict[str, Any]) -> DataTable:
     )
 
 
-def _largest_table(largest: Iterable[dict[str, Any]], summary: DeviceSummary) -> DataTable:
-    items = list(largest)
-    rows = {
-        "size": [a["size"] for a in items],
-        "site": [a["site"] for a in items],
-        "tag": [a["tag"] for a in items],
-        "allocated": [summary.when(a["allocated_at"]) for a in items],
+def _largest_table(items: Sequence[Allocation], summary: DeviceSummary) -> DataTable:
+    rows: dict[str, list[Any]] = {
+        "size": [a.size for a in items],
+        "site": [a.site for a in items],
+        "tag": [a.tag for a in items],
+        "allocated": [summary.when(a.allocated_at) for a in items],
         "freed": [
-            summary.when(a["freed_at"]) if a["freed_at"] is not None else "alive at the snapshot"
+            summary.when(a.freed_at) if a.freed_at is not None else "alive at the snapshot"
             for a in items
         ],
-        "stream": [a["stream"] for a in items],
+        "stream": [a.stream for a in items],
     }
     return table(
         rows,

@@ -1,9 +1,9 @@
 """PyTorch memory snapshots: record them, load them safely, replay them, and draw them per cell.
 
 `open_snapshot` takes a `_dump_snapshot` file or a `_snapshot()` dict; the views turn it into
-screen-sized data: `active_memory` and `category_memory` as typed objects, `active_memory_view`,
-`categories`, `alive_at` and `cell_slices` as the drill-down panel's JSON. `export_memory_viz`
-writes the pickle PyTorch's memory_viz reads.
+screen-sized data: `active_memory`, `alive_memory`, `category_memory` as typed objects;
+`active_memory_view`, `alive_at`, `categories` and `cell_slices` as the drill-down panel's
+JSON. `export_memory_viz` writes the pickle PyTorch's memory_viz reads.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         active_memory,
         active_memory_view,
         alive_at,
+        alive_memory,
         categories,
         category_memory,
         cell_slices,
@@ -53,6 +54,7 @@ _LAZY = {
     "active_memory": "aggregate",
     "active_memory_view": "aggregate",
     "alive_at": "aggregate",
+    "alive_memory": "aggregate",
     "categories": "aggregate",
     "category_memory": "aggregate",
     "cell_of_tag": "tags",
@@ -143,6 +145,7 @@ __all__ = [
     "active_memory",
     "active_memory_view",
     "alive_at",
+    "alive_memory",
     "categories",
     "category_memory",
     "cell_of_tag",

@@ -13,10 +13,11 @@ out as packed tables in `protocol`'s wire format (one little-endian buffer per c
 float64 so byte counts stay exact; the rest is small JSON. Times are unix seconds, or entry
 numbers where the snapshot has no times (`"x_unit": "entry"`).
 
-(a) and (d) are computed once as typed objects (`active_memory`, `active_total`,
-`category_memory`: `ActiveMemory`, `CategoryMemory`, each with its `DeviceFacts`), which the
-report reads; their ``to_wire()`` is the one place their browser form is made, and
-`active_memory_view`, `active_total_view` and `categories` return it.
+(a), (b) and (d) are computed once as typed objects (`active_memory`, `active_total`,
+`alive_memory`, `category_memory`: `ActiveMemory`, `AliveMemory`, `CategoryMemory`, each with
+its `DeviceFacts`), which the report reads; their ``to_wire()`` is the one place their browser
+form is made, and `active_memory_view`, `active_total_view`, `alive_at` and `categories`
+return it.
 """
 
 from __future__ import annotations
@@ -710,7 +711,113 @@ active_total_view = _in_wire_form(active_total, "active_total_view")
 # -- (b) what is alive at an instant -----------------------------------------------------------
 
 
-def alive_at(
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """What one trace entry did: to step through events one by one."""
+
+    action: str  # `Action`'s name, lower case
+    size: int
+    addr: int
+    time: float | None  # unix seconds
+    site: str | None  # the user site of its stack
+    active: int  # right after it
+    reserved: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "size": self.size,
+            "addr": self.addr,
+            "time": self.time,
+            "site": self.site,
+            "active": self.active,
+            "reserved": self.reserved,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CallTree:
+    """Call-tree nodes, node 0 the root, each node's parent before it; bytes rolled up from
+    the leaves, ``self_bytes`` allocated at the node itself."""
+
+    parent: I64  # -1 for the root
+    bytes: F64
+    count: I64
+    self_bytes: F64
+    labels: tuple[str, ...]
+
+    def packed(self) -> PackedTable:
+        """The wire's table (every column float64)."""
+        return pack_f8(
+            {
+                "parent": self.parent,
+                "bytes": self.bytes,
+                "count": self.count,
+                "self_bytes": self.self_bytes,
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One allocation: where and when it was made and freed (on the view's axis)."""
+
+    addr: int
+    size: int
+    site: str
+    stack: tuple[str, ...]  # folded frames
+    tag: str
+    stream: int
+    origin: str  # `Origin`'s name, lower case
+    allocated_at: float | None  # None: before the trace
+    freed_at: float | None  # None: alive at the snapshot
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "addr": self.addr,
+            "size": self.size,
+            "site": self.site,
+            "stack": list(self.stack),
+            "tag": self.tag,
+            "stream": self.stream,
+            "origin": self.origin,
+            "allocated_at": self.allocated_at,
+            "freed_at": self.freed_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AliveMemory:
+    """What is allocated right after one trace entry: as a call tree, and the largest."""
+
+    facts: DeviceFacts
+    event: int  # -1: before the trace
+    t: float | None
+    entry: TraceEntry | None
+    total_bytes: int
+    count: int
+    reserved_bytes: int
+    tree: CallTree
+    largest: tuple[Allocation, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The browser's form (`drilldown_alive`, without the segment map)."""
+        return {
+            "view": "alive_at",
+            **self.facts.to_wire(),
+            "event": self.event,
+            "t": self.t,
+            "entry": self.entry.to_wire() if self.entry is not None else None,
+            "total_bytes": self.total_bytes,
+            "count": self.count,
+            "reserved_bytes": self.reserved_bytes,
+            "tree": self.tree.packed(),
+            "labels": list(self.tree.labels),
+            "largest": [a.to_wire() for a in self.largest],
+        }
+
+
+def alive_memory(
     snap: Snapshot,
     device: int | None = None,
     t: float | None = None,
@@ -719,12 +826,12 @@ def alive_at(
     max_nodes: int = 400,
     largest: int = 30,
     site: SiteMode = "user",
-) -> dict[str, Any]:
+) -> AliveMemory:
     """What is allocated right after time `t` (or trace entry `event`; default: at the peak).
 
-    ``tree`` is a packed table of call-tree nodes (``parent`` -1 for the root) with bytes rolled
-    up from the leaves; torch, Python, Jupyter and native frames fold into one node per run.
-    Nodes beyond `max_nodes` merge into one "(n smaller)" node per parent.
+    ``tree`` holds call-tree nodes with bytes rolled up from the leaves; torch, Python, Jupyter
+    and native frames fold into one node per run. Nodes beyond `max_nodes` merge into one
+    "(n smaller)" node per parent.
     """
     rep = snap.replay(device)
     iv = rep.intervals
@@ -760,43 +867,44 @@ def alive_at(
         max_nodes,
     )
     biggest = alive[np.argsort(-iv.size[alive], kind="stable")[:largest]]
-    return {
-        "view": "alive_at",
-        **device_facts(snap, rep).to_wire(),
-        "event": event,
-        "t": float(x[event]) if event >= 0 else None,
-        "entry": _entry(snap, rep, event),
-        "total_bytes": int(iv.size[alive].sum()),
-        "count": len(alive),
-        "reserved_bytes": rep.reserved_before if event < 0 else int(rep.reserved[event]),
-        "tree": tree[0],
-        "labels": tree[1],
-        "largest": [_allocation(snap, rep, x, int(i), site) for i in biggest],
-    }
+    return AliveMemory(
+        facts=device_facts(snap, rep),
+        event=event,
+        t=float(x[event]) if event >= 0 else None,
+        entry=_entry(snap, rep, event),
+        total_bytes=int(iv.size[alive].sum()),
+        count=len(alive),
+        reserved_bytes=rep.reserved_before if event < 0 else int(rep.reserved[event]),
+        tree=tree,
+        largest=tuple(_allocation(snap, rep, x, int(i), site) for i in biggest),
+    )
 
 
-def _entry(snap: Snapshot, rep: DeviceReplay, event: int) -> dict[str, Any] | None:
-    """What trace entry `event` did (None before the first): to step through events one by one."""
+alive_at = _in_wire_form(alive_memory, "alive_at")
+
+
+def _entry(snap: Snapshot, rep: DeviceReplay, event: int) -> TraceEntry | None:
+    """What trace entry `event` did (None before the first)."""
     if event < 0:
         return None
     trace = snap.data.traces[rep.device]
     action = Action(int(trace.action[event]))
     frames = snap.stacks.frames_of(int(trace.stack[event]))
     site = site_of(frames)
-    return {
-        "action": action.name.lower(),
-        "size": int(trace.size[event]),
-        "addr": int(trace.addr[event]),
-        "time": float(rep.time_us[event]) / 1e6 if snap.data.has_time else None,
-        "site": site.label() if site else None,
-        "active": int(rep.active[event]),
-        "reserved": int(rep.reserved[event]),
-    }
+    return TraceEntry(
+        action=action.name.lower(),
+        size=int(trace.size[event]),
+        addr=int(trace.addr[event]),
+        time=float(rep.time_us[event]) / 1e6 if snap.data.has_time else None,
+        site=site.label() if site else None,
+        active=int(rep.active[event]),
+        reserved=int(rep.reserved[event]),
+    )
 
 
 def _tree(
     paths: list[list[str]], sizes: F64, counts: npt.NDArray[np.int64], max_nodes: int
-) -> tuple[PackedTable, list[str]]:
+) -> CallTree:
     labels = ["all"]
     parent = [-1]
     depth = [0]
@@ -828,7 +936,7 @@ def _tree(
     new_id = {old: i for i, old in enumerate(kept)}
     out_parent = [new_id.get(parent[i], -1) for i in kept]
     out_bytes = [node_bytes[i] for i in kept]
-    out_count = [float(node_count[i]) for i in kept]
+    out_count = [node_count[i] for i in kept]
     out_self = [self_bytes[i] for i in kept]
     out_labels = [labels[i] for i in kept]
     dropped: dict[int, list[int]] = {}
@@ -838,34 +946,35 @@ def _tree(
     for p, nodes in sorted(dropped.items()):
         out_parent.append(p)
         out_bytes.append(sum(node_bytes[i] for i in nodes))
-        out_count.append(float(sum(node_count[i] for i in nodes)))
+        out_count.append(sum(node_count[i] for i in nodes))
         out_self.append(out_bytes[-1])
         out_labels.append(f"({len(nodes)} smaller)")
-    table = pack_f8(
-        {"parent": out_parent, "bytes": out_bytes, "count": out_count, "self_bytes": out_self}
+    return CallTree(
+        parent=np.array(out_parent, np.int64),
+        bytes=np.array(out_bytes, np.float64),
+        count=np.array(out_count, np.int64),
+        self_bytes=np.array(out_self, np.float64),
+        labels=tuple(out_labels),
     )
-    return table, out_labels
 
 
-def _allocation(
-    snap: Snapshot, rep: DeviceReplay, x: F64, i: int, mode: SiteMode
-) -> dict[str, Any]:
+def _allocation(snap: Snapshot, rep: DeviceReplay, x: F64, i: int, mode: SiteMode) -> Allocation:
     iv = rep.intervals
     start, end = int(iv.start[i]), int(iv.end[i])
     frames = snap.stacks.frames_of(int(iv.stack[i]))
     site = site_of(frames, mode)
     unknown = site is None and iv.origin[i] != Origin.RECORDED
-    return {
-        "addr": int(iv.addr[i]),
-        "size": int(iv.size[i]),
-        "site": site.label() if site else BEFORE_RECORDING if unknown else NO_PYTHON_STACK,
-        "stack": folded_path(frames),
-        "tag": snap.string(int(iv.tag[i])),
-        "stream": int(iv.stream[i]),
-        "origin": Origin(int(iv.origin[i])).name.lower(),
-        "allocated_at": float(x[start]) if start >= 0 else None,
-        "freed_at": float(x[end]) if end < rep.n_events else None,
-    }
+    return Allocation(
+        addr=int(iv.addr[i]),
+        size=int(iv.size[i]),
+        site=site.label() if site else BEFORE_RECORDING if unknown else NO_PYTHON_STACK,
+        stack=tuple(folded_path(frames)),
+        tag=snap.string(int(iv.tag[i])),
+        stream=int(iv.stream[i]),
+        origin=Origin(int(iv.origin[i])).name.lower(),
+        allocated_at=float(x[start]) if start >= 0 else None,
+        freed_at=float(x[end]) if end < rep.n_events else None,
+    )
 
 
 # -- (c) per-cell slices -----------------------------------------------------------------------

@@ -80,7 +80,7 @@ def search(
     x = rep.time_us / 1e6 if snap.data.has_time else rep.time_us.astype(np.float64)
     allocations = []
     for i in largest:
-        a = _allocation(snap, rep, x, int(i), "user")
+        a = _allocation(snap, rep, x, int(i), "user").to_wire()
         a["start_event"], a["end_event"] = int(iv.start[i]), int(iv.end[i])
         allocations.append(a)
     return {
