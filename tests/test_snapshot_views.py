@@ -432,7 +432,7 @@ def test_cell_slices_match_a_pass_per_cell() -> None:
     """Every cell's figures (computed from sorted intervals and one sweep, so hundreds of cells
     stay fast) equal those of masks over all allocations, cell by cell: for the tags' windows and
     for ledger windows that overlap, are empty or lie outside the trace."""
-    from gpumem_widget.snapshot.aggregate import _describe, _sites
+    from gpumem_widget.snapshot.aggregate import Site, _sites
     from gpumem_widget.snapshot.tags import cell_of_tag
 
     snap = open_snapshot(big_snapshot(40_000, seed=3))
@@ -449,7 +449,9 @@ def test_cell_slices_match_a_pass_per_cell() -> None:
         )
         order = np.argsort(-totals, kind="stable")[:5]
         return [
-            {**_describe(sites.keys[i]), "bytes": int(totals[i])} for i in order if totals[i] > 0
+            {**Site.of(sites.keys[i]).to_wire(), "bytes": int(totals[i])}
+            for i in order
+            if totals[i] > 0
         ]
 
     ledger = [

@@ -29,7 +29,7 @@ from gpumem_widget.reporting.style import (
     time_figure,
 )
 from gpumem_widget.reporting.summary import DeviceSummary
-from gpumem_widget.snapshot import Snapshot, alive_memory, category_memory, cell_slices
+from gpumem_widget.snapshot import Snapshot, alive_memory, category_memory, cell_usage
 from gpumem_widget.snapshot.aggregate import (
     F64,
     ActiveMemory,
@@ -37,6 +37,7 @@ from gpumem_widget.snapshot.aggregate import (
     Allocation,
     CallTree,
     CategoryMemory,
+    CellSlice,
     DeviceFacts,
 )
 from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map
@@ -66,7 +67,7 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     view = summary.active
     width = len(view.columns.t)
     datetime = view.facts.x_unit == "s"
-    slices = cell_slices(snap, d, cells)
+    slices = cell_usage(snap, d, cells).cells
     sites: list[Series] = [(g.column, g.label, g.values) for g in view.groups]
     if view.other is not None:
         sites.append(("other", "other sites", view.other))
@@ -78,18 +79,18 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
             view,
             sites,
             datetime,
-            slices["cells"],
+            slices,
         ),
     ]
     cat = category_memory(snap, d, width=width)
     shown = [(g.column, g.label, g.values) for g in cat.groups if g.peak_bytes > 0]
-    by_category = _stacked("Active memory by category", cat, shown, datetime, slices["cells"])
+    by_category = _stacked("Active memory by category", cat, shown, datetime, slices)
     by_category.x_range = parts[-1].x_range  # zoom all three together
     reserved = bokeh_reserved_over_time(reserved_over_time(snap, d, width))
     reserved.x_range = parts[-1].x_range
     parts += [by_category, reserved]
-    if slices["cells"]:
-        parts += [div("<h3>Cells</h3>"), _cells_table(slices["cells"])]
+    if slices:
+        parts += [div("<h3>Cells</h3>"), _cells_table(slices)]
     peak = alive_memory(snap, d, max_nodes=TREE_ROWS * 2)
     parts += _alive("at the peak", peak, summary)
     parts += _segments("at the peak", snap, d, peak.event)
@@ -133,7 +134,7 @@ def _stacked(
     view: ActiveMemory | CategoryMemory,
     series: Sequence[Series],
     datetime: bool,
-    cells: Sequence[dict[str, Any]],
+    cells: Sequence[CellSlice],
 ) -> Any:
     """Stacked areas of `series`, with the total (and reserved, when the view has it) as lines;
     hover shows every series at that column."""
@@ -216,17 +217,17 @@ def _marks(p: Any, facts: DeviceFacts) -> None:
         )
 
 
-def _cell_bands(p: Any, facts: DeviceFacts, cells: Sequence[dict[str, Any]], top: float) -> None:
+def _cell_bands(p: Any, facts: DeviceFacts, cells: Sequence[CellSlice], top: float) -> None:
     if not cells:
         return
     source = ColumnDataSource(
         {
-            "left": _x(facts, [c["start"] for c in cells]),
-            "right": _x(facts, [c["end"] for c in cells]),
-            "count": [c["execution_count"] for c in cells],
-            "allocated": [c["allocated_bytes"] for c in cells],
-            "peak": [c["peak_bytes"] for c in cells],
-            "left_behind": [c["left_behind_bytes"] for c in cells],
+            "left": _x(facts, [c.start for c in cells]),
+            "right": _x(facts, [c.end for c in cells]),
+            "count": [c.execution_count for c in cells],
+            "allocated": [c.allocated_bytes for c in cells],
+            "peak": [c.peak_bytes for c in cells],
+            "left_behind": [c.left_behind_bytes for c in cells],
         }
     )
     bands = p.quad(
@@ -256,18 +257,18 @@ def _cell_bands(p: Any, facts: DeviceFacts, cells: Sequence[dict[str, Any]], top
     )
 
 
-def _cells_table(cells: Sequence[dict[str, Any]]) -> DataTable:
-    def top_site(c: dict[str, Any]) -> str:
-        top = c["top_at_peak"]
-        return f"{top[0]['label']} ({format_bytes(top[0]['bytes'])})" if top else ""
+def _cells_table(cells: Sequence[CellSlice]) -> DataTable:
+    def top_site(c: CellSlice) -> str:
+        top = c.top_at_peak
+        return f"{top[0].site.label} ({format_bytes(top[0].bytes)})" if top else ""
 
-    rows = {
-        "count": [c["execution_count"] for c in cells],
-        "entries": [c["entries"] for c in cells],
-        "allocated": [c["allocated_bytes"] for c in cells],
-        "freed": [c["freed_bytes"] for c in cells],
-        "peak": [c["peak_bytes"] for c in cells],
-        "left": [c["left_behind_bytes"] for c in cells],
+    rows: dict[str, list[Any]] = {
+        "count": [c.execution_count for c in cells],
+        "entries": [c.entries for c in cells],
+        "allocated": [c.allocated_bytes for c in cells],
+        "freed": [c.freed_bytes for c in cells],
+        "peak": [c.peak_bytes for c in cells],
+        "left": [c.left_behind_bytes for c in cells],
         "site": [top_site(c) for c in cells],
     }
     return table(

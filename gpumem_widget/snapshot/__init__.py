@@ -1,9 +1,9 @@
 """PyTorch memory snapshots: record them, load them safely, replay them, and draw them per cell.
 
 `open_snapshot` takes a `_dump_snapshot` file or a `_snapshot()` dict; the views turn it into
-screen-sized data: `active_memory`, `alive_memory`, `category_memory` as typed objects;
-`active_memory_view`, `alive_at`, `categories` and `cell_slices` as the drill-down panel's
-JSON. `export_memory_viz` writes the pickle PyTorch's memory_viz reads.
+screen-sized data: `active_memory`, `alive_memory`, `cell_usage`, `category_memory` as typed
+objects; `active_memory_view`, `alive_at`, `categories` and `cell_slices` as the drill-down
+panel's JSON. `export_memory_viz` writes the pickle PyTorch's memory_viz reads.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         categories,
         category_memory,
         cell_slices,
+        cell_usage,
         known_pointers,
     )
     from gpumem_widget.snapshot.export import export_memory_viz
@@ -59,6 +60,7 @@ _LAZY = {
     "category_memory": "aggregate",
     "cell_of_tag": "tags",
     "cell_slices": "aggregate",
+    "cell_usage": "aggregate",
     "known_pointers": "aggregate",
     "export_memory_viz": "export",
     "LoadInfo": "model",
@@ -150,6 +152,7 @@ __all__ = [
     "category_memory",
     "cell_of_tag",
     "cell_slices",
+    "cell_usage",
     "export_memory_viz",
     "known_pointers",
     "open_snapshot",

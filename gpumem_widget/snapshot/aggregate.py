@@ -13,11 +13,11 @@ out as packed tables in `protocol`'s wire format (one little-endian buffer per c
 float64 so byte counts stay exact; the rest is small JSON. Times are unix seconds, or entry
 numbers where the snapshot has no times (`"x_unit": "entry"`).
 
-(a), (b) and (d) are computed once as typed objects (`active_memory`, `active_total`,
-`alive_memory`, `category_memory`: `ActiveMemory`, `AliveMemory`, `CategoryMemory`, each with
-its `DeviceFacts`), which the report reads; their ``to_wire()`` is the one place their browser
-form is made, and `active_memory_view`, `active_total_view`, `alive_at` and `categories`
-return it.
+Each is computed once as a typed object (`active_memory`, `active_total`, `alive_memory`,
+`cell_usage`, `category_memory`: `ActiveMemory`, `AliveMemory`, `CellSlices`, `CategoryMemory`,
+each with its `DeviceFacts`), which the report reads; its ``to_wire()`` is the one place its
+browser form is made, and `active_memory_view`, `active_total_view`, `alive_at`,
+`cell_slices` and `categories` return that.
 """
 
 from __future__ import annotations
@@ -322,10 +322,37 @@ def _sites(snap: Snapshot, iv: Intervals, mode: SiteMode) -> _Sites:
     return _Sites(keys, site)
 
 
-def _describe(key: Frame | str) -> dict[str, Any]:
-    if isinstance(key, str):
-        return {"label": key, "filename": None, "line": None, "name": None}
-    return {"label": key.label(), "filename": key.filename, "line": key.line, "name": key.name}
+@dataclass(frozen=True, slots=True)
+class Site:
+    """An allocation site: a frame, or a label for allocations without one."""
+
+    label: str
+    filename: str | None
+    line: int | None
+    name: str | None
+
+    @classmethod
+    def of(cls, key: Frame | str) -> Site:
+        if isinstance(key, str):
+            return cls(key, None, None, None)
+        return cls(key.label(), key.filename, key.line, key.name)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "filename": self.filename,
+            "line": self.line,
+            "name": self.name,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SiteBytes:
+    site: Site
+    bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**self.site.to_wire(), "bytes": self.bytes}
 
 
 # -- (a) active memory over time ---------------------------------------------------------------
@@ -657,13 +684,13 @@ def _site_group(
     bytes_allocated: int,
     values: F64,
 ) -> SiteGroup:
-    frame = None if isinstance(key, str) else key
+    site = Site.of(key)
     return SiteGroup(
         column=column,
-        label=key if isinstance(key, str) else key.label(),
-        filename=frame.filename if frame else None,
-        line=frame.line if frame else None,
-        name=frame.name if frame else None,
+        label=site.label,
+        filename=site.filename,
+        line=site.line,
+        name=site.name,
         peak_bytes=peak_bytes,
         peak_event=peak_event,
         count=count,
@@ -980,14 +1007,94 @@ def _allocation(snap: Snapshot, rep: DeviceReplay, x: F64, i: int, mode: SiteMod
 # -- (c) per-cell slices -----------------------------------------------------------------------
 
 
-def cell_slices(
+@dataclass(frozen=True, slots=True)
+class TaggedUse:
+    """What a cell allocated by its ``cell:N`` tag, wherever that happened."""
+
+    allocated_bytes: int
+    allocations: int
+    alive_at_snapshot_bytes: int
+    alive_at_snapshot_top: tuple[SiteBytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CellSlice:
+    """One cell's window of the trace: what it allocated, freed, peaked at and left behind."""
+
+    execution_count: int
+    start: float  # its window, in the snapshot's time unit
+    end: float
+    entries: int
+    first_event: int
+    last_event: int  # below first_event: no entry inside the window
+    active_before: int
+    active_after: int
+    peak_bytes: int
+    peak_t: float | None
+    allocated_bytes: int
+    allocations: int
+    freed_bytes: int
+    left_behind_bytes: int
+    left_behind_top: tuple[SiteBytes, ...]
+    still_alive_bytes: int
+    top_at_peak: tuple[SiteBytes, ...]
+    tagged: TaggedUse | None  # None where the snapshot has no cell tags
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "execution_count": self.execution_count,
+            "start": self.start,
+            "end": self.end,
+            "entries": self.entries,
+            "first_event": self.first_event,
+            "last_event": self.last_event,
+            "active_before": self.active_before,
+            "active_after": self.active_after,
+            "peak_bytes": self.peak_bytes,
+            "peak_t": self.peak_t,
+            "allocated_bytes": self.allocated_bytes,
+            "allocations": self.allocations,
+            "freed_bytes": self.freed_bytes,
+            "left_behind_bytes": self.left_behind_bytes,
+            "left_behind_top": [s.to_wire() for s in self.left_behind_top],
+            "still_alive_bytes": self.still_alive_bytes,
+            "top_at_peak": [s.to_wire() for s in self.top_at_peak],
+        }
+        if self.tagged is not None:
+            t = self.tagged
+            out["tagged"] = {
+                "allocated_bytes": t.allocated_bytes,
+                "allocations": t.allocations,
+                "alive_at_snapshot_bytes": t.alive_at_snapshot_bytes,
+                "alive_at_snapshot_top": [s.to_wire() for s in t.alive_at_snapshot_top],
+            }
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CellSlices:
+    facts: DeviceFacts
+    tagged: bool  # whether the snapshot's allocations carry ``cell:N`` tags
+    cells: tuple[CellSlice, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The browser's form (a device's ``cells`` in `drilldown`)."""
+        return {
+            "view": "cell_slices",
+            **self.facts.to_wire(),
+            "tagged": self.tagged,
+            "cells": [c.to_wire() for c in self.cells],
+        }
+
+
+def cell_usage(
     snap: Snapshot,
     device: int | None = None,
     cells: Iterable[tuple[int, float, float]] | None = None,
     *,
     top: int = 5,
     site: SiteMode = "user",
-) -> dict[str, Any]:
+) -> CellSlices:
     """Per cell: bytes allocated and freed, the peak and what was alive then, what it left
     behind. `cells` are the ledger's ``(execution_count, start, end)`` in the snapshot's time
     unit; without them, windows come from the ``cell:N`` tags (first to last tagged entry).
@@ -1033,36 +1140,42 @@ def cell_slices(
         started = by_start.between(first, last)
         ends = iv.end[started]
         left = started[ends > last]
-        record: dict[str, Any] = {
-            "execution_count": int(count),
-            "start": float(t_start),
-            "end": float(t_end),
-            "entries": max(0, last - first + 1),
-            "first_event": first,
-            "last_event": last,
-            "active_before": before,
-            "active_after": rep.active_after(last),
-            "peak_bytes": rep.active_after(peak_event),
-            "peak_t": peak_t,
-            "allocated_bytes": int(iv.size[started].sum()),
-            "allocations": len(started),
-            "freed_bytes": freed.between(first, last),
-            "left_behind_bytes": int(iv.size[left].sum()),
-            "left_behind_top": _top_of(sites, left, iv.size, top),
-            "still_alive_bytes": int(iv.size[started[ends == n]].sum()),
-            "top_at_peak": _top_from_totals(sites, at_peak, top),
-        }
+        by_tag = None
         if by_cell is not None:
             mine = by_cell.between(int(count), int(count))
             alive = mine[iv.end[mine] == n]
-            record["tagged"] = {
-                "allocated_bytes": int(iv.size[mine].sum()),
-                "allocations": len(mine),
-                "alive_at_snapshot_bytes": int(iv.size[alive].sum()),
-                "alive_at_snapshot_top": _top_of(sites, alive, iv.size, top),
-            }
-        out.append(record)
-    return {"view": "cell_slices", **facts.to_wire(), "tagged": tagged, "cells": out}
+            by_tag = TaggedUse(
+                allocated_bytes=int(iv.size[mine].sum()),
+                allocations=len(mine),
+                alive_at_snapshot_bytes=int(iv.size[alive].sum()),
+                alive_at_snapshot_top=_top_of(sites, alive, iv.size, top),
+            )
+        out.append(
+            CellSlice(
+                execution_count=int(count),
+                start=float(t_start),
+                end=float(t_end),
+                entries=max(0, last - first + 1),
+                first_event=first,
+                last_event=last,
+                active_before=before,
+                active_after=rep.active_after(last),
+                peak_bytes=rep.active_after(peak_event),
+                peak_t=peak_t,
+                allocated_bytes=int(iv.size[started].sum()),
+                allocations=len(started),
+                freed_bytes=freed.between(first, last),
+                left_behind_bytes=int(iv.size[left].sum()),
+                left_behind_top=_top_of(sites, left, iv.size, top),
+                still_alive_bytes=int(iv.size[started[ends == n]].sum()),
+                top_at_peak=_top_from_totals(sites, at_peak, top),
+                tagged=by_tag,
+            )
+        )
+    return CellSlices(facts, tagged, tuple(out))
+
+
+cell_slices = _in_wire_form(cell_usage, "cell_slices")
 
 
 class _ByKey:
@@ -1105,15 +1218,15 @@ def _site_totals_at(iv: Intervals, sites: _Sites, events: Sequence[int]) -> list
     return totals
 
 
-def _top_of(sites: _Sites, which: I64, size: I64, top: int) -> list[Any]:
+def _top_of(sites: _Sites, which: I64, size: I64, top: int) -> tuple[SiteBytes, ...]:
     """The `top` sites by bytes of the intervals at indices `which`."""
     totals = np.bincount(sites.of_interval[which], weights=size[which], minlength=len(sites.keys))
     return _top_from_totals(sites, totals.astype(np.float64), top)
 
 
-def _top_from_totals(sites: _Sites, totals: F64, top: int) -> list[Any]:
+def _top_from_totals(sites: _Sites, totals: F64, top: int) -> tuple[SiteBytes, ...]:
     order = np.argsort(-totals, kind="stable")[:top]
-    return [{**_describe(sites.keys[i]), "bytes": int(totals[i])} for i in order if totals[i] > 0]
+    return tuple(SiteBytes(Site.of(sites.keys[i]), int(totals[i])) for i in order if totals[i] > 0)
 
 
 def _windows_from_tags(iv: Intervals, by_cell: _ByKey, x: F64) -> list[tuple[int, float, float]]:

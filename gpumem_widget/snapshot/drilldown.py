@@ -27,7 +27,7 @@ from gpumem_widget.snapshot.tags import CELL_TAG_PREFIX
 
 if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
-    from gpumem_widget.snapshot.aggregate import Axis
+    from gpumem_widget.snapshot.aggregate import Axis, CellSlices
     from gpumem_widget.snapshot.load import Source
     from gpumem_widget.wire.payloads import SegmentMap
     from gpumem_widget.wire.widget import GpuMemWidget
@@ -130,7 +130,7 @@ def alive_view(
     return view
 
 
-def _cell_bands(snap: Snapshot, device: int, cells: dict[str, Any], axis: str) -> list[Any]:
+def _cell_bands(snap: Snapshot, device: int, cells: CellSlices, axis: str) -> list[Any]:
     """Each cell's span on `axis` (its first to its last entry), for bands on the chart."""
     from gpumem_widget.snapshot.aggregate import axis_x
 
@@ -140,14 +140,12 @@ def _cell_bands(snap: Snapshot, device: int, cells: dict[str, Any], axis: str) -
     x = axis_x(snap, rep, "event" if axis == "event" else "time", collapse_idle=True).x
     n = rep.n_events
     bands = []
-    for c in cells["cells"]:
-        first, last = int(c["first_event"]), int(c["last_event"])
+    for c in cells.cells:
+        first, last = c.first_event, c.last_event
         if last < first or first >= n or last < 0:
             continue
         x0, x1 = float(x[max(first, 0)]), float(x[min(last, n - 1)])
-        bands.append(
-            {"execution_count": c["execution_count"], "x0": x0, "x1": x1 + (axis == "event")}
-        )
+        bands.append({"execution_count": c.execution_count, "x0": x0, "x1": x1 + (axis == "event")})
     return bands
 
 
@@ -159,7 +157,7 @@ def range_view(
     t0: float | None,
     t1: float | None,
     width: int,
-    cells: dict[str, Any] | None = None,
+    cells: CellSlices | None = None,
 ) -> dict[str, Any]:
     """Sites and categories over [t0, t1] of `axis` ("event", or "time" with idle stretches
     collapsed), re-aggregated at `width` columns: a zoomed range shows full detail."""
@@ -191,7 +189,8 @@ def overview(
     cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
     memory alone, what the tab draws first (``"partial": true``) while the rest is computed."""
-    from gpumem_widget.snapshot import active_memory_view, categories, cell_slices
+    from gpumem_widget.snapshot import active_memory_view, categories
+    from gpumem_widget.snapshot.aggregate import cell_usage
     from gpumem_widget.snapshot.segment_views import reserved_over_time_view
 
     tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
@@ -207,7 +206,7 @@ def overview(
             cells = (
                 None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
             )
-            slices = cell_slices(snap, d, cells)
+            slices = cell_usage(snap, d, cells)
             snap.release_pages()
             reserved: dict[str, Any] = dict(reserved_over_time_view(snap, d, WIDTH))
             del reserved["table"]  # the active view carries reserved on its own columns
@@ -215,7 +214,7 @@ def overview(
             view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
             snap.release_pages()
             view["reserved"] = reserved
-            view["cells"] = slices
+            view["cells"] = slices.to_wire()
             view["bands"] = _cell_bands(snap, d, slices, "event")
         devices.append(view)
     out = {
@@ -443,7 +442,7 @@ class Drilldown:
 
     def _range(self, msg: Mapping[str, Any]) -> None:
         """`{"type": "view", "device", "axis", "t0", "t1", "width", "id"}`: a zoom or an axis."""
-        from gpumem_widget.snapshot import cell_slices
+        from gpumem_widget.snapshot.aggregate import cell_usage
 
         device = msg.get("device")
         snap = self._device(device)
@@ -453,7 +452,7 @@ class Drilldown:
         t0, t1 = _finite_or_none(msg.get("t0")), _finite_or_none(msg.get("t1"))
         width = msg.get("width")
         width = width if isinstance(width, int) and not isinstance(width, bool) else WIDTH
-        cells = cell_slices(snap, device)
+        cells = cell_usage(snap, device)
         axis = str(msg.get("axis"))
         view = range_view(snap, device, axis=axis, t0=t0, t1=t1, width=width, cells=cells)
         view["id"] = msg.get("id")
