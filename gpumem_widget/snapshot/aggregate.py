@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, Protocol
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ from gpumem_widget.snapshot.attribution import SiteMode, folded_path, phase_of, 
 from gpumem_widget.snapshot.model import I64, NO_STACK, Action, Frame
 from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Origin, Snapshot
 from gpumem_widget.snapshot.tags import cell_of_tag
+from gpumem_widget.wire import payloads
 from gpumem_widget.wire.payloads import PackedTable
 from gpumem_widget.wire.protocol import pack_f8
 
@@ -337,7 +338,7 @@ class Site:
             return cls(key, None, None, None)
         return cls(key.label(), key.filename, key.line, key.name)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Site:
         return {
             "label": self.label,
             "filename": self.filename,
@@ -351,7 +352,7 @@ class SiteBytes:
     site: Site
     bytes: int
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.SiteBytes:
         return {**self.site.to_wire(), "bytes": self.bytes}
 
 
@@ -403,7 +404,7 @@ class DeviceFacts:
     anomalies: tuple[tuple[str, int], ...]
     warnings: tuple[str, ...]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.ViewFacts:
         """The keys every view's wire form starts with."""
         p = self.peak
         return {
@@ -554,13 +555,12 @@ class _Stacked:
     range_events: tuple[int, int]  # the entries inside [t0, t1]
     columns: ScreenColumns
 
-    def _wire(self, view: str, series: Iterable[tuple[str, F64]]) -> dict[str, Any]:
-        """The wire form's keys up to its table: the shared columns, then `series` (by column
-        name), every one float64 in one packed table."""
+    def _wire(self, series: Iterable[tuple[str, F64]]) -> payloads.StackedView:
+        """The wire form's keys after ``view``, up to its table: the shared columns, then
+        `series` (by column name), every one float64 in one packed table."""
         columns = self.columns.named()
         columns.update(series)
         return {
-            "view": view,
             **self.facts.to_wire(),
             "t0": self.t0,
             "t1": self.t1,
@@ -578,13 +578,14 @@ class ActiveMemory(_Stacked):
     groups: tuple[SiteGroup, ...]
     other: F64 | None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.ActiveMemoryView:
         """The browser's form (`aggregate`'s module docstring)."""
         series = [(g.column, g.values) for g in self.groups]
         if self.other is not None:
             series.append(("other", self.other))
         return {
-            **self._wire("active_memory", series),
+            "view": "active_memory",
+            **self._wire(series),
             "groups": [
                 {
                     "column": g.column,
@@ -602,18 +603,22 @@ class ActiveMemory(_Stacked):
         }
 
 
-class _InWireForm(Protocol):
-    def to_wire(self) -> dict[str, Any]: ...
+_Wire_co = TypeVar("_Wire_co", covariant=True)
+
+
+class _InWireForm(Protocol[_Wire_co]):
+    def to_wire(self) -> _Wire_co: ...
 
 
 _P = ParamSpec("_P")
+_W = TypeVar("_W")
 
 
-def _in_wire_form(view: Callable[_P, _InWireForm], name: str) -> Callable[_P, dict[str, Any]]:
+def _in_wire_form(view: Callable[_P, _InWireForm[_W]], name: str) -> Callable[_P, _W]:
     """`view`, returning its object's wire form (the dict the Snapshot tab's traits carry)."""
 
     @functools.wraps(view)
-    def wire(*args: _P.args, **kwargs: _P.kwargs) -> dict[str, Any]:
+    def wire(*args: _P.args, **kwargs: _P.kwargs) -> _W:
         return view(*args, **kwargs).to_wire()
 
     wire.__name__ = wire.__qualname__ = name
@@ -750,7 +755,7 @@ class TraceEntry:
     active: int  # right after it
     reserved: int
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.TraceEntry:
         return {
             "action": self.action,
             "size": self.size,
@@ -799,7 +804,7 @@ class Allocation:
     allocated_at: float | None  # None: before the trace
     freed_at: float | None  # None: alive at the snapshot
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.Allocation:
         return {
             "addr": self.addr,
             "size": self.size,
@@ -827,7 +832,7 @@ class AliveMemory:
     tree: CallTree
     largest: tuple[Allocation, ...]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.AliveAtView:
         """The browser's form (`drilldown_alive`, without the segment map)."""
         return {
             "view": "alive_at",
@@ -1027,21 +1032,21 @@ class CellSlice:
     entries: int
     first_event: int
     last_event: int  # below first_event: no entry inside the window
-    active_before: int
-    active_after: int
-    peak_bytes: int
-    peak_t: float | None
-    allocated_bytes: int
+    active_before: int  # right before its first entry
+    active_after: int  # right after its last
+    peak_bytes: int  # the highest active within it (active_before if nothing rose above)
+    peak_t: float | None  # where that is; None before the trace
+    allocated_bytes: int  # by the allocations made within it
     allocations: int
-    freed_bytes: int
-    left_behind_bytes: int
+    freed_bytes: int  # by the frees completed within it
+    left_behind_bytes: int  # made within it, still allocated after it
     left_behind_top: tuple[SiteBytes, ...]
-    still_alive_bytes: int
+    still_alive_bytes: int  # made within it, alive at the snapshot
     top_at_peak: tuple[SiteBytes, ...]
     tagged: TaggedUse | None  # None where the snapshot has no cell tags
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_wire(self) -> payloads.CellSlice:
+        out: payloads.CellSlice = {
             "execution_count": self.execution_count,
             "start": self.start,
             "end": self.end,
@@ -1077,7 +1082,7 @@ class CellSlices:
     tagged: bool  # whether the snapshot's allocations carry ``cell:N`` tags
     cells: tuple[CellSlice, ...]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.CellSlicesView:
         """The browser's form (a device's ``cells`` in `drilldown`)."""
         return {
             "view": "cell_slices",
@@ -1295,10 +1300,11 @@ class CategoryMemory(_Stacked):
     at_peak: tuple[tuple[str, int], ...]  # (category, bytes) alive at the trace's peak
     phase_source: Literal["windows", "stacks", "none"]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> payloads.CategoriesView:
         """The browser's form (`aggregate`'s module docstring)."""
         return {
-            **self._wire("categories", [(g.column, g.values) for g in self.groups]),
+            "view": "categories",
+            **self._wire([(g.column, g.values) for g in self.groups]),
             "groups": [
                 {
                     "column": g.column,

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpumem_widget.snapshot.tags import CELL_TAG_PREFIX
 
@@ -29,7 +29,16 @@ if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
     from gpumem_widget.snapshot.aggregate import Axis, CellSlices
     from gpumem_widget.snapshot.load import Source
-    from gpumem_widget.wire.payloads import SegmentMap
+    from gpumem_widget.wire.payloads import (
+        Alive,
+        AliveError,
+        CellBand,
+        DeviceOverview,
+        DrilldownAlive,
+        ReservedFigures,
+        SegmentMap,
+    )
+    from gpumem_widget.wire.payloads import Drilldown as DrilldownTrait
     from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
@@ -105,16 +114,15 @@ def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
         return None
 
 
-def alive_view(
-    snap: Snapshot, device: int, t: float | None, event: int | None = None
-) -> dict[str, Any]:
+def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None = None) -> Alive:
     """What is alive on `device` right after `t` or trace entry `event` (neither: at the peak),
     with the segment map at the same entry (entries can share a timestamp, so the map follows
     the entry) and the entry's position on each x axis the tab draws (``x``)."""
     from gpumem_widget.snapshot import alive_at
     from gpumem_widget.snapshot.aggregate import axis_x
 
-    view = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
+    answer = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
+    view = cast("Alive", answer)  # the same dict, its optional keys added below
     snap.release_pages()
     segments = _segments(snap, device, view["event"])
     snap.release_pages()
@@ -130,7 +138,7 @@ def alive_view(
     return view
 
 
-def _cell_bands(snap: Snapshot, device: int, cells: CellSlices, axis: str) -> list[Any]:
+def _cell_bands(snap: Snapshot, device: int, cells: CellSlices, axis: str) -> list[CellBand]:
     """Each cell's span on `axis` (its first to its last entry), for bands on the chart."""
     from gpumem_widget.snapshot.aggregate import axis_x
 
@@ -139,7 +147,7 @@ def _cell_bands(snap: Snapshot, device: int, cells: CellSlices, axis: str) -> li
         return []
     x = axis_x(snap, rep, "event" if axis == "event" else "time", collapse_idle=True).x
     n = rep.n_events
-    bands = []
+    bands: list[CellBand] = []
     for c in cells.cells:
         first, last = c.first_event, c.last_event
         if last < first or first >= n or last < 0:
@@ -184,7 +192,7 @@ def overview(
     ledger_cells: Sequence[CellWindow] = (),
     *,
     first_only: bool = False,
-) -> dict[str, Any]:
+) -> DrilldownTrait:
     """Every device's views: active memory by site, categories, reserved beside active (the
     cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
@@ -194,9 +202,9 @@ def overview(
     from gpumem_widget.snapshot.segment_views import reserved_over_time_view
 
     tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
-    devices: list[dict[str, Any]] = []
+    devices: list[DeviceOverview] = []
     for d in snap.devices:
-        view: dict[str, Any] = {
+        view: DeviceOverview = {
             "device": d,
             "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
         }
@@ -208,8 +216,9 @@ def overview(
             )
             slices = cell_usage(snap, d, cells)
             snap.release_pages()
-            reserved: dict[str, Any] = dict(reserved_over_time_view(snap, d, WIDTH))
-            del reserved["table"]  # the active view carries reserved on its own columns
+            full = reserved_over_time_view(snap, d, WIDTH)
+            # Without its table: the active view carries reserved on its own columns.
+            reserved = cast("ReservedFigures", {k: v for k, v in full.items() if k != "table"})
             snap.release_pages()
             view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
             snap.release_pages()
@@ -217,7 +226,7 @@ def overview(
             view["cells"] = slices.to_wire()
             view["bands"] = _cell_bands(snap, d, slices, "event")
         devices.append(view)
-    out = {
+    out: DrilldownTrait = {
         "source": source,
         "taken_at": snap.end_time,
         "cells_by": "tag" if tagged else "time" if snap.data.has_time else "none",
@@ -228,7 +237,7 @@ def overview(
     return out
 
 
-def preview(snap: Snapshot, source: str) -> dict[str, Any]:
+def preview(snap: Snapshot, source: str) -> DrilldownTrait:
     """The first view of a file still being converted: each device's active memory over event
     order as one series, with reserved memory beside it, computed before the stacks are read
     (`active_total_view`); `overview`'s shape without ``cells_by`` (the tags are not read
@@ -330,11 +339,12 @@ class Drilldown:
         progress = _LoadingBar(self.widget, label)
         asked = time.perf_counter()
 
-        drawn: list[dict[str, Any]] = []  # the kept first view, once published by `early`
+        drawn: list[DrilldownTrait] = []  # the kept first view, once published by `early`
 
-        def early(view: dict[str, Any]) -> None:
+        def early(decoded: dict[str, Any]) -> None:
             """A file's first view before it is opened: the child's preview, or on a reopen
-            the view kept with the columns."""
+            the view kept with the columns (both `overview`'s or `preview`'s, as JSON)."""
+            view = cast("DrilldownTrait", decoded)
             view["source"] = label
             view["compute_s"] = time.perf_counter() - asked  # opening included
             progress.shown = True
@@ -358,10 +368,10 @@ class Drilldown:
         cells = [*(self._ledger_cells() if self._ledger_cells else ()), *extra_cells]
         started = time.perf_counter()
         kept = snap.load_info.first_view if snap.load_info is not None else None
-        first: dict[str, Any] | None = None
+        first: DrilldownTrait | None = None
         if not drawn:  # kept with the columns (only the label is this call's), or computed
             first = (
-                {**kept, "source": label}
+                cast("DrilldownTrait", {**kept, "source": label})
                 if kept is not None
                 else overview(snap, label, cells, first_only=True)
             )
@@ -379,7 +389,7 @@ class Drilldown:
             if self._current is None or self._current.snap is not snap:
                 return snap  # another snapshot was shown meanwhile
             self.widget.drilldown = view
-        alive = alive_view(snap, snap.devices[0], None) if snap.devices else {}
+        alive: DrilldownAlive = alive_view(snap, snap.devices[0], None) if snap.devices else {}
         with self._lock:
             if self._current is not None and self._current.snap is snap:
                 self.widget.drilldown_alive = alive
@@ -398,12 +408,13 @@ class Drilldown:
         kind = content.get("type")
         try:
             if kind == "alive_at":
-                self._alive_at(content.get("device"), content.get("t"), content.get("event"))
-                if isinstance(content.get("id"), int):  # each answer differs, so each arrives
-                    self.widget.drilldown_alive = {
-                        **self.widget.drilldown_alive,
-                        "id": content["id"],
-                    }
+                answer = self._alive_at(
+                    content.get("device"), content.get("t"), content.get("event")
+                )
+                if answer is not None:
+                    if isinstance(content.get("id"), int):  # each answer differs, so each arrives
+                        answer["id"] = content["id"]
+                    self.widget.drilldown_alive = answer
             elif kind == "view":
                 self._range(content)
             elif kind == "search":
@@ -414,7 +425,8 @@ class Drilldown:
                     self.show(dict(pending[0]), pending[1])
         except Exception as e:
             log.warning("gpumem_widget drill-down: %s", e, exc_info=True)
-            self.widget.drilldown_alive = {"error": f"{type(e).__name__}: {e}"}
+            failed: AliveError = {"error": f"{type(e).__name__}: {e}"}
+            self.widget.drilldown_alive = failed
         finally:
             current = self._current
             if current is not None:
@@ -428,17 +440,17 @@ class Drilldown:
             raise ValueError(f"no device {device!r} in this snapshot")
         return current.snap
 
-    def _alive_at(self, device: object, t: object, event: object = None) -> None:
+    def _alive_at(self, device: object, t: object, event: object = None) -> Alive | None:
+        """The answer to an ``alive_at`` message (None: no snapshot is shown)."""
         snap = self._device(device)
         if snap is None:
-            return
+            return None
         assert isinstance(device, int)
         if isinstance(event, int) and not isinstance(event, bool):  # a column's peak, a step
-            self.widget.drilldown_alive = alive_view(snap, device, None, event)
-            return
+            return alive_view(snap, device, None, event)
         if not (isinstance(t, (int, float)) and math.isfinite(t)):
             raise ValueError(f"not a time: {t!r}")
-        self.widget.drilldown_alive = alive_view(snap, device, float(t))
+        return alive_view(snap, device, float(t))
 
     def _range(self, msg: Mapping[str, Any]) -> None:
         """`{"type": "view", "device", "axis", "t0", "t1", "width", "id"}`: a zoom or an axis."""

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from gpumem_widget.snapshot.load import (
 )
 from gpumem_widget.snapshot.model import LoadInfo, SnapshotData
 from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
+
+if TYPE_CHECKING:
+    from gpumem_widget.wire.payloads import Drilldown
 
 # progress(stage, fraction): stage is "reading", "converting", "writing" or "mapping"; fraction
 # is in [0, 1] for reading, None where it is not known.
@@ -421,7 +424,7 @@ def _send_preview(data: SnapshotData) -> None:
     print(json.dumps({"preview": base64.b64encode(view).decode()}), flush=True)
 
 
-def _first_view(snap: Snapshot) -> dict[str, Any] | None:
+def _first_view(snap: Snapshot) -> Drilldown | None:
     """The tab's first view of `snap`, to keep with its columns (None where it fails: the
     caller then computes it)."""
     from gpumem_widget.snapshot.drilldown import overview

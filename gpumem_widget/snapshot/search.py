@@ -22,6 +22,7 @@ from gpumem_widget.snapshot.aggregate import (
     group_peaks,
 )
 from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import pack_f8
 
 _ADDRESS = re.compile(r"^(0x[0-9a-f]+|\d{6,})$", re.IGNORECASE)
@@ -80,8 +81,11 @@ def search(
     x = rep.time_us / 1e6 if snap.data.has_time else rep.time_us.astype(np.float64)
     allocations = []
     for i in largest:
-        a = _allocation(snap, rep, x, int(i), "user").to_wire()
-        a["start_event"], a["end_event"] = int(iv.start[i]), int(iv.end[i])
+        a: payloads.SearchAllocation = {
+            **_allocation(snap, rep, x, int(i), "user").to_wire(),
+            "start_event": int(iv.start[i]),
+            "end_event": int(iv.end[i]),
+        }
         allocations.append(a)
     return {
         "view": "search",

@@ -402,7 +402,9 @@ class LargestGap(TypedDict):
     t: float | None
 
 
-class ReservedOverTime(TypedDict):
+class ReservedFigures(TypedDict):
+    """`ReservedOverTime` without its table (the overview's: its active view has the columns)."""
+
     view: Literal["reserved_over_time"]
     device: int
     x_unit: Literal["s", "entry"]
@@ -410,7 +412,6 @@ class ReservedOverTime(TypedDict):
     t0: float
     t1: float
     width: int
-    table: PackedTable  # t, reserved, reserved_min, active, active_min (float64)
     peak_active: int
     peak_reserved: int
     end_active: int
@@ -419,24 +420,220 @@ class ReservedOverTime(TypedDict):
     ooms: list[float | None]
 
 
+class ReservedOverTime(ReservedFigures):
+    table: PackedTable  # t, reserved, reserved_min, active, active_min (float64)
+
+
 # The views of `snapshot.aggregate` (active memory, categories, cell slices, alive at an
-# instant) are described in that module; here they are JSON objects with packed tables inside.
+# instant): each object's ``to_wire()`` makes these.
+
+
+class IdleGap(TypedDict):
+    x: float
+    width: float
+    seconds: float
+
+
+class ViewPeak(TypedDict):
+    bytes: int
+    event: int  # -1: before the trace
+    t: float | None  # on the view's axis
+    time: float | None  # unix seconds
+
+
+class ViewOom(TypedDict):
+    event: int
+    t: float
+    time: float | None
+    requested: int
+    device_free: int
+    tag: str
+    cell: int | None
+
+
+class ViewFacts(TypedDict):
+    """What every aggregate view says about the device (`aggregate.DeviceFacts`)."""
+
+    device: int
+    axis: Axis
+    x_unit: str  # "entry" | "s"
+    idle: list[IdleGap]
+    entries: int
+    allocations: int
+    active_before: int
+    reserved_before: int
+    end_bytes: int
+    end_reserved: int
+    peak: ViewPeak
+    peak_reserved: int
+    overflowed: bool
+    ooms: list[ViewOom]
+    anomalies: dict[str, int]
+    warnings: list[str]
+
+
+class StackedView(ViewFacts):
+    t0: float
+    t1: float
+    range_events: list[int]  # [first entry inside, one past the last]
+    width: int
+    table: PackedTable  # t, event, total[, time, min, reserved, reserved_max, reserved_min], series
+
+
+class SiteSeries(TypedDict):
+    column: str
+    label: str
+    filename: str | None
+    line: int | None
+    name: str | None
+    peak_bytes: int
+    peak_event: int
+    count: int
+    bytes_allocated: int
+
+
+class ActiveMemoryView(StackedView):
+    view: Literal["active_memory"]
+    groups: list[SiteSeries]
+
+
+class CategorySeries(TypedDict):
+    column: str
+    label: str
+    peak_bytes: int
+    peak_event: int
+    count: int
+    exact_count: int
+
+
+class CategoriesView(StackedView):
+    view: Literal["categories"]
+    groups: list[CategorySeries]
+    at_peak: dict[str, int]
+    phase_source: Literal["windows", "stacks", "none"]
+
+
+class Site(TypedDict):
+    label: str
+    filename: str | None  # None for a label without a frame
+    line: int | None
+    name: str | None
+
+
+class SiteBytes(Site):
+    bytes: int
+
+
+class TaggedUse(TypedDict):
+    allocated_bytes: int
+    allocations: int
+    alive_at_snapshot_bytes: int
+    alive_at_snapshot_top: list[SiteBytes]
+
+
+class _CellSliceFields(TypedDict):
+    execution_count: int
+    start: float
+    end: float
+    entries: int
+    first_event: int
+    last_event: int
+    active_before: int
+    active_after: int
+    peak_bytes: int
+    peak_t: float | None
+    allocated_bytes: int
+    allocations: int
+    freed_bytes: int
+    left_behind_bytes: int
+    left_behind_top: list[SiteBytes]
+    still_alive_bytes: int
+    top_at_peak: list[SiteBytes]
+
+
+class CellSlice(_CellSliceFields, total=False):
+    tagged: TaggedUse  # absent where the snapshot has no cell tags
+
+
+class CellSlicesView(ViewFacts):
+    view: Literal["cell_slices"]
+    tagged: bool
+    cells: list[CellSlice]
+
+
+class TraceEntry(TypedDict):
+    action: str
+    size: int
+    addr: int
+    time: float | None
+    site: str | None
+    active: int
+    reserved: int
+
+
+class Allocation(TypedDict):
+    addr: int
+    size: int
+    site: str
+    stack: list[str]
+    tag: str
+    stream: int
+    origin: str
+    allocated_at: float | None
+    freed_at: float | None
+
+
+class SearchAllocation(Allocation):
+    start_event: int  # -1: before the trace
+    end_event: int  # the number of entries: alive at the snapshot
+
+
+class AliveAtView(ViewFacts):
+    view: Literal["alive_at"]
+    event: int
+    t: float | None
+    entry: TraceEntry | None
+    total_bytes: int
+    count: int
+    reserved_bytes: int
+    tree: PackedTable  # parent, bytes, count, self_bytes: one row a node, the root first
+    labels: list[str]  # each node's
+    largest: list[Allocation]
+
+
+# Not yet typed: the zoomed views, search and compare answers.
 View = dict[str, Any]
 
 
-class DeviceOverview(TypedDict):
+class _DeviceOverviewFields(TypedDict):
     device: int
-    active: View  # aggregate.active_memory_view
-    categories: View  # aggregate.categories
-    reserved: ReservedOverTime
-    cells: View  # aggregate.cell_slices
+    active: ActiveMemoryView
+
+
+class DeviceOverview(_DeviceOverviewFields, total=False):
+    """A device's views; the first view (``partial``) has ``active`` alone."""
+
+    categories: CategoriesView
+    reserved: ReservedFigures
+    cells: CellSlicesView
+    bands: list[CellBand]
+
+
+class CellBand(TypedDict):
+    execution_count: int
+    x0: float
+    x1: float
 
 
 class Drilldown(TypedDict, total=False):
     """``{}``: no snapshot; ``{"pending": label}``: one waits for the browser's ``load``;
-    otherwise the overview of every device."""
+    ``{"loading": label, "stage", "fraction"}``: a file is being converted; otherwise the
+    overview of every device."""
 
     pending: str
+    loading: str
+    stage: str
+    fraction: float | None
     source: str
     taken_at: float | None
     cells_by: Literal["tag", "time", "none"]
@@ -446,9 +643,29 @@ class Drilldown(TypedDict, total=False):
     preview: bool  # drawn while the file is still converted: active memory as one series
 
 
-# `drilldown_alive`: `aggregate.alive_at` (plus "segments": a SegmentMap where that view exists),
-# ``{"error": message}`` when a request failed, or ``{}``.
-Alive = dict[str, Any]
+class AliveX(TypedDict):
+    """The instant's position on each x axis the tab draws (-1: before the trace)."""
+
+    event: float
+    time: float
+
+
+class Alive(AliveAtView, total=False):
+    segments: SegmentMap  # absent where the segment map could not be made
+    x: AliveX
+    id: int  # the request's, so that each answer is a change the browser sees
+
+
+class AliveError(TypedDict):
+    error: str  # a request failed: "Type: message"
+
+
+class NoAnswer(TypedDict):
+    """``{}``: nothing asked yet."""
+
+
+# `drilldown_alive`
+DrilldownAlive = Alive | AliveError | NoAnswer
 
 
 # -- custom messages (browser -> kernel; snapshot/drilldown.py answers) ---------------------------

@@ -11,12 +11,12 @@ import base64
 import json
 import pathlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anywidget
 import traitlets
 
-from gpumem_widget.wire import protocol
+from gpumem_widget.wire import payloads, protocol
 from gpumem_widget.wire.record_json import records_text
 
 STATIC = pathlib.Path(__file__).parent.parent / "static"
@@ -65,8 +65,12 @@ class GpuMemWidget(anywidget.AnyWidget):
     ledger_extent: Any = traitlets.Dict().tag(sync=True)  # LedgerExtent
     timeline_base: Any = traitlets.Dict().tag(sync=True)  # PackedTable
     timeline_tail: Any = traitlets.Dict().tag(sync=True)  # PackedTable
-    drilldown: Any = traitlets.Dict().tag(sync=True)  # Drilldown
-    drilldown_alive: Any = traitlets.Dict().tag(sync=True)  # Alive
+    if TYPE_CHECKING:  # the Snapshot tab's payloads, checked where snapshot/drilldown.py sets them
+        drilldown: payloads.Drilldown
+        drilldown_alive: payloads.DrilldownAlive
+    else:
+        drilldown = traitlets.Dict().tag(sync=True)
+        drilldown_alive = traitlets.Dict().tag(sync=True)
     drilldown_view: Any = traitlets.Dict().tag(sync=True)  # View (a zoomed or re-axed view)
     drilldown_search: Any = traitlets.Dict().tag(sync=True)  # View (search results)
     drilldown_compare: Any = traitlets.Dict().tag(sync=True)  # View (two snapshots compared)
