@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         CellBand,
         DeviceOverview,
         DrilldownAlive,
+        RangeView,
         ReservedFigures,
         SegmentMap,
     )
@@ -166,18 +167,19 @@ def range_view(
     t1: float | None,
     width: int,
     cells: CellSlices | None = None,
-) -> dict[str, Any]:
+) -> RangeView:
     """Sites and categories over [t0, t1] of `axis` ("event", or "time" with idle stretches
     collapsed), re-aggregated at `width` columns: a zoomed range shows full detail."""
     from gpumem_widget.snapshot import active_memory_view, categories
 
     if axis not in ("event", "time"):
         raise ValueError(f"no axis {axis!r}: event or time")
+    on: Axis = "event" if axis == "event" else "time"
     width = max(50, min(int(width), 4000))
-    kw: dict[str, Any] = {"t0": t0, "t1": t1, "axis": axis, "collapse_idle": True}
+    kw: dict[str, Any] = {"t0": t0, "t1": t1, "axis": on, "collapse_idle": True}
     return {
         "device": device,
-        "axis": axis,
+        "axis": on,
         "t0": t0,
         "t1": t1,
         "sites": active_memory_view(snap, device, width, TOP_SITES, **kw),
@@ -467,7 +469,8 @@ class Drilldown:
         cells = cell_usage(snap, device)
         axis = str(msg.get("axis"))
         view = range_view(snap, device, axis=axis, t0=t0, t1=t1, width=width, cells=cells)
-        view["id"] = msg.get("id")
+        asked = msg.get("id")
+        view["id"] = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
         self.widget.drilldown_view = view
 
     def _search(self, msg: Mapping[str, Any]) -> None:

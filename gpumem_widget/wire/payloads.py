@@ -601,7 +601,23 @@ class AliveAtView(ViewFacts):
     largest: list[Allocation]
 
 
-# Not yet typed: the zoomed views, search and compare answers.
+class _RangeViewFields(TypedDict):
+    device: int
+    axis: Axis
+    t0: float | None  # None: from the trace's start
+    t1: float | None
+    sites: ActiveMemoryView
+    categories: CategoriesView
+    bands: list[CellBand]  # each cell's span on `axis`
+
+
+class RangeView(_RangeViewFields, total=False):
+    """`drilldown_view`: a zoomed range or another x axis, re-aggregated (`ViewRequest`)."""
+
+    id: int | None  # the request's
+
+
+# Not yet typed: the search and compare answers (`drilldown_search`, `drilldown_compare`).
 View = dict[str, Any]
 
 

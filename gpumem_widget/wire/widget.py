@@ -50,7 +50,8 @@ class GpuMemWidget(anywidget.AnyWidget):
     _css = _asset("widget.css", "")
 
     # Each trait holds the payload named beside it (wire/payloads.py); traitlets itself checks
-    # only dict or list, so the attributes are typed Any and the builders carry the types.
+    # only dict or list, so the attributes are typed Any and the builders carry the types; the
+    # Snapshot tab's are declared with their payloads for mypy, so their setters are checked.
     devices: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[DeviceInfo]
     status: Any = traitlets.Dict().tag(sync=True)  # Status
     # list[Cell] each, sent as one JSON text (`record_json.py`); not checked element by element:
@@ -65,13 +66,14 @@ class GpuMemWidget(anywidget.AnyWidget):
     ledger_extent: Any = traitlets.Dict().tag(sync=True)  # LedgerExtent
     timeline_base: Any = traitlets.Dict().tag(sync=True)  # PackedTable
     timeline_tail: Any = traitlets.Dict().tag(sync=True)  # PackedTable
-    if TYPE_CHECKING:  # the Snapshot tab's payloads, checked where snapshot/drilldown.py sets them
+    if TYPE_CHECKING:
         drilldown: payloads.Drilldown
         drilldown_alive: payloads.DrilldownAlive
+        drilldown_view: payloads.RangeView | payloads.NoAnswer
     else:
         drilldown = traitlets.Dict().tag(sync=True)
         drilldown_alive = traitlets.Dict().tag(sync=True)
-    drilldown_view: Any = traitlets.Dict().tag(sync=True)  # View (a zoomed or re-axed view)
+        drilldown_view = traitlets.Dict().tag(sync=True)
     drilldown_search: Any = traitlets.Dict().tag(sync=True)  # View (search results)
     drilldown_compare: Any = traitlets.Dict().tag(sync=True)  # View (two snapshots compared)
     workers: Any = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
