@@ -37,6 +37,8 @@ if TYPE_CHECKING:
         DrilldownAlive,
         RangeView,
         ReservedFigures,
+        SearchAnswer,
+        SearchError,
         SegmentMap,
     )
     from gpumem_widget.wire.payloads import Drilldown as DrilldownTrait
@@ -484,7 +486,7 @@ class Drilldown:
         assert isinstance(device, int)
         axis: Axis = "time" if msg.get("axis") == "time" else "event"
         try:
-            answer = search(
+            answer: SearchAnswer | SearchError = search(
                 snap,
                 device,
                 str(msg.get("query", "")),

@@ -9,7 +9,7 @@ their bytes alive over the same screen columns as the chart, with their exact pe
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
@@ -47,7 +47,7 @@ def search(
     collapse_idle: bool = False,
     t0: float | None = None,
     t1: float | None = None,
-) -> dict[str, Any]:
+) -> payloads.SearchAnswer:
     """Allocations on `device` matching `query` (see the module's doc)."""
     query = query.strip()
     if not query or len(query) > MAX_QUERY:
@@ -56,6 +56,7 @@ def search(
     iv = rep.intervals
     address = parse_address(query)
     frames: list[str] = []
+    kind: Literal["frame", "address"]
     if address is not None:
         extent = np.maximum(np.maximum(iv.size, iv.block_size), 1)
         hit = (iv.addr <= address) & (address < iv.addr + extent)
@@ -79,7 +80,7 @@ def search(
     matched = np.flatnonzero(hit)
     largest = matched[np.argsort(-iv.size[matched], kind="stable")[:limit]]
     x = rep.time_us / 1e6 if snap.data.has_time else rep.time_us.astype(np.float64)
-    allocations = []
+    allocations: list[payloads.SearchAllocation] = []
     for i in largest:
         a: payloads.SearchAllocation = {
             **_allocation(snap, rep, x, int(i), "user").to_wire(),

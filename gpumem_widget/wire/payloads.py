@@ -617,7 +617,32 @@ class RangeView(_RangeViewFields, total=False):
     id: int | None  # the request's
 
 
-# Not yet typed: the search and compare answers (`drilldown_search`, `drilldown_compare`).
+class SearchAnswer(TypedDict):
+    """`drilldown_search`: allocations whose frames match a query (`snapshot/search.py`)."""
+
+    view: Literal["search"]
+    device: int
+    query: str
+    kind: Literal["frame", "address"]
+    address: int | None  # the query read as an address
+    matches: int
+    bytes_allocated: int
+    peak_bytes: int  # the matches' exact highest total within the range
+    peak_event: int
+    frames: list[str]  # the frame texts that matched
+    allocations: list[SearchAllocation]  # the largest matches
+    axis: Axis
+    t0: float
+    t1: float
+    table: PackedTable  # t, matched (float64)
+
+
+class SearchError(TypedDict):
+    error: str
+    query: str
+
+
+# Not yet typed: the compare answer (`drilldown_compare`).
 View = dict[str, Any]
 
 

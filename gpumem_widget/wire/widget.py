@@ -70,11 +70,12 @@ class GpuMemWidget(anywidget.AnyWidget):
         drilldown: payloads.Drilldown
         drilldown_alive: payloads.DrilldownAlive
         drilldown_view: payloads.RangeView | payloads.NoAnswer
+        drilldown_search: payloads.SearchAnswer | payloads.SearchError | payloads.NoAnswer
     else:
         drilldown = traitlets.Dict().tag(sync=True)
         drilldown_alive = traitlets.Dict().tag(sync=True)
         drilldown_view = traitlets.Dict().tag(sync=True)
-    drilldown_search: Any = traitlets.Dict().tag(sync=True)  # View (search results)
+        drilldown_search = traitlets.Dict().tag(sync=True)
     drilldown_compare: Any = traitlets.Dict().tag(sync=True)  # View (two snapshots compared)
     workers: Any = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
 
