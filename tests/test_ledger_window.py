@@ -185,3 +185,12 @@ def test_the_post_run_hook_sends_a_bounded_window_however_fast_cells_come() -> N
     assert all(n % WIRE_BLOCK == 0 and n <= WINDOW_RECORDS for n in bases)
     publish()  # the thread has nothing left to send
     assert len(widget.cells_tail) == (13 * WIRE_BLOCK + 2) % WIRE_BLOCK
+    # The thread may publish a record between its append and the hook's send: the hook still
+    # sends it, as the cell's own message (the one a headless client keeps).
+    ledger.append(record(13 * WIRE_BLOCK + 3))
+    publish()
+    before = len(messages)
+    publish.ledger_now()
+    (last,) = messages[before:]
+    tail = json.loads(last["state"]["cells_tail"])
+    assert tail[-1]["execution_count"] == 13 * WIRE_BLOCK + 3

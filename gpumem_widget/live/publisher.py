@@ -77,7 +77,10 @@ class Publisher:
         timeline's tail goes with them (when its base was sent): it holds the sample taken at the
         cell's end, so the chart's range reaches the cell's band when its row arrives. One
         message, sent without traitlets' per-set machinery (`GpuMemWidget.send_traits`)."""
-        changes = self._ledger()
+        # Always, even when the thread has just sent them (it may take the lock between the
+        # record's append and this): this message is the cell's own, the one a headless client
+        # keeps.
+        changes = self._ledger(always=True)
         # The tail only (at most `TAIL_ROWS` rows); a new base is the thread's to send.
         if self._seen.get("base") == self.timeline.base_version and self._changed(
             "tail", self.timeline.version
@@ -93,10 +96,11 @@ class Publisher:
         if self._changed("tail", self.timeline.version):
             w.timeline_tail = self.timeline.tail_table()
 
-    def _ledger(self) -> dict[str, Any]:
-        """The ledger's traits that changed since they were last sent, by name."""
+    def _ledger(self, always: bool = False) -> dict[str, Any]:
+        """The ledger's traits that changed since they were last sent, by name (`always`: the
+        tail and the extent even if unchanged)."""
         out: dict[str, Any] = {}
-        if self._changed("cells", (self.ledger.version, self.ledger.epoch)):
+        if self._changed("cells", (self.ledger.version, self.ledger.epoch)) or always:
             view = self.ledger.window()
             if self._changed("cells_base", (view.first, view.cut, view.epoch)):
                 out["cells"] = view.base
