@@ -6,6 +6,7 @@ carries stays bounded at any length, and each publish sends the same few bytes.
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -194,3 +195,18 @@ def test_the_post_run_hook_sends_a_bounded_window_however_fast_cells_come() -> N
     (last,) = messages[before:]
     tail = json.loads(last["state"]["cells_tail"])
     assert tail[-1]["execution_count"] == 13 * WIRE_BLOCK + 3
+
+
+def test_the_ledger_keeps_two_containers_per_record_beside_it() -> None:
+    """What each record keeps is what the garbage collector walks, and what makes it run (its
+    full passes over a torch process's objects cost about 0.1 s): the browser form and its
+    device list; the JSON text is no container, and no cache holds (form, text) pairs."""
+    records = [record(i, source="x = 1") for i in range(1, 2001)]  # a deque per source
+    ledger = Ledger()
+    gc.collect()
+    before = len(gc.get_objects())
+    for r in records:
+        ledger.append(r)
+        ledger.window()
+    gc.collect()
+    assert (len(gc.get_objects()) - before) / len(records) <= 2.01
