@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpumem_widget.reporting.page import Progress
     from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
     from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.wire.payloads import CompareView
     from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
 # Imported on first use: `estimate` loads torch's dispatch machinery; snapshots their replay
@@ -158,7 +159,7 @@ def compare_snapshots(
     b: Source | Snapshot,
     labels: tuple[str, str] | None = None,
     **kwargs: Any,
-) -> dict[str, Any]:
+) -> CompareView:
     """Compare two snapshots (before/after a change, or two ranks): the peaks, the bytes alive
     at each one's peak by allocation site and by category (``delta`` is b - a), and both
     timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.

@@ -23,10 +23,14 @@ from gpumem_widget.snapshot.aggregate import (
 )
 from gpumem_widget.snapshot.attribution import SiteMode
 from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import pack_f8
 
 
-def _side(snap: Snapshot, device: int | None, site: SiteMode) -> dict[str, Any]:
+def _side(
+    snap: Snapshot, device: int | None, site: SiteMode
+) -> tuple[payloads.CompareSide, dict[str, int], dict[str, int]]:
+    """One snapshot's figures, and its bytes alive at its peak by site and by category."""
     rep = snap.replay(device)
     iv = rep.intervals
     peak = int(np.argmax(rep.active)) if rep.n_events else -1
@@ -40,7 +44,7 @@ def _side(snap: Snapshot, device: int | None, site: SiteMode) -> dict[str, Any]:
     for label, b in zip(labels, by_site, strict=True):
         if b:
             site_bytes[label] = site_bytes.get(label, 0) + int(b)
-    return {
+    figures: payloads.CompareSide = {
         "device": rep.device,
         "entries": rep.n_events,
         "allocations": len(iv),
@@ -48,14 +52,14 @@ def _side(snap: Snapshot, device: int | None, site: SiteMode) -> dict[str, Any]:
         "peak_event": peak,
         "peak_reserved": max(int(rep.reserved.max(initial=0)), rep.reserved_before),
         "end_bytes": rep.active_after(rep.n_events - 1),
-        "by_site": site_bytes,
-        "by_category": dict(category_memory(snap, rep.device, width=1, full_columns=False).at_peak),
     }
+    by_category = dict(category_memory(snap, rep.device, width=1, full_columns=False).at_peak)
+    return figures, site_bytes, by_category
 
 
-def _diff(a: dict[str, int], b: dict[str, int], top: int) -> list[dict[str, Any]]:
+def _diff(a: dict[str, int], b: dict[str, int], top: int) -> list[payloads.DiffRow]:
     """Rows of (label, a, b, b - a), largest change first; the rest summed into one row."""
-    rows: list[dict[str, Any]] = [
+    rows: list[payloads.DiffRow] = [
         {"label": k, "a": a.get(k, 0), "b": b.get(k, 0), "delta": b.get(k, 0) - a.get(k, 0)}
         for k in sorted(set(a) | set(b))
     ]
@@ -98,13 +102,14 @@ def compare_snapshots(
     width: int = 1000,
     top: int = 15,
     site: SiteMode = "user",
-) -> dict[str, Any]:
+) -> payloads.CompareView:
     """What changed from snapshot `a` to `b`: their peaks, the bytes alive at each one's peak by
     allocation site and by category (``delta`` is b - a), and both timelines on one x axis
     (`axis` "event": entry number from each trace's start, as memory_viz draws; "time":
     seconds since each trace's first entry, idle stretches collapsed)."""
     da, db = a.device(device_a), b.device(device_b)
-    side_a, side_b = _side(a, da, site), _side(b, db, site)
+    side_a, sites_a, categories_a = _side(a, da, site)
+    side_b, sites_b, categories_b = _side(b, db, site)
     if axis == "time" and not (a.data.has_time and b.data.has_time):
         axis = "event"
     spans = []
@@ -129,17 +134,15 @@ def compare_snapshots(
         "labels": list(labels),
         "axis": axis,
         "x_unit": "entry" if axis == "event" else "s",
-        "a": {k: v for k, v in side_a.items() if k not in ("by_site", "by_category")},
-        "b": {k: v for k, v in side_b.items() if k not in ("by_site", "by_category")},
+        "a": side_a,
+        "b": side_b,
         "peak_delta": side_b["peak_bytes"] - side_a["peak_bytes"],
         "peak_reserved_delta": side_b["peak_reserved"] - side_a["peak_reserved"],
-        "by_site": _diff(side_a["by_site"], side_b["by_site"], top),
+        "by_site": _diff(sites_a, sites_b, top),
         "by_category": [
-            r
-            for r in _diff(side_a["by_category"], side_b["by_category"], len(side_a["by_category"]))
-            if r["a"] or r["b"]
+            r for r in _diff(categories_a, categories_b, len(categories_a)) if r["a"] or r["b"]
         ],
-        "unattributed": sorted(unlabelled & (set(side_a["by_site"]) | set(side_b["by_site"]))),
+        "unattributed": sorted(unlabelled & (set(sites_a) | set(sites_b))),
         "t0": 0.0,
         "t1": span,
         "table": table,

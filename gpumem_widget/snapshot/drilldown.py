@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         Alive,
         AliveError,
         CellBand,
+        CompareView,
         DeviceOverview,
         DrilldownAlive,
         RangeView,
@@ -505,7 +506,7 @@ class Drilldown:
         b: Source | Snapshot,
         labels: tuple[str, str] | None = None,
         **kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> CompareView:
         """Compare two snapshots (see `compare.compare_snapshots`) and show it in the tab."""
         from gpumem_widget.snapshot import open_snapshot
         from gpumem_widget.snapshot.compare import compare_snapshots

@@ -642,8 +642,40 @@ class SearchError(TypedDict):
     query: str
 
 
-# Not yet typed: the compare answer (`drilldown_compare`).
-View = dict[str, Any]
+class CompareSide(TypedDict):
+    device: int
+    entries: int
+    allocations: int
+    peak_bytes: int
+    peak_event: int
+    peak_reserved: int
+    end_bytes: int
+
+
+class DiffRow(TypedDict):
+    label: str
+    a: int  # bytes in the first snapshot
+    b: int
+    delta: int  # b - a
+
+
+class CompareView(TypedDict):
+    """`drilldown_compare`: two snapshots compared (`snapshot/compare.py`)."""
+
+    view: Literal["compare"]
+    labels: list[str]
+    axis: Axis
+    x_unit: Literal["entry", "s"]
+    a: CompareSide
+    b: CompareSide
+    peak_delta: int
+    peak_reserved_delta: int
+    by_site: list[DiffRow]  # alive at each one's peak, largest change first
+    by_category: list[DiffRow]
+    unattributed: list[str]  # labels of allocations without a site
+    t0: float
+    t1: float
+    table: PackedTable  # t, a_active, a_reserved, b_active, b_reserved (float64; NaN: ended)
 
 
 class _DeviceOverviewFields(TypedDict):

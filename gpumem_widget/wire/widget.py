@@ -71,12 +71,13 @@ class GpuMemWidget(anywidget.AnyWidget):
         drilldown_alive: payloads.DrilldownAlive
         drilldown_view: payloads.RangeView | payloads.NoAnswer
         drilldown_search: payloads.SearchAnswer | payloads.SearchError | payloads.NoAnswer
+        drilldown_compare: payloads.CompareView | payloads.NoAnswer
     else:
         drilldown = traitlets.Dict().tag(sync=True)
         drilldown_alive = traitlets.Dict().tag(sync=True)
         drilldown_view = traitlets.Dict().tag(sync=True)
         drilldown_search = traitlets.Dict().tag(sync=True)
-    drilldown_compare: Any = traitlets.Dict().tag(sync=True)  # View (two snapshots compared)
+        drilldown_compare = traitlets.Dict().tag(sync=True)
     workers: Any = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
 
     def __init__(self, num_devices: int = 0, **kwargs: Any) -> None:
