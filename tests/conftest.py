@@ -46,6 +46,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
+def ip() -> Iterator[Any]:
+    """The process's one IPython shell (IPython allows one) with the extension loaded; a test
+    module that needs the shell otherwise defines its own `ip`."""
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpumem_widget")
+    yield shell
+    shell.run_line_magic("unload_ext", "gpumem_widget")
+
+
+@pytest.fixture
 def recorded() -> Iterator[tuple[Any, Session, RecordedAllocator]]:
     """A real IPython shell with the hooks of a session whose CUDA allocator replays real H200
     data; the cells reach that allocator as `gpu` (`gpu.alloc(n)`, `gpu.free(n)`, `gpu.oom()`)."""

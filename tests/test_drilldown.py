@@ -6,13 +6,11 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from ipywidgets.widgets.widget import _remove_buffers  # type: ignore[import-untyped]
 
 import gpumem_widget
@@ -25,14 +23,6 @@ from gpumem_widget.snapshot.fragmentation import from_memory_stats
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 ALL = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
 MAX_WIRE_BYTES = 500_000
-
-
-@pytest.fixture
-def ip() -> Iterator[Any]:
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpumem_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "gpumem_widget")
 
 
 def session() -> Session:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 import gpumem_widget
 from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
@@ -20,14 +19,6 @@ from gpumem_widget.wire import protocol
 host_only = pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks host-memory mode, on a machine without CUDA"
 )
-
-
-@pytest.fixture
-def ip() -> Iterator[Any]:
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpumem_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "gpumem_widget")
 
 
 def ours(shell: Any, event: str) -> list[Any]:

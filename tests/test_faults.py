@@ -10,26 +10,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 import gpumem_widget
 from gpumem_widget.live.session import Session
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def ip() -> Iterator[Any]:
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpumem_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "gpumem_widget")
 
 
 def session() -> Session:
@@ -46,14 +37,19 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-def interrupting(read: Callable[[], int | None]) -> Callable[[], int | None]:
-    """A host RSS read that first sends this process SIGINT: Ctrl-C landing inside a hook."""
+def interrupting(read: Callable[[], int | None], on_call: int) -> Callable[[], int | None]:
+    """A host RSS read that, on its `on_call`-th call only, first sends this process SIGINT:
+    Ctrl-C landing inside a hook (1: the pre-run hook's read, 2: the post-run hook's)."""
+    calls = 0
 
-    def read_and_interrupt() -> int | None:
-        os.kill(os.getpid(), signal.SIGINT)
+    def read_maybe_interrupting() -> int | None:
+        nonlocal calls
+        calls += 1
+        if calls == on_call:
+            os.kill(os.getpid(), signal.SIGINT)
         return read()
 
-    return read_and_interrupt
+    return read_maybe_interrupting
 
 
 def test_an_interrupt_in_the_pre_hook_reaches_the_cell_and_keeps_its_row(
@@ -62,14 +58,7 @@ def test_an_interrupt_in_the_pre_hook_reaches_the_cell_and_keeps_its_row(
     s = session()
     host = s.readers.host
     real = host.rss
-    calls = 0
-
-    def once() -> int | None:
-        nonlocal calls
-        calls += 1
-        return interrupting(real)() if calls == 1 else real()  # only in the pre-run hook
-
-    host.rss = once  # type: ignore[method-assign]
+    host.rss = interrupting(real, on_call=1)  # type: ignore[method-assign]
     ip.user_ns.pop("ran", None)  # the shell is shared: an earlier test may have set it
     try:
         result = ip.run_cell("ran = True", store_history=True)
@@ -95,15 +84,8 @@ def test_an_interrupt_in_the_post_hook_keeps_the_row_and_says_so(
     s = session()
     host = s.readers.host
     real = host.rss
-    calls = 0
-
-    def second() -> int | None:
-        nonlocal calls
-        calls += 1
-        return interrupting(real)() if calls == 2 else real()  # the post-run hook's read
-
     ip.user_ns.pop("done", None)
-    host.rss = second  # type: ignore[method-assign]
+    host.rss = interrupting(real, on_call=2)  # type: ignore[method-assign]
     try:
         result = ip.run_cell("done = 1", store_history=True)
     finally:

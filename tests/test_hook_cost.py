@@ -15,11 +15,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 import gpumem_widget
 from gpumem_widget.live import history as history_module
@@ -28,14 +27,6 @@ from gpumem_widget.live.session import Session
 from gpumem_widget.wire import record_json
 
 CELLS = 5 * WIRE_BLOCK + 3  # crosses several blocks: the base moves in the hook too
-
-
-@pytest.fixture
-def ip() -> Iterator[Any]:
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpumem_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "gpumem_widget")
 
 
 def session() -> Session:

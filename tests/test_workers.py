@@ -571,14 +571,6 @@ def test_eight_workers_report_over_loopback_and_a_cell_gets_their_figures(
 # Through a real IPython shell with the extension loaded -----------------------------------------
 
 
-@pytest.fixture
-def ip() -> Iterator[Any]:
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpumem_widget")
-    yield shell
-    shell.run_line_magic("unload_ext", "gpumem_widget")
-
-
 def run(ip: Any, code: str) -> Any:
     result = ip.run_cell(code, store_history=True)  # a notebook cell: it gets a row
     result.raise_error()
