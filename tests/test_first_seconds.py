@@ -26,6 +26,18 @@ from gpumem_widget.wire import protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
+WITH_PACKAGE = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+}
+FRESH_ENV = {**WITH_PACKAGE, "GPUMEM_WIDGET_HISTORY": "off"}
+
+
+def run_fresh(code: str, env: dict[str, str] = FRESH_ENV) -> str:
+    """What `code` prints, run in a fresh Python process (this one has torch imported)."""
+    argv = [sys.executable, "-c", code]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120, env=env)
+    return done.stdout
 
 
 def test_load_ext_does_not_import_torch_and_attaches_when_the_notebook_does() -> None:
@@ -46,17 +58,7 @@ shell.run_cell("import torch", store_history=True)
 print("AFTER", s.status()["readers"]["torch"]["reason"], s.mode, s.readers.torch.pending)
 shell.run_line_magic("unload_ext", "gpumem_widget")
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        },
-    ).stdout
+    out = run_fresh(code, WITH_PACKAGE)
     assert "IMPORTED False" in out
     assert "CELLS IMPORTED False 4" in out  # the cells' hooks never pay for importing torch
     assert f"REASON {NOT_IMPORTED}" in out
@@ -161,13 +163,6 @@ def test_torch_imported_between_cells_attaches_at_the_next_cell(torch_hidden: An
     assert usage.delta_allocated == 64 * MiB
 
 
-FRESH_ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    "GPUMEM_WIDGET_HISTORY": "off",
-}
-
-
 def test_load_ext_shows_the_widget_before_numpy_and_the_next_cell_waits_for_the_session() -> None:
     """`%load_ext` returns with the widget shown and the rest of the session still to build (held
     here until the cell has started); the cell run then waits for it and is recorded."""
@@ -194,14 +189,7 @@ print("WORKERS", s.workers.address.samples == exported == os.environ["GPUMEM_WID
 shell.run_line_magic("unload_ext", "gpumem_widget")
 print("WITHDRAWN", "GPUMEM_WIDGET_ADDRESS" not in os.environ)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        env=FRESH_ENV,
-    ).stdout
+    out = run_fresh(code)
     assert "SHOWN 1 False False True" in out  # shown; numpy, zmq, the session not yet there
     assert "READY True ['x = 1']" in out  # the shown widget is the session's; the cell recorded
     assert "WORKERS True" in out  # the hub listens where loading said it would
@@ -232,14 +220,7 @@ except UsageError as e:
 shell.run_line_magic("unload_ext", "gpumem_widget")
 print("UNLOADED", extension._starting)
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        env=FRESH_ENV,
-    ).stdout
+    out = run_fresh(code)
     why = "gpumem_widget could not start: RuntimeError: no readers here"
     assert "RAN 2 None" in out
     assert f"STATUS {{'error': '{why}'}}" in out
