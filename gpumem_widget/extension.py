@@ -68,6 +68,14 @@ class Starting:
                 self.widget.status = {"error": self.error}
         finally:
             self.done.set()
+        if self.session is not None and _starting is self:
+            # A conversion child waiting: the first snapshot opened starts converting at once.
+            try:
+                from gpumem_widget.snapshot.isolate import warm
+
+                warm()
+            except Exception as e:  # files then start their own child, a quarter second later
+                log.warning("gpumem_widget: no spare snapshot converter: %s", e)
 
     def wait(self, timeout: float = START_WAIT_S) -> Session | None:
         """The session, once built (None if building it failed or takes longer than timeout)."""
@@ -170,6 +178,9 @@ def unload_ipython_extension(ip: Any) -> None:
     session = starting.wait()
     if session is not None:
         session.stop()
+        from gpumem_widget.snapshot.isolate import stop_warm
+
+        stop_warm()
     else:
         withdraw_workers(starting.workers)
         from gpumem_widget.live.session import close_widget

@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 import gpumem_widget
 from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
 from gpumem_widget.live.session import Session
+from gpumem_widget.snapshot import isolate
 from gpumem_widget.wire import protocol
 
 host_only = pytest.mark.skipif(
@@ -55,7 +56,14 @@ def test_load_reload_unload_leave_exactly_one_of_each(ip: Any) -> None:
     assert len(ours(ip, "pre_run_cell")) == 1
     assert len(ours(ip, "post_run_cell")) == 1
     wait_for(lambda: len(sampler_threads()) == 1)
+    # The session readies one conversion child for the first snapshot opened; unload ends it.
+    wait_for(lambda: isolate._spare._child is not None)
+    spare = isolate._spare._child
+    assert spare is not None
+    assert spare.poll() is None
     ip.run_line_magic("unload_ext", "gpumem_widget")
+    assert spare.poll() == 0, "the waiting child exits when its stdin closes"
+    assert isolate._spare._child is None
     assert ours(ip, "pre_run_cell") == []
     assert ours(ip, "post_run_cell") == []
     assert "gpumem" not in ip.magics_manager.magics["line"]

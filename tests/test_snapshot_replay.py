@@ -246,3 +246,18 @@ def test_end_time_prefers_the_recorders_clock() -> None:
     last = snap["device_traces"][0][-1]["time_us"]
     assert open_snapshot(snap).end_time == last / 1e6
     assert open_snapshot({**snap, "gpumem_widget": {"taken_at": 5.0}}).end_time == 5.0
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=60)
+    | st.lists(st.integers(0, 64).map(lambda k: 0x7F00_0000_0000 + 512 * k), max_size=400),
+    st.integers(0, 12),
+)
+def test_address_order_is_the_stable_argsort(addrs: list[int], align: int) -> None:
+    # The fast path (addresses and positions as one int64) and the fallback (wide spans) must
+    # both give the stable order: repeated addresses in trace order.
+    from gpumem_widget.snapshot.replay import _address_order
+
+    a = np.array([x >> align << align for x in addrs], np.int64)
+    assert _address_order(a).tolist() == np.argsort(a, kind="stable").tolist()

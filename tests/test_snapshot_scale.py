@@ -251,6 +251,36 @@ def _children() -> list[int]:
     return kids
 
 
+def test_a_waiting_child_converts_the_next_file_and_another_takes_its_place(
+    tmp_path: Path,
+) -> None:
+    good = tmp_path / "good.pickle"
+    good.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    expected = open_snapshot(good, cache=False)  # no child waiting: one is started for it
+    isolate.warm()
+    try:
+        spare = isolate._spare._child
+        assert spare is not None
+        snap = open_snapshot(good, cache=False)
+        assert spare.wait(timeout=10) == 0, "the waiting child did the conversion"
+        assert snap.replay(0).active.tolist() == expected.replay(0).active.tolist()
+        following = isolate._spare._child
+        assert following is not None
+        assert following.pid != spare.pid
+        assert following.poll() is None
+        # A waiting child that died (killed from outside) is passed over for a fresh one.
+        following.kill()
+        following.wait()
+        again = open_snapshot(good, cache=False)
+        assert again.replay(0).active.tolist() == expected.replay(0).active.tolist()
+    finally:
+        isolate.stop_warm()
+    deadline = time.monotonic() + 10
+    while _children() and time.monotonic() < deadline:  # the last one is reaped by a thread
+        time.sleep(0.05)
+    assert _children() == []
+
+
 def test_peak_memory_of_this_process_is_the_columns_not_the_dicts(slow_file: Path) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     snap = open_snapshot(slow_file, max_memory=2 << 30)
@@ -356,11 +386,15 @@ def test_the_kernel_survives_every_bomb_keeps_its_variables_and_shows_progress(
             ),
             start,
         )
+        # Left: the spare conversion child the session readies, waiting for its next file.
         children = (
-            "import os; me = str(os.getpid()); print(sum(1 for p in os.listdir('/proc') "
-            "if p.isdigit() and open(f'/proc/{p}/stat').read().split()[3] == me))"
+            "import os; from gpumem_widget.snapshot import isolate; me = str(os.getpid()); "
+            "spare = isolate._spare._child; print(sorted(int(p) for p in os.listdir('/proc') "
+            "if p.isdigit() and open(f'/proc/{p}/stat').read().split()[3] == me), "
+            "spare and spare.pid)"
         )
-        assert k.execute(children).stdout().strip() == "0"
+        kids, spare = k.execute(children).stdout().strip().split("] ")
+        assert kids.strip("[") == spare, (kids, spare)
         assert k.execute("print(len(precious))").stdout().strip() == "100000"
     finally:
         k.client.stop_channels()

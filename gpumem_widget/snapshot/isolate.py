@@ -15,7 +15,9 @@ the trace) as soon as the totals' columns are read, before the stacks; it keeps 
 view with the columns, and once they are written (the caller maps them and goes on) it replays
 the allocator to the peak and keeps that segment map too, under its RLIMIT_AS cap alone.
 
-A second open of an unchanged file finds its columns in the cache and starts no child.
+A second open of an unchanged file finds its columns in the cache and starts no child. A
+session readies a child ahead of need (`warm`): it has imported its code and waits for its job,
+so a file starts converting the moment it is asked for.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ sys.modules["gpumem_widget"] = package
 from gpumem_widget.snapshot.isolate import main
 main()
 """
+# Imported before the job arrives: everything the conversion and its preview run, so a spare
+# child (`warm`) has nothing left to import.
+_CHILD_MODULES = (
+    "gpumem_widget.snapshot.aggregate",
+    "gpumem_widget.snapshot.drilldown",
+    "gpumem_widget.snapshot.segment_views",
+    "gpumem_widget.snapshot.validate",
+)
 # The peak resident memory (bytes) of the last conversion child, whatever its end.
 last_child_peak: int | None = None
 
@@ -140,17 +150,20 @@ def open_file(
             return data, info, replays
     if not cache:
         entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
-    peak, finishing = _run_child(
-        where,
-        st=st,
-        entry=entry,
-        max_bytes=max_bytes,
-        max_memory=max_memory or default_max_memory(),
-        progress=progress,
-        cancel=cancel,
-        preview=preview,
-        keep_segments=cache,  # an uncached entry is removed once mapped
-    )
+    try:
+        peak, finishing = _run_child(
+            where,
+            st=st,
+            entry=entry,
+            max_bytes=max_bytes,
+            max_memory=max_memory or default_max_memory(),
+            progress=progress,
+            cancel=cancel,
+            preview=preview,
+            keep_segments=cache,  # an uncached entry is removed once mapped
+        )
+    finally:
+        _spare.replace()
     if progress is not None:
         progress("mapping", None)
     try:
@@ -190,19 +203,17 @@ def _run_child(
         "preview": preview is not None,
         "keep_segments": keep_segments,
     }
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = "1"  # one thread: no per-thread arenas eating the memory cap
-    child = subprocess.Popen(
-        [sys.executable, "-c", _BOOTSTRAP, json.dumps(job)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,  # a Ctrl-C in a terminal reaches the parent only
-    )
+    child = _spare.take() or _spawn()
+    assert child.stdin is not None
+    try:
+        child.stdin.write(json.dumps(job).encode() + b"\n")
+        child.stdin.close()
+    except OSError:  # a spare that died meanwhile (killed from outside): a fresh one
+        _kill(child)
+        child = _spawn()
+        assert child.stdin is not None
+        child.stdin.write(json.dumps(job).encode() + b"\n")
+        child.stdin.close()
     assert child.stdout is not None
     assert child.stderr is not None
     result: dict[str, Any] = {}
@@ -275,6 +286,89 @@ def _run_child(
         tail = stderr.strip().splitlines()[-1:] or [f"exit status {code}"]
         raise SnapshotLoadError(f"{where}: the conversion process failed ({tail[0]})")
     return last_child_peak, finishing
+
+
+def _spawn() -> subprocess.Popen[bytes]:
+    """A conversion child: it imports the conversion code, then waits for its job (one JSON
+    line) on stdin; at the end of stdin without one it exits."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"  # one thread: no per-thread arenas eating the memory cap
+    return subprocess.Popen(
+        [sys.executable, "-c", _BOOTSTRAP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # a Ctrl-C in a terminal reaches the parent only
+    )
+
+
+class _Spare:
+    """One conversion child started before it is needed: opening a file then skips starting
+    Python and importing numpy and the conversion code (a quarter of a second on a 2-core
+    machine). Only a caller that will open files asks for one (`warm`), and each file opened
+    while one is wanted readies the next once it is converted."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+        self.wanted = False
+
+    def warm(self) -> None:
+        with self._lock:
+            self.wanted = True
+            if self._child is None or self._child.poll() is not None:
+                self._child = _spawn()
+
+    def take(self) -> subprocess.Popen[bytes] | None:
+        """The spare, if one is ready and alive (the caller owns it then)."""
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None and child.poll() is not None:
+            _reap(child)
+            return None
+        return child
+
+    def replace(self) -> None:
+        """Ready the next spare, if one is wanted (after a conversion: not competing with it)."""
+        if self.wanted:
+            with contextlib.suppress(OSError):
+                self.warm()
+
+    def stop(self) -> None:
+        """No more spares; the one waiting exits (it reads the end of its stdin)."""
+        with self._lock:
+            child, self._child, self.wanted = self._child, None, False
+        if child is not None:
+            _reap(child)
+
+
+def _reap(child: subprocess.Popen[bytes]) -> None:
+    """Close a child's pipes (a waiting one reads the end of stdin and exits) and reap it."""
+    for pipe in (child.stdin, child.stdout, child.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    try:
+        child.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        _kill(child)
+
+
+_spare = _Spare()
+
+
+def warm() -> None:
+    """Start a conversion child now, so the next file opened here starts converting at once
+    (`stop_warm` ends it; the child also exits when this process does)."""
+    _spare.warm()
+
+
+def stop_warm() -> None:
+    _spare.stop()
 
 
 def _finish_in_background(child: subprocess.Popen[bytes]) -> threading.Event:
@@ -468,7 +562,14 @@ def _keep_peak_segments(snap: Snapshot, entry: Path) -> None:
 
 
 def main() -> None:
-    job = json.loads(sys.argv[1])
+    import importlib
+
+    for name in _CHILD_MODULES:
+        importlib.import_module(name)
+    line = sys.stdin.readline()
+    if not line:  # a spare no longer wanted, or its parent gone
+        os._exit(0)
+    job = json.loads(line)
     result, snap = _child(job)
     print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
     if snap is not None and job.get("keep_segments"):

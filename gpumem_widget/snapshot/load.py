@@ -22,7 +22,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
-from operator import itemgetter
+from operator import index, itemgetter
 from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
@@ -410,34 +410,35 @@ def _trace_totals(entries: list[Any], device: int, interner: _Interner) -> Devic
     tag (but an OOM's) are zeros until `_trace_rest`."""
     strings = interner.strings
     n = len(entries)
+    where = f"device_traces[{device}]"
     try:
         actions = np.fromiter(
-            map(_ACTION_CODES.get, _values(entries, "action"), repeat(_OTHER, n)), np.int8, n
+            map(_ACTION_CODES.get, map(itemgetter("action"), entries), repeat(_OTHER, n)),
+            np.int8,
+            n,
         )
-        addr = _values(entries, "addr", 0)
-        size = _values(entries, "size")
-        time_us = _values(entries, "time_us", 0)
+        addrs = _int_values(entries, "addr", where, 0)
+        size = _int_values(entries, "size", where)
+        time_us = _int_values(entries, "time_us", where, 0)
         # Tags are read with the stacks; an OOM's is shown with the totals.
         tag = np.zeros(n, np.int32)
         for i in np.flatnonzero(actions == Action.OOM):
             tag[i] = strings.setdefault(entries[i].get("user_metadata", ""), len(strings))
     except (KeyError, TypeError, AttributeError):
         _explain(entries, device)
-    where = f"device_traces[{device}]"
     _check_strings(strings, entries, device)
     for i in np.flatnonzero(actions == Action.OTHER):
         if not isinstance(entries[i]["action"], str):
             raise _Invalid(f"{where}[{i}]['action'] is not a string")
-    addrs = _int_column(addr, where, "addr")
     for i in np.flatnonzero(actions == Action.OOM):
         addrs[i] = _int_or_invalid(entries[i].get("device_free", 0), f"{where}[{i}]['device_free']")
     zeros = np.zeros(n, np.int64)
     return DeviceTrace(
         action=actions,
         addr=addrs,
-        size=_int_column(size, where, "size"),
+        size=size,
         stream=zeros,
-        time_us=_int_column(time_us, where, "time_us"),
+        time_us=time_us,
         stack=np.full(n, NO_STACK, np.int32),
         tag=tag,
         compile_context=zeros.astype(np.int32),
@@ -450,7 +451,7 @@ def _trace_rest(
     """`totals` with its stream, stack, tag and compile context columns read."""
     where = f"device_traces[{device}]"
     try:  # each list becomes its column before the next is read: one list alive at a time
-        stream = _int_column(_values(entries, "stream", 0), where, "stream")
+        stream = _int_values(entries, "stream", where, 0)
         tag = _intern(interner.strings, _values(entries, "user_metadata", ""))
         ctx = _intern(interner.strings, _values(entries, "compile_context", ""))
         _check_strings(interner.strings, entries, device)
@@ -600,6 +601,27 @@ def _explain(entries: list[Any], device: int) -> NoReturn:
         if not isinstance(e.get("frames", ()), (list, tuple)):
             raise _Invalid(f"{where}['frames'] is not a list")
     raise _Invalid(f"device_traces[{device}] has a malformed entry")
+
+
+def _int_values(
+    entries: list[Any], key: str, where: str, default: Any = _MISSING
+) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Each entry's `key` as an int64 column, in one C-level pass that builds no list (the
+    entries are the most memory a conversion touches: each is visited once per field);
+    `operator.index` refuses what is not an int, where numpy alone would cast floats and
+    strings. Failing that, the slow pass names the entry (or raises for a malformed one)."""
+    n = len(entries)
+    try:
+        return np.fromiter(map(index, map(itemgetter(key), entries)), np.int64, n)
+    except KeyError:
+        if default is _MISSING:
+            raise
+        with contextlib.suppress(TypeError, OverflowError):
+            values: Iterator[Any] = map(dict.get, entries, repeat(key), repeat(default))
+            return np.fromiter(map(index, values), np.int64, n)
+    except (TypeError, OverflowError):
+        pass
+    return _int_column(_values(entries, key, default), where, key)
 
 
 def _int_column(values: list[Any], where: str, key: str) -> np.ndarray[Any, np.dtype[np.int64]]:
