@@ -261,3 +261,14 @@ def test_address_order_is_the_stable_argsort(addrs: list[int], align: int) -> No
 
     a = np.array([x >> align << align for x in addrs], np.int64)
     assert _address_order(a).tolist() == np.argsort(a, kind="stable").tolist()
+
+
+@given(
+    st.lists(st.integers(-50, 50), max_size=80).map(sorted),
+    st.lists(st.integers(-60, 60), max_size=20),
+)
+def test_found_in_sorted_is_isin(haystack: list[int], needles: list[int]) -> None:
+    from gpumem_widget.snapshot.replay import _found_in_sorted
+
+    h, n = np.array(haystack, np.int64), np.array(needles, np.int64)
+    assert _found_in_sorted(h, n).tolist() == np.isin(n, h).tolist()

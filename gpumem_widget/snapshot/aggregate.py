@@ -117,6 +117,7 @@ class _Grid:
     low: F64  # per column: the lowest active total within it
     lo: int  # the first entry inside [t0, t1]
     hi: int  # one past the last
+    bounds: I64  # column k holds entries bounds[k] to bounds[k + 1] - 1
 
 
 def _x(rep: DeviceReplay, has_time: bool) -> F64:
@@ -155,19 +156,12 @@ def _grid(rep: DeviceReplay, x: F64, width: int, t0: float | None, t1: float | N
         best[take] = argmax[take]
         low[nonempty] = np.minimum(low[nonempty], bottom)
     start = lo_t + np.arange(width, dtype=np.float64) * (span / width)
-    return _Grid(lo_t, lo_t + span, start, best, low, lo, hi)
+    return _Grid(lo_t, lo_t + span, start, best, low, lo, hi, bounds)
 
 
-def _column_range(
-    rep: DeviceReplay, grid: _Grid, x: F64, values: I64, before: int
-) -> tuple[F64, F64]:
+def _column_range(grid: _Grid, values: I64, before: int) -> tuple[F64, F64]:
     """Each column's highest and lowest of `values` (empty: what the entry before left)."""
-    width = len(grid.start)
-    span = grid.t1 - grid.t0
-    col = np.clip(
-        ((x[grid.lo : grid.hi] - grid.t0) * (width / span)).astype(np.int64), 0, width - 1
-    )
-    bounds = grid.lo + np.searchsorted(col, np.arange(width + 1))
+    bounds = grid.bounds
     carried = _after(values, before, bounds[:-1] - 1).astype(np.float64)
     high, low = carried.copy(), carried.copy()
     nonempty = bounds[1:] > bounds[:-1]
@@ -262,8 +256,11 @@ def _pass_peaks(
 
 
 def _after(values: I64, before: int, events: I64) -> I64:
-    """`values` right after each of `events`, `before` for -1 (before the first entry)."""
-    return np.concatenate((np.array([before], np.int64), values))[events + 1]
+    """`values` right after each of `events`, `before` for -1 (before the first entry); only
+    the entries asked for are read (`values` may be millions long, `events` a screen wide)."""
+    if not len(values):
+        return np.full(len(events), before, np.int64)
+    return np.where(events < 0, before, values[np.maximum(events, 0)])
 
 
 def _stacked(iv: Intervals, group: npt.NDArray[np.int64], n_groups: int, events: I64) -> F64:
@@ -516,7 +513,7 @@ def _base_columns(
     total = _after(rep.active, rep.active_before, grid.event)
     if not full:
         return ScreenColumns(grid.start, grid.event, total)
-    high, low = _column_range(rep, grid, ax.x, rep.reserved, rep.reserved_before)
+    high, low = _column_range(grid, rep.reserved, rep.reserved_before)
     return ScreenColumns(
         t=grid.start,
         event=grid.event,

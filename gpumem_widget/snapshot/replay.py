@@ -163,7 +163,7 @@ def _address_order(addr: I64) -> I64:
         return np.zeros(0, np.int64)
     lo, hi = int(addr.min()), int(addr.max())
     bits = n.bit_length()
-    if (hi - lo).bit_length() + bits <= 62:
+    if hi - lo < 2**63:  # `addr - lo` does not overflow
         offset = addr - lo
         common = int(np.bitwise_or.reduce(offset))
         shift = (common & -common).bit_length() - 1 if common else 0
@@ -172,6 +172,16 @@ def _address_order(addr: I64) -> I64:
             keyed.sort()
             return keyed & ((1 << bits) - 1)
     return np.argsort(addr, kind="stable")
+
+
+def _found_in_sorted(haystack: I64, needles: I64) -> BoolArray:
+    """`np.isin(needles, haystack)` for a few needles in an ascending haystack of millions,
+    without sorting it again."""
+    if not len(haystack):
+        return np.zeros(len(needles), bool)
+    pos = np.minimum(np.searchsorted(haystack, needles), len(haystack) - 1)
+    found: BoolArray = haystack[pos] == needles
+    return found
 
 
 def _intervals(
@@ -229,7 +239,7 @@ def _intervals(
     barr = np.array(blocks, dtype=np.int64).reshape(-1, 5)
     seeded = ~np.isin(barr[:, 0], live_addr)
     anomalies["live_without_block"] = int((~np.isin(live_addr, barr[:, 0])).sum())
-    anomalies["block_freed_in_trace"] = int(np.isin(barr[seeded, 0], addr[opens]).sum())
+    anomalies["block_freed_in_trace"] = int(_found_in_sorted(addr[opens], barr[seeded, 0]).sum())
     # Lives that reach the snapshot take their rounded size from the matching block.
     pos = np.minimum(np.searchsorted(barr[:, 0], live_addr), max(len(barr) - 1, 0))
     hit = (barr[pos, 0] == live_addr) if len(barr) else np.zeros(len(live), bool)
