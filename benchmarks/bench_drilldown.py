@@ -1,6 +1,6 @@
 """Drill-down scale: a 1,000,000-entry snapshot from `Drilldown.show` to the first drawn view.
 
-    python benchmarks/bench_drilldown.py [--file PATH] [--entries N] [--skip-baseline]
+    python benchmarks/bench_drilldown.py [--file PATH] [--entries N] [--rounds R] [--skip-baseline]
 
 Three kernels, each a fresh process (so its peak RSS is its own), on the same file in one run:
 - first open: the cache emptied, a conversion child waiting (`isolate.warm`, as a session
@@ -13,6 +13,8 @@ Three kernels, each a fresh process (so its peak RSS is its own), on the same fi
   kernel's peak RSS and the child's.
 - first open, cold: the same without a conversion child waiting (as the CLI, or a kernel
   whose session has not readied one), so the child starts Python and imports numpy first.
+- unpickle alone: `pickle.load` of the file in a fresh process, the floor for any Python
+  reader and a gauge of how fast the machine is during the run (shared machines drift).
 - reopen: the same with the columns cached (no child): the first view kept with them first.
 - baseline: the path before issue 15, in the kernel itself: `read_snapshot` (safe unpickle and
   conversion in-process), then every overview and what is alive at the peak before the first
@@ -154,11 +156,34 @@ def _run(mode: str, path: Path) -> dict[str, Any]:
     }
 
 
+def _unpickle_alone(path: Path) -> float:
+    """Seconds `pickle.load` takes on the file in a fresh process (the cycle collector off, as
+    the conversion runs): the floor for reading it in Python, and a gauge of the machine's
+    speed during the run."""
+    code = (
+        "import gc, gzip, lzma, pickle, sys, time; gc.disable(); p = sys.argv[1]; "
+        "m = open(p, 'rb').read(6); "
+        "f = gzip.open(p) if m[:2] == b'\\x1f\\x8b' else lzma.open(p) if m == b'\\xfd7zXZ\\x00' "
+        "else open(p, 'rb'); "
+        "t = time.perf_counter(); pickle.load(f); print(time.perf_counter() - t)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True
+    )
+    return round(float(done.stdout), 3)
+
+
+def _median(values: list[float]) -> float:
+    """The middle value (the lower middle for an even count: a figure some round measured)."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--file", type=Path)
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--skip-baseline", action="store_true", help="too big to load in-process")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved; medians reported")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -172,18 +197,36 @@ def main(argv: list[str] | None = None) -> None:
              "--entries", str(args.entries)],
             check=True,
         )  # fmt: skip
-    shutil.rmtree(CACHE, ignore_errors=True)  # the first open converts
     load_before = os.getloadavg()
     result: dict[str, Any] = {"file": str(path), "file_mb": round(path.stat().st_size / 1e6, 1)}
-    result["first_open"] = _run("first", path)
-    result["reopen"] = _run("reopen", path)
-    shutil.rmtree(CACHE, ignore_errors=True)
-    result["first_open_cold"] = _run("first_cold", path)
+    # Interleaved rounds, a fresh process per mode: a machine's drift touches every mode alike.
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for _ in range(args.rounds):
+        shutil.rmtree(CACHE, ignore_errors=True)  # the first open converts
+        one = {"first_open": _run("first", path)}
+        shutil.rmtree(CACHE, ignore_errors=True)
+        one["first_open_cold"] = _run("first_cold", path)
+        one["reopen"] = _run("reopen", path)
+        if not args.skip_baseline:
+            one["baseline_in_process"] = _run("baseline", path)
+        one["unpickle_alone"] = {"first_drawn_view_s": _unpickle_alone(path)}
+        rounds.append(one)
+    for mode in rounds[0]:
+        drawn = [r[mode]["first_drawn_view_s"] for r in rounds]
+        # The round with the median figure, in full, and every round's figure.
+        result[mode] = {
+            **next(r[mode] for r in rounds if r[mode]["first_drawn_view_s"] == _median(drawn)),
+            "first_drawn_view_s_rounds": drawn,
+        }
+    # How fast this machine is now: what any reader in Python pays before it can draw.
+    result["unpickle_alone_s"] = result.pop("unpickle_alone")["first_drawn_view_s_rounds"]
+    result["first_open_per_unpickle"] = round(
+        result["first_open"]["first_drawn_view_s"] / _median(result["unpickle_alone_s"]), 2
+    )
     if not args.skip_baseline:
-        result["baseline_in_process"] = _run("baseline", path)
         base = result["baseline_in_process"]["first_drawn_view_s"]
-        result["ratio_first_open"] = round(base / result["first_open"]["first_drawn_view_s"], 2)
-        result["ratio_reopen"] = round(base / result["reopen"]["first_drawn_view_s"], 2)
+        for mode in ("first_open", "first_open_cold", "reopen"):
+            result[f"ratio_{mode}"] = round(base / result[mode]["first_drawn_view_s"], 2)
     result["memory_viz_s"] = 4.8  # measured earlier on this machine class; not re-run here
     result["load_average_before_after"] = [
         [round(x, 2) for x in load_before],
