@@ -27,7 +27,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from gpumem_widget.snapshot.model import (
     StackTable,
 )
 from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom
+
+if TYPE_CHECKING:
+    from gpumem_widget.wire.payloads import Drilldown
 
 FORMAT = 1
 INDEX = "index.pickle"
@@ -137,7 +140,7 @@ def write(
     entry: Path,
     source_bytes: int,
     replays: Mapping[int, DeviceReplay] | None = None,
-    first_view: Mapping[str, Any] | None = None,
+    first_view: Drilldown | None = None,
 ) -> None:
     """Write `data` as `entry`, atomically (a temporary directory renamed into place);
     `source_bytes`: how many decompressed bytes its pickle took (the byte limit applies to a
@@ -299,7 +302,7 @@ def read_index(entry: Path) -> dict[str, Any]:
 
 def read(
     entry: Path, index: dict[str, Any] | None = None
-) -> tuple[SnapshotData, int, dict[int, DeviceReplay], dict[str, Any] | None]:
+) -> tuple[SnapshotData, int, dict[int, DeviceReplay], Drilldown | None]:
     """The snapshot in `entry`, its columns memory-mapped (and checked against `index`, read
     here when not given), the decompressed size of the pickle it came from, the devices'
     replays and the first view kept with it; `CacheInvalid` if it is not whole."""
@@ -313,7 +316,9 @@ def read(
             int(d): _replay(entry, index, int(d), data, meta)
             for d, meta in index["replays"].items()
         }
-        return data, int(index["source_bytes"]), replays, index.get("first_view")
+        # Written by `write` from `drilldown.overview` (checked to be a dict by `read_index`).
+        first_view = cast("Drilldown | None", index.get("first_view"))
+        return data, int(index["source_bytes"]), replays, first_view
     except CacheInvalid:
         raise
     except (SnapshotLoadError, OSError, ValueError, KeyError, TypeError, IndexError) as e:

@@ -375,11 +375,11 @@ class Drilldown:
         kept = snap.load_info.first_view if snap.load_info is not None else None
         first: DrilldownTrait | None = None
         if not drawn:  # kept with the columns (only the label is this call's), or computed
-            first = (
-                cast("DrilldownTrait", {**kept, "source": label})
-                if kept is not None
-                else overview(snap, label, cells, first_only=True)
-            )
+            if kept is not None:
+                first = kept.copy()
+                first["source"] = label
+            else:
+                first = overview(snap, label, cells, first_only=True)
             first["compute_s"] = time.perf_counter() - started
         with self._lock:
             self._current = _Current(snap, label)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from gpumem_widget.wire.payloads import Drilldown
 
 I8 = npt.NDArray[np.int8]
 I32 = npt.NDArray[np.int32]
@@ -153,7 +156,7 @@ class LoadInfo:
     entry: str = ""
     # The tab's first view as the conversion computed it (`drilldown.overview(first_only=True)`
     # without its source), kept with the columns; None where there is none.
-    first_view: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    first_view: Drilldown | None = field(default=None, repr=False, compare=False)
     # Set once the conversion child has exited: after the columns it keeps the segment map at
     # the peak (`columnar.PEAK_SEGMENTS`); None when no child ran.
     finishing: threading.Event | None = field(default=None, repr=False, compare=False)
