@@ -19,7 +19,8 @@ Three kernels, each a fresh process (so its peak RSS is its own), on the same fi
 - baseline: the path before issue 15, in the kernel itself: `read_snapshot` (safe unpickle and
   conversion in-process), then every overview and what is alive at the peak before the first
   draw.
-Browser (headless Chromium, bench_drilldown.mjs): the Snapshot tab mounted on each first view,
+Browser (headless Chromium, bench_drilldown.mjs; skipped by --no-browser, where the kernel's first
+publish stands for the draw): the Snapshot tab mounted on each first view,
 to its first drawn chart. The file is made by scripts/make_big_snapshot.py when absent (cached
 under benchmarks/results/). PyTorch's memory_viz on a 1M-entry file: a median 4.8 s to draw in
 headless Chromium on a 2-core machine (measured earlier: its page loads its code from a CDN,
@@ -135,7 +136,7 @@ def _browser(state: Path) -> dict[str, Any]:
     return result
 
 
-def _run(mode: str, path: Path) -> dict[str, Any]:
+def _run(mode: str, path: Path, browser: bool = True) -> dict[str, Any]:
     state = RESULTS / f"drilldown_state_{mode}.json"
     env = {**os.environ, "GPUMEM_WIDGET_CACHE": str(CACHE)}
     kernel = json.loads(
@@ -147,8 +148,11 @@ def _run(mode: str, path: Path) -> dict[str, Any]:
             env=env,
         ).stdout
     )
-    browser = _browser(state)
-    draw_s = (browser["decode_ms"] + browser["mount_and_draw_ms"]) / 1000
+    if not browser:  # the kernel's first publish stands for the draw (no Chromium here)
+        state.unlink()
+        return {**kernel, "browser_draw_s": None, "first_drawn_view_s": kernel["first_view_s"]}
+    drawn = _browser(state)
+    draw_s = (drawn["decode_ms"] + drawn["mount_and_draw_ms"]) / 1000
     return {
         **kernel,
         "browser_draw_s": round(draw_s, 3),
@@ -184,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--skip-baseline", action="store_true", help="too big to load in-process")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved; medians reported")
+    parser.add_argument(
+        "--no-browser", action="store_true", help="time to the kernel's first publish only"
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -203,12 +210,12 @@ def main(argv: list[str] | None = None) -> None:
     rounds: list[dict[str, dict[str, Any]]] = []
     for _ in range(args.rounds):
         shutil.rmtree(CACHE, ignore_errors=True)  # the first open converts
-        one = {"first_open": _run("first", path)}
+        one = {"first_open": _run("first", path, not args.no_browser)}
         shutil.rmtree(CACHE, ignore_errors=True)
-        one["first_open_cold"] = _run("first_cold", path)
-        one["reopen"] = _run("reopen", path)
+        one["first_open_cold"] = _run("first_cold", path, not args.no_browser)
+        one["reopen"] = _run("reopen", path, not args.no_browser)
         if not args.skip_baseline:
-            one["baseline_in_process"] = _run("baseline", path)
+            one["baseline_in_process"] = _run("baseline", path, not args.no_browser)
         one["unpickle_alone"] = {"first_drawn_view_s": _unpickle_alone(path)}
         rounds.append(one)
     for mode in rounds[0]:
