@@ -481,6 +481,8 @@ def _values(entries: list[Any], key: str, default: Any = _MISSING) -> list[Any]:
 
 def _intern(strings: dict[Any, int], values: list[Any]) -> np.ndarray[Any, np.dtype[np.int32]]:
     """Ids of `values` in `strings`, new ones added in order of first appearance."""
+    if values and values.count(values[0]) == len(values):  # one value throughout: '' or 'N/A'
+        return np.full(len(values), strings.setdefault(values[0], len(strings)), np.int32)
     for v in dict.fromkeys(values):
         strings.setdefault(v, len(strings))
     return np.fromiter(map(strings.__getitem__, values), np.int32, len(values))
