@@ -281,6 +281,33 @@ def test_a_waiting_child_converts_the_next_file_and_another_takes_its_place(
     assert _children() == []
 
 
+def test_a_forked_process_leaves_its_parents_waiting_child_alone(tmp_path: Path) -> None:
+    # A fork (a DataLoader worker, multiprocessing's default on Linux) inherits the spare's
+    # Popen and its stdin: writing a job there would hand the parent's child a second job.
+    good = tmp_path / "good.pickle"
+    good.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    isolate.warm()
+    try:
+        spare = isolate._spare._child
+        assert spare is not None
+        pid = os.fork()
+        if pid == 0:  # the forked process opens a file with a child of its own
+            code = 1
+            try:
+                snap = open_snapshot(good, cache=False)
+                code = 0 if snap.replay(0).n_events else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert isolate._spare._child is spare
+        assert spare.poll() is None, "the parent's waiting child is still waiting"
+        assert open_snapshot(good, cache=False).replay(0).n_events
+        assert spare.wait(timeout=10) == 0, "and converts the parent's next file"
+    finally:
+        isolate.stop_warm()
+
+
 def test_peak_memory_of_this_process_is_the_columns_not_the_dicts(slow_file: Path) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     snap = open_snapshot(slow_file, max_memory=2 << 30)

@@ -315,10 +315,12 @@ class _Spare:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
+        self._owner = os.getpid()
         self.wanted = False
 
     def warm(self) -> None:
         with self._lock:
+            self._forget_if_forked()
             self.wanted = True
             if self._child is None or self._child.poll() is not None:
                 self._child = _spawn()
@@ -326,11 +328,18 @@ class _Spare:
     def take(self) -> subprocess.Popen[bytes] | None:
         """The spare, if one is ready and alive (the caller owns it then)."""
         with self._lock:
+            self._forget_if_forked()
             child, self._child = self._child, None
         if child is not None and child.poll() is not None:
             _reap(child)
             return None
         return child
+
+    def _forget_if_forked(self) -> None:
+        """In a process forked from the one that started the spare, that spare (and its stdin)
+        is the parent's: this process starts its own, if it wants one."""
+        if os.getpid() != self._owner:
+            self._child, self._owner, self.wanted = None, os.getpid(), False
 
     def replace(self) -> None:
         """Ready the next spare, if one is wanted (after a conversion: not competing with it)."""
@@ -341,6 +350,7 @@ class _Spare:
     def stop(self) -> None:
         """No more spares; the one waiting exits (it reads the end of its stdin)."""
         with self._lock:
+            self._forget_if_forked()
             child, self._child, self.wanted = self._child, None, False
         if child is not None:
             _reap(child)
