@@ -203,17 +203,7 @@ def _run_child(
         "preview": preview is not None,
         "keep_segments": keep_segments,
     }
-    child = _spare.take() or _spawn()
-    assert child.stdin is not None
-    try:
-        child.stdin.write(json.dumps(job).encode() + b"\n")
-        child.stdin.close()
-    except OSError:  # a spare that died meanwhile (killed from outside): a fresh one
-        _kill(child)
-        child = _spawn()
-        assert child.stdin is not None
-        child.stdin.write(json.dumps(job).encode() + b"\n")
-        child.stdin.close()
+    child = _start(job)
     assert child.stdout is not None
     assert child.stderr is not None
     result: dict[str, Any] = {}
@@ -286,6 +276,26 @@ def _run_child(
         tail = stderr.strip().splitlines()[-1:] or [f"exit status {code}"]
         raise SnapshotLoadError(f"{where}: the conversion process failed ({tail[0]})")
     return last_child_peak, finishing
+
+
+def _start(job: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """A child given `job`: the waiting one, else (none waits, or it died meanwhile: killed
+    from outside) a fresh one."""
+    line = json.dumps(job).encode() + b"\n"
+    child = _spare.take()
+    if child is not None:
+        try:
+            return _given(child, line)
+        except OSError:
+            _reap(child)
+    return _given(_spawn(), line)
+
+
+def _given(child: subprocess.Popen[bytes], job_line: bytes) -> subprocess.Popen[bytes]:
+    assert child.stdin is not None
+    child.stdin.write(job_line)
+    child.stdin.close()  # the child reads one line
+    return child
 
 
 def _spawn() -> subprocess.Popen[bytes]:
@@ -378,6 +388,7 @@ def warm() -> None:
 
 
 def stop_warm() -> None:
+    """No more waiting conversion children here; the one waiting exits."""
     _spare.stop()
 
 
