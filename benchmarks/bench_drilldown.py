@@ -208,16 +208,18 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {"file": str(path), "file_mb": round(path.stat().st_size / 1e6, 1)}
     # Interleaved rounds, a fresh process per mode: a machine's drift touches every mode alike.
     rounds: list[dict[str, dict[str, Any]]] = []
+    gauge: list[float] = []  # `pickle.load` alone, each round: how fast the machine is now
+    browser = not args.no_browser
     for _ in range(args.rounds):
         shutil.rmtree(CACHE, ignore_errors=True)  # the first open converts
-        one = {"first_open": _run("first", path, not args.no_browser)}
+        one = {"first_open": _run("first", path, browser)}
         shutil.rmtree(CACHE, ignore_errors=True)
-        one["first_open_cold"] = _run("first_cold", path, not args.no_browser)
-        one["reopen"] = _run("reopen", path, not args.no_browser)
+        one["first_open_cold"] = _run("first_cold", path, browser)
+        one["reopen"] = _run("reopen", path, browser)
         if not args.skip_baseline:
-            one["baseline_in_process"] = _run("baseline", path, not args.no_browser)
-        one["unpickle_alone"] = {"first_drawn_view_s": _unpickle_alone(path)}
+            one["baseline_in_process"] = _run("baseline", path, browser)
         rounds.append(one)
+        gauge.append(_unpickle_alone(path))
     for mode in rounds[0]:
         drawn = [r[mode]["first_drawn_view_s"] for r in rounds]
         # The round with the median figure, in full, and every round's figure.
@@ -225,11 +227,11 @@ def main(argv: list[str] | None = None) -> None:
             **next(r[mode] for r in rounds if r[mode]["first_drawn_view_s"] == _median(drawn)),
             "first_drawn_view_s_rounds": drawn,
         }
-    # How fast this machine is now: what any reader in Python pays before it can draw.
-    result["unpickle_alone_s"] = result.pop("unpickle_alone")["first_drawn_view_s_rounds"]
-    result["first_open_per_unpickle"] = round(
-        result["first_open"]["first_drawn_view_s"] / _median(result["unpickle_alone_s"]), 2
-    )
+    result["unpickle_alone_s"] = gauge
+    floor = _median(gauge)
+    result["first_open_per_unpickle"] = (
+        round(result["first_open"]["first_drawn_view_s"] / floor, 2) if floor else None
+    )  # a file too small to time has none
     if not args.skip_baseline:
         base = result["baseline_in_process"]["first_drawn_view_s"]
         for mode in ("first_open", "first_open_cold", "reopen"):
