@@ -19,7 +19,6 @@ import os
 import pickle
 import stat
 import zlib
-from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from operator import index, itemgetter
@@ -619,16 +618,11 @@ def _int_values(
         if default is _MISSING:
             raise
         with contextlib.suppress(TypeError, OverflowError):
-            values: Iterator[Any] = map(dict.get, entries, repeat(key), repeat(default))
-            return np.fromiter(map(index, values), np.int64, n)
+            got: Iterator[Any] = map(dict.get, entries, repeat(key), repeat(default))
+            return np.fromiter(map(index, got), np.int64, n)
     except (TypeError, OverflowError):
         pass
-    return _int_column(_values(entries, key, default), where, key)
-
-
-def _int_column(values: list[Any], where: str, key: str) -> np.ndarray[Any, np.dtype[np.int64]]:
-    with contextlib.suppress(TypeError, OverflowError):  # array refuses all but int64s
-        return np.frombuffer(array("q", values), np.int64)
+    values = _values(entries, key, default)  # raises for a malformed entry
     return np.fromiter(
         (_int_or_invalid(v, f"{where}[{i}]['{key}']") for i, v in enumerate(values)),
         np.int64,
