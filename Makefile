@@ -49,8 +49,8 @@ browser:
 
 # lint-imports checks the layers and the no-cycle contracts in pyproject.toml.
 lint:
-	$(BIN)/ruff check gpumem_widget tests benchmarks scripts
-	$(BIN)/ruff format --check gpumem_widget tests benchmarks scripts
+	$(BIN)/ruff check gpumem_widget tests benchmarks scripts hatch_build.py
+	$(BIN)/ruff format --check gpumem_widget tests benchmarks scripts hatch_build.py
 	$(BIN)/lint-imports
 
 typecheck:

@@ -15,6 +15,7 @@ import gc
 import gzip
 import io
 import lzma
+import mmap
 import os
 import pickle
 import stat
@@ -26,6 +27,7 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
+from gpumem_widget.snapshot import rows
 from gpumem_widget.snapshot.model import (
     ACTION_NAMES,
     BLOCK_STATES,
@@ -38,6 +40,7 @@ from gpumem_widget.snapshot.model import (
     SnapshotData,
     StackTable,
 )
+from gpumem_widget.snapshot.rows import TraceRows
 
 # Metadata `record.take_snapshot` adds under this key (memory_viz ignores keys it does not know).
 RECORDER_KEY = "gpumem_widget"
@@ -94,11 +97,15 @@ def read_snapshot(
     soon as its memory totals can be replayed, before its stacks are read (their columns are
     zeros then), to draw a first view from."""
     with _collector_paused():
+        traces: dict[int, TraceRows] = {}
         if isinstance(src, (str, os.PathLike)):
             where = os.fspath(src)
             with open_regular(where) as f:
                 total = os.fstat(f.fileno()).st_size
-                raw, read = _unpickle_stream(f, max_bytes, where, progress, total)
+                if got := _read_rows(f, max_bytes, where, progress, total):
+                    raw, traces, read = got
+                else:
+                    raw, read = _unpickle_stream(f, max_bytes, where, progress, total)
             if progress is not None:
                 progress(total, total)  # read: conversion starts
         elif isinstance(src, (bytes, bytearray, memoryview)):
@@ -111,8 +118,8 @@ def read_snapshot(
             stats["bytes"] = read
         try:
             if read >= 0:
-                _check_expansion(raw, read, where)
-            return _convert(raw, early)
+                _check_expansion(raw, read, where, traces)
+            return _convert(raw, early, traces)
         except _Invalid as e:
             raise SnapshotLoadError(f"{where}: not a PyTorch memory snapshot: {e}") from None
 
@@ -236,6 +243,36 @@ class _LimitedReader:
         return line
 
 
+def _read_rows(
+    f: BinaryIO,
+    max_bytes: int,
+    where: str,
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> tuple[Any, dict[int, TraceRows], int] | None:
+    """`f` read by the C reader (`rows.read`), mapped rather than read into memory: the object,
+    its trace entries' columns and the bytes read; None (`f` rewound) where the unpickler must
+    read it. Compressed files always take the unpickler's path: it streams them, so a bomb ends
+    at its first bad byte rather than once it is all inflated."""
+    if not rows.available() or not 0 < total <= max_bytes:
+        return None
+    magic = f.read(6)
+    f.seek(0)
+    if magic.startswith((b"\x1f\x8b", b"\xfd7zXZ\x00")):
+        return None
+    try:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # no room to map it (the child's address space is capped)
+        return None
+    try:
+        got = rows.read(data, progress)
+    except MemoryError:
+        raise OutOfMemory(f"{where}: ran out of memory while reading it") from None
+    finally:
+        data.close()
+    return None if got is None else (*got, total)
+
+
 def _unpickle_stream(
     f: BinaryIO,
     max_bytes: int,
@@ -291,17 +328,17 @@ def _unpickle(reader: _LimitedReader, where: str) -> Any:
         ) from None
 
 
-def _check_expansion(raw: Any, read: int, where: str) -> None:
+def _check_expansion(raw: Any, read: int, where: str, traces: dict[int, TraceRows]) -> None:
     """Refuse a pickle whose entries outnumber what its bytes can describe.
 
     A real entry is a dict of its own: at least an action and a size, 11 pickle bytes or more.
     Memo references make one object appear millions of times for 2 bytes each; converting
     those would take gigabytes, so they are refused before conversion starts."""
-    traces = raw.get("device_traces") if isinstance(raw, dict) else None
+    device_traces = raw.get("device_traces") if isinstance(raw, dict) else None
     segments = raw.get("segments") if isinstance(raw, dict) else raw
     entries = 0
-    if isinstance(traces, list):
-        entries += sum(len(t) for t in traces if isinstance(t, list))
+    if isinstance(device_traces, list):
+        entries += sum(len(traces.get(id(t), t)) for t in device_traces if isinstance(t, list))
     if isinstance(segments, list):
         entries += len(segments)
         for s in segments:
@@ -359,11 +396,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and -(2**63) <= v < 2**63
 
 
-def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> SnapshotData:
+def _convert(
+    raw: Any,
+    early: Callable[[SnapshotData], None] | None = None,
+    rows_of: dict[int, TraceRows] | None = None,
+) -> SnapshotData:
     """Typed data from the unpickled snapshot, in two stages: the totals' columns (action,
     address, size, time; and the segments), handed to `early` as a snapshot whose stacks,
     streams, tags and compile contexts are not read yet (enough to replay memory totals), then
-    the rest."""
+    the rest. `rows_of` holds the entries of the lists the C reader left empty."""
     if isinstance(raw, list):  # segments only: an old format memory_viz also accepts
         raw = {"segments": raw}
     if not isinstance(raw, dict):
@@ -375,10 +416,13 @@ def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> S
     traces_raw = raw.get("device_traces", [])
     if not isinstance(traces_raw, list) or not all(isinstance(t, list) for t in traces_raw):
         raise _Invalid("'device_traces' is not a list of lists")
+    rows_of = rows_of or {}
+    # Each device's entry dicts, or the rows the C reader read in their place.
+    entries_of: list[Any] = [rows_of.get(id(t), t) for t in traces_raw]
     interner = _Interner()
-    totals = {d: _trace_totals(t, d, interner) for d, t in enumerate(traces_raw)}
+    totals = {d: _trace_totals(t, d, interner) for d, t in enumerate(entries_of)}
     segments = tuple(_segment(s, i, interner) for i, s in enumerate(raw["segments"]))
-    has_time = any(len(t) and "time_us" in traces_raw[d][0] for d, t in totals.items())
+    has_time = any(map(_first_has_time, entries_of))
     recorder = raw.get(RECORDER_KEY)
     data = SnapshotData(
         traces=totals,
@@ -393,7 +437,7 @@ def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> S
     )
     if early is not None:
         early(data)
-    traces = {d: _trace_rest(traces_raw[d], d, interner, t) for d, t in totals.items()}
+    traces = {d: _trace_rest(entries_of[d], d, interner, t) for d, t in totals.items()}
     return dataclasses.replace(
         data,
         traces=traces,
@@ -403,10 +447,18 @@ def _convert(raw: Any, early: Callable[[SnapshotData], None] | None = None) -> S
     )
 
 
-def _trace_totals(entries: list[Any], device: int, interner: _Interner) -> DeviceTrace:
+def _first_has_time(entries: list[Any] | TraceRows) -> bool:
+    if isinstance(entries, TraceRows):
+        return len(entries) > 0 and entries.columns.has("time_us", entries.start)
+    return len(entries) > 0 and "time_us" in entries[0]
+
+
+def _trace_totals(entries: list[Any] | TraceRows, device: int, interner: _Interner) -> DeviceTrace:
     """One device's action, address, size and time columns, each field read in one C-level
     pass (`_values`), a slow pass only to explain errors; stream, stack, compile context and
     tag (but an OOM's) are zeros until `_trace_rest`."""
+    if isinstance(entries, TraceRows):
+        return _rows_totals(entries, interner)
     strings = interner.strings
     n = len(entries)
     where = f"device_traces[{device}]"
@@ -445,10 +497,12 @@ def _trace_totals(entries: list[Any], device: int, interner: _Interner) -> Devic
 
 
 def _trace_rest(
-    entries: list[Any], device: int, interner: _Interner, totals: DeviceTrace
+    entries: list[Any] | TraceRows, device: int, interner: _Interner, totals: DeviceTrace
 ) -> DeviceTrace:
     """`totals` with its stream, stack, tag and compile context columns read."""
     where = f"device_traces[{device}]"
+    if isinstance(entries, TraceRows):
+        return _rows_rest(entries, where, interner, totals)
     try:  # each list becomes its column before the next is read: one list alive at a time
         stream = _int_values(entries, "stream", where, 0)
         tag = _intern(interner.strings, _values(entries, "user_metadata", ""))
@@ -458,6 +512,67 @@ def _trace_rest(
     except (KeyError, TypeError, AttributeError):
         _explain(entries, device)
     return dataclasses.replace(totals, stream=stream, stack=stack, tag=tag, compile_context=ctx)
+
+
+def _rows_totals(entries: TraceRows, interner: _Interner) -> DeviceTrace:
+    """`_trace_totals` of entries the C reader read (it checked their types as it went)."""
+    c = entries.columns
+    codes = np.array([_ACTION_CODES.get(a, _OTHER) for a in c.action_names] or [0], np.int8)
+    actions = codes[entries.column(c.action)]
+    addrs = entries.column(c.addr).copy()
+    n = len(entries)
+    tag = np.zeros(n, np.int32)
+    ooms = np.flatnonzero(actions == Action.OOM)
+    for i in ooms:
+        tag[i] = interner.strings.setdefault(
+            c.texts[c.user_metadata[entries.start + i]], len(interner.strings)
+        )
+    addrs[ooms] = entries.column(c.device_free)[ooms]
+    zeros = np.zeros(n, np.int64)
+    return DeviceTrace(
+        action=actions,
+        addr=addrs,
+        size=entries.column(c.size),
+        stream=zeros,
+        time_us=entries.column(c.time_us),
+        stack=np.full(n, NO_STACK, np.int32),
+        tag=tag,
+        compile_context=zeros.astype(np.int32),
+    )
+
+
+def _rows_rest(
+    entries: TraceRows, where: str, interner: _Interner, totals: DeviceTrace
+) -> DeviceTrace:
+    """`_trace_rest` of entries the C reader read: strings are interned in the same order."""
+    c = entries.columns
+    tag = _intern_ids(interner.strings, c.texts, entries.column(c.user_metadata))
+    ctx = _intern_ids(interner.strings, c.texts, entries.column(c.compile_context))
+    frames = c.frames[entries.start : entries.end]
+    return dataclasses.replace(
+        totals,
+        stream=entries.column(c.stream),
+        stack=_stacks(frames, where, interner),
+        tag=tag,
+        compile_context=ctx,
+    )
+
+
+def _intern_ids(
+    strings: dict[Any, int], table: list[str], ids: np.ndarray[Any, np.dtype[np.int32]]
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """`_intern(strings, [table[i] for i in ids])`, without the list: new strings are added
+    in order of first appearance."""
+    if not len(ids):
+        return np.zeros(0, np.int32)
+    if ids.min() == ids.max():  # one value throughout: '' or 'N/A'
+        return np.full(len(ids), strings.setdefault(table[ids[0]], len(strings)), np.int32)
+    used, first = np.unique(ids, return_index=True)
+    to = np.zeros(len(table), np.int32)
+    for i in used[np.argsort(first)]:
+        to[i] = strings.setdefault(table[i], len(strings))
+    got: np.ndarray[Any, np.dtype[np.int32]] = to[ids]
+    return got
 
 
 def _check_strings(strings: dict[Any, int], entries: list[Any], device: int) -> None:

@@ -1,0 +1,808 @@
+/* A pickle reader for memory snapshots that turns trace entries into columns.
+ *
+ * CPython's unpickler builds a dict (and int objects) for every trace entry; at millions of
+ * entries that is most of the time and memory a conversion takes. This reader runs the same
+ * data-only subset of the pickle machine (protocols 2 to 5, no globals), building every object
+ * the way the unpickler does, except the dicts that hold an 'action' key: those become rows of
+ * columns (ints, string ids, the frames object), and the lists that hold them stay empty and
+ * are named with their rows' range. Anything it does not read exactly as the unpickler would
+ * (another opcode, an entry seen twice through the memo, a field of an unexpected type, a
+ * corrupt byte) raises `Unsupported`, and the caller reads the file with the unpickler.
+ *
+ * The input is untrusted: every read is bounds-checked, the stacks and the memo are checked,
+ * and nothing is ever called.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef SOURCE_DIGEST
+#define SOURCE_DIGEST "unknown"
+#endif
+
+static PyObject *Unsupported;
+static PyObject *EMPTY_STR; /* an absent user_metadata or compile_context reads as '' */
+
+/* -- values on the stack and in the memo ------------------------------------------------- */
+
+enum { K_EMPTY = 0, K_OBJ, K_INT, K_ROW };
+
+typedef struct {
+    union {
+        PyObject *o; /* owned reference (K_OBJ) */
+        int64_t i;   /* an int not made into an object yet (K_INT), a row number (K_ROW) */
+    };
+    uint32_t kind;
+    uint32_t slot; /* on the stack, a dict's memo slot + 1 (0: none), to hand it to its row */
+} Val;
+
+static void val_clear(Val *v) {
+    if (v->kind == K_OBJ) Py_DECREF(v->o);
+    v->kind = K_EMPTY;
+}
+
+/* -- the fields of a trace entry --------------------------------------------------------- */
+
+enum {
+    F_ACTION, F_ADDR, F_SIZE, F_STREAM, F_TIME_US, F_DEVICE_FREE, F_FRAMES, F_USER_METADATA,
+    F_COMPILE_CONTEXT, N_FIELDS, F_OTHER = N_FIELDS, F_NOT_STR
+};
+static const char *FIELD_NAMES[N_FIELDS] = {
+    "action", "addr", "size", "stream", "time_us", "device_free", "frames", "user_metadata",
+    "compile_context",
+};
+#define N_INTS 5 /* F_ADDR .. F_DEVICE_FREE */
+#define N_STRS 2 /* F_USER_METADATA, F_COMPILE_CONTEXT (and the action, kept apart) */
+
+typedef struct {
+    void *data;
+    size_t len, cap, item;
+} Column;
+
+/* Room for about as many rows as the input can hold (a real entry takes 80 pickle bytes or
+ * more), so the columns are seldom copied to grow. */
+static int col_reserve(Column *c, size_t cap) {
+    c->data = PyMem_RawMalloc(cap * c->item);
+    if (!c->data) return -1;
+    c->cap = cap;
+    return 0;
+}
+
+static int col_push(Column *c, const void *x) {
+    if (c->len == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 4096;
+        void *p = PyMem_RawRealloc(c->data, cap * c->item);
+        if (!p) return -1;
+        c->data = p;
+        c->cap = cap;
+    }
+    char *at = (char *)c->data + c->len * c->item;
+    switch (c->item) { /* fixed sizes, so no call to memcpy */
+    case 2: memcpy(at, x, 2); break;
+    case 4: memcpy(at, x, 4); break;
+    default: memcpy(at, x, 8); break;
+    }
+    c->len++;
+    return 0;
+}
+
+/* Strings interned by content, numbered in order of first appearance. */
+typedef struct {
+    PyObject *ids;   /* str -> int */
+    PyObject *order; /* list of str */
+} Strings;
+
+static int32_t strings_id(Strings *s, PyObject *str) {
+    PyObject *got = PyDict_GetItemWithError(s->ids, str);
+    if (got) return (int32_t)PyLong_AsLong(got);
+    if (PyErr_Occurred()) return -1;
+    Py_ssize_t n = PyList_GET_SIZE(s->order);
+    if (n >= INT32_MAX) return -1;
+    PyObject *id = PyLong_FromSsize_t(n);
+    if (!id) return -1;
+    int bad = PyDict_SetItem(s->ids, str, id) < 0 || PyList_Append(s->order, str) < 0;
+    Py_DECREF(id);
+    return bad ? -1 : (int32_t)n;
+}
+
+/* A list the rows [start, end) were appended to. */
+typedef struct {
+    PyObject *list; /* owned */
+    int64_t start, end;
+} RowList;
+
+#define KEY_CACHE 64
+#define MAX_ROW_LISTS 4096
+
+typedef struct {
+    const uint8_t *buf;
+    Py_ssize_t len, pos;
+    Py_ssize_t frame_end; /* where the current frame ends (protocol 4 and later) */
+
+    Val *stack;
+    Py_ssize_t sp, stack_cap;
+    Py_ssize_t *marks;
+    Py_ssize_t nmarks, marks_cap;
+
+    Val *memo;
+    Py_ssize_t memo_cap, memo_len; /* memo_len: filled slots, as the unpickler counts them */
+    Py_ssize_t memo_hint;          /* its first size: a real pickle memoizes every 30 bytes or so */
+
+    int64_t rows;
+    Column ints[N_INTS];     /* int64 each */
+    Column present;          /* uint16 each: which fields the row has */
+    Column action;           /* int32 string ids */
+    Column strs[N_STRS];     /* int32 string ids */
+    Column frames;           /* PyObject * (owned), NULL where absent */
+    Strings actions, texts;  /* the action names; user metadata and compile contexts */
+
+    RowList *row_lists;
+    Py_ssize_t n_row_lists, row_lists_cap;
+
+    struct { PyObject *key; int field; } keys[KEY_CACHE];
+
+    PyObject *progress;
+    Py_ssize_t next_report;
+} Reader;
+
+#define REPORT_EVERY (8 << 20)
+
+static int unsupported(const char *why) {
+    if (!PyErr_Occurred()) PyErr_SetString(Unsupported, why);
+    return -1;
+}
+
+/* -- stack, marks, memo ------------------------------------------------------------------ */
+
+static int push(Reader *r, Val v) {
+    if (r->sp == r->stack_cap) {
+        Py_ssize_t cap = r->stack_cap ? r->stack_cap * 2 : 256;
+        Val *p = PyMem_RawRealloc(r->stack, cap * sizeof(Val));
+        if (!p) {
+            val_clear(&v);
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->stack = p;
+        r->stack_cap = cap;
+    }
+    r->stack[r->sp++] = v;
+    return 0;
+}
+
+static int push_obj(Reader *r, PyObject *o) {
+    if (!o) return -1;
+    Val v = {.o = o, .kind = K_OBJ, .slot = 0};
+    return push(r, v);
+}
+
+static int push_int(Reader *r, int64_t i) {
+    Val v = {.i = i, .kind = K_INT, .slot = 0};
+    return push(r, v);
+}
+
+static Py_ssize_t pop_mark(Reader *r) {
+    if (r->nmarks == 0) return unsupported("no mark on the stack");
+    Py_ssize_t m = r->marks[--r->nmarks];
+    if (m > r->sp) return unsupported("a mark above the stack");
+    return m;
+}
+
+static int push_mark(Reader *r) {
+    if (r->nmarks == r->marks_cap) {
+        Py_ssize_t cap = r->marks_cap ? r->marks_cap * 2 : 64;
+        Py_ssize_t *p = PyMem_RawRealloc(r->marks, cap * sizeof(Py_ssize_t));
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->marks = p;
+        r->marks_cap = cap;
+    }
+    r->marks[r->nmarks++] = r->sp;
+    return 0;
+}
+
+/* The value as an object (a new reference); a row cannot become one. */
+static PyObject *as_object(const Val *v) {
+    if (v->kind == K_OBJ) {
+        Py_INCREF(v->o);
+        return v->o;
+    }
+    if (v->kind == K_INT) return PyLong_FromLongLong(v->i);
+    unsupported(v->kind == K_ROW ? "a trace entry used as a value elsewhere" : "an empty value");
+    return NULL;
+}
+
+/* The unpickler's slots grow on demand; an index far past the filled ones is refused here
+ * rather than allocated (a real pickle numbers its slots in order). */
+static int memo_put(Reader *r, Py_ssize_t idx) {
+    if (r->sp == 0) return unsupported("memoizing an empty stack");
+    if (idx < 0 || idx > r->memo_len + (1 << 20)) return unsupported("a memo index out of range");
+    if (idx >= r->memo_cap) {
+        Py_ssize_t cap = r->memo_cap ? r->memo_cap : r->memo_hint;
+        while (cap <= idx) cap *= 2;
+        Val *p = PyMem_RawRealloc(r->memo, cap * sizeof(Val));
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(p + r->memo_cap, 0, (cap - r->memo_cap) * sizeof(Val));
+        r->memo = p;
+        r->memo_cap = cap;
+    }
+    Val *slot = &r->memo[idx];
+    if (slot->kind == K_EMPTY) r->memo_len++;
+    else val_clear(slot);
+    Val *top = &r->stack[r->sp - 1];
+    *slot = *top;
+    slot->slot = 0;
+    if (slot->kind == K_OBJ) {
+        Py_INCREF(slot->o);
+        if (PyDict_CheckExact(top->o) && idx < UINT32_MAX) top->slot = (uint32_t)idx + 1;
+    }
+    return 0;
+}
+
+static int memo_get(Reader *r, Py_ssize_t idx) {
+    if (idx < 0 || idx >= r->memo_cap || r->memo[idx].kind == K_EMPTY)
+        return unsupported("a memo index never set");
+    Val v = r->memo[idx];
+    if (v.kind == K_ROW) return unsupported("a trace entry referenced twice");
+    if (v.kind == K_OBJ) Py_INCREF(v.o);
+    return push(r, v);
+}
+
+/* -- reading bytes ------------------------------------------------------------------------ */
+
+static const uint8_t *take(Reader *r, Py_ssize_t n) {
+    if (n < 0 || r->len - r->pos < n) {
+        unsupported("truncated");
+        return NULL;
+    }
+    /* The unpickler reads a frame whole, then the file again: bytes that run past the end of
+     * a frame are read as truncated. */
+    if (r->pos < r->frame_end && r->frame_end - r->pos < n) {
+        unsupported("an opcode across the end of a frame");
+        return NULL;
+    }
+    const uint8_t *p = r->buf + r->pos;
+    r->pos += n;
+    return p;
+}
+
+static uint64_t le(const uint8_t *p, int n) {
+    uint64_t x = 0;
+    for (int k = n - 1; k >= 0; k--) x = (x << 8) | p[k];
+    return x;
+}
+
+/* A little-endian two's complement int of n bytes, if it fits an int64. */
+static int read_long(Reader *r, Py_ssize_t n) {
+    const uint8_t *p = take(r, n);
+    if (!p) return -1;
+    if (n == 0) return push_int(r, 0);
+    if (n > 8) return unsupported("an int wider than 64 bits");
+    uint64_t x = le(p, (int)n);
+    if (n < 8 && (p[n - 1] & 0x80)) x |= ~(uint64_t)0 << (8 * n); /* sign-extend */
+    return push_int(r, (int64_t)x);
+}
+
+static int read_str(Reader *r, Py_ssize_t n) {
+    const uint8_t *p = take(r, n);
+    if (!p) return -1;
+    return push_obj(r, PyUnicode_DecodeUTF8((const char *)p, n, "surrogatepass"));
+}
+
+static int read_bytes(Reader *r, Py_ssize_t n) {
+    const uint8_t *p = take(r, n);
+    if (!p) return -1;
+    return push_obj(r, PyBytes_FromStringAndSize((const char *)p, n));
+}
+
+static Py_ssize_t read_size(Reader *r, int n) {
+    const uint8_t *p = take(r, n);
+    if (!p) return -1;
+    uint64_t x = le(p, n);
+    if (x > (uint64_t)PY_SSIZE_T_MAX) return unsupported("a length out of range");
+    return (Py_ssize_t)x;
+}
+
+/* -- rows --------------------------------------------------------------------------------- */
+
+static int field_of(Reader *r, const Val *key) {
+    if (key->kind != K_OBJ || !PyUnicode_CheckExact(key->o)) return F_NOT_STR;
+    PyObject *k = key->o;
+    size_t slot = ((uintptr_t)k >> 4) % KEY_CACHE;
+    if (r->keys[slot].key == k) return r->keys[slot].field;
+    int field = F_OTHER;
+    for (int f = 0; f < N_FIELDS; f++) {
+        if (PyUnicode_CompareWithASCIIString(k, FIELD_NAMES[f]) == 0) {
+            field = f;
+            break;
+        }
+    }
+    /* The cache holds its keys, so an address is never reused by another string meanwhile. */
+    Py_XDECREF(r->keys[slot].key);
+    Py_INCREF(k);
+    r->keys[slot].key = k;
+    r->keys[slot].field = field;
+    return field;
+}
+
+static int int_field(const Val *v, int64_t *out) {
+    if (v->kind == K_INT) {
+        *out = v->i;
+        return 0;
+    }
+    if (v->kind == K_OBJ && PyLong_Check(v->o)) { /* True and False count as 1 and 0 */
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v->o, &overflow);
+        if (!overflow && !(x == -1 && PyErr_Occurred())) {
+            *out = x;
+            return 0;
+        }
+        PyErr_Clear();
+    }
+    return unsupported("a trace field that is not an int64");
+}
+
+/* SETITEMS's pairs [k0, v0, k1, v1, ...] as the next row; -1 if they are not one. */
+static int make_row(Reader *r, Val *items, Py_ssize_t n) {
+    int64_t ints[N_INTS] = {0};
+    int32_t action = -1, strs[N_STRS] = {0, 0};
+    PyObject *frames = NULL;
+    uint16_t present = 0;
+    for (Py_ssize_t k = 0; k < n; k += 2) {
+        int f = field_of(r, &items[k]);
+        Val *v = &items[k + 1];
+        if (v->kind == K_ROW) return unsupported("a trace entry inside another");
+        if (f == F_NOT_STR && items[k].kind == K_OBJ && PyObject_Hash(items[k].o) == -1)
+            return -1; /* the unpickler fails on it too */
+        if (f >= N_FIELDS) continue; /* a key memory_viz does not read either */
+        if (present & (1u << f)) return unsupported("a key given twice");
+        present |= (uint16_t)(1u << f);
+        if (f >= F_ADDR && f <= F_DEVICE_FREE) {
+            if (int_field(v, &ints[f - F_ADDR]) < 0) return -1;
+        } else if (f == F_FRAMES) {
+            frames = v->kind == K_OBJ ? v->o : NULL;
+            if (!frames) return unsupported("frames that are not a list");
+        } else {
+            if (v->kind != K_OBJ || !PyUnicode_CheckExact(v->o))
+                return unsupported("a trace field that is not a string");
+            int32_t id = f == F_ACTION ? strings_id(&r->actions, v->o) : strings_id(&r->texts, v->o);
+            if (id < 0) return unsupported("too many strings");
+            if (f == F_ACTION) action = id;
+            else strs[f - F_USER_METADATA] = id;
+        }
+    }
+    if (!(present & (1u << F_SIZE))) return unsupported("an entry without a size");
+    for (int f = 0; f < N_STRS; f++) {
+        if (!(present & (1u << (F_USER_METADATA + f)))) {
+            int32_t id = strings_id(&r->texts, EMPTY_STR);
+            if (id < 0) return -1;
+            strs[f] = id;
+        }
+    }
+    for (int f = 0; f < N_INTS; f++)
+        if (col_push(&r->ints[f], &ints[f]) < 0) return PyErr_NoMemory(), -1;
+    Py_XINCREF(frames);
+    if (col_push(&r->present, &present) < 0 || col_push(&r->action, &action) < 0 ||
+        col_push(&r->strs[0], &strs[0]) < 0 || col_push(&r->strs[1], &strs[1]) < 0 ||
+        col_push(&r->frames, &frames) < 0) {
+        Py_XDECREF(frames);
+        PyErr_NoMemory();
+        return -1;
+    }
+    r->rows++;
+    return 0;
+}
+
+static int has_action(Reader *r, Val *items, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k += 2)
+        if (field_of(r, &items[k]) == F_ACTION) return 1;
+    return 0;
+}
+
+static RowList *row_list_of(Reader *r, PyObject *list) {
+    for (Py_ssize_t k = r->n_row_lists - 1; k >= 0; k--)
+        if (r->row_lists[k].list == list) return &r->row_lists[k];
+    return NULL;
+}
+
+/* -- building ----------------------------------------------------------------------------- */
+
+static void drop(Reader *r, Py_ssize_t from) {
+    while (r->sp > from) val_clear(&r->stack[--r->sp]);
+}
+
+/* stack[mark:] appended to the list at stack[mark - 1]. */
+static int append_items(Reader *r, Py_ssize_t mark) {
+    if (mark < 1) return unsupported("append without a list");
+    Val *target = &r->stack[mark - 1];
+    if (target->kind != K_OBJ || !PyList_CheckExact(target->o))
+        return unsupported("append to something other than a list");
+    PyObject *list = target->o;
+    Val *items = &r->stack[mark];
+    Py_ssize_t n = r->sp - mark, nrows = 0;
+    for (Py_ssize_t k = 0; k < n; k++) nrows += items[k].kind == K_ROW;
+    RowList *rl = row_list_of(r, list);
+    if (nrows == 0 && n > 0) {
+        if (rl) return unsupported("a list of trace entries holding something else");
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *o = as_object(&items[k]);
+            if (!o) return -1;
+            int bad = PyList_Append(list, o);
+            Py_DECREF(o);
+            if (bad) return -1;
+        }
+    } else if (nrows) {
+        if (nrows != n) return unsupported("a list of trace entries holding something else");
+        if (!rl) {
+            if (PyList_GET_SIZE(list) != 0) return unsupported("trace entries after other items");
+            if (r->n_row_lists == MAX_ROW_LISTS) return unsupported("too many lists of entries");
+            if (r->n_row_lists == r->row_lists_cap) {
+                Py_ssize_t cap = r->row_lists_cap ? r->row_lists_cap * 2 : 8;
+                RowList *p = PyMem_RawRealloc(r->row_lists, cap * sizeof(RowList));
+                if (!p) return PyErr_NoMemory(), -1;
+                r->row_lists = p;
+                r->row_lists_cap = cap;
+            }
+            rl = &r->row_lists[r->n_row_lists++];
+            Py_INCREF(list);
+            rl->list = list;
+            rl->start = rl->end = items[0].i;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (items[k].i != rl->end) return unsupported("trace entries out of order");
+            rl->end++;
+        }
+    }
+    drop(r, mark);
+    return 0;
+}
+
+/* stack[mark:] (key, value pairs) set in the dict at stack[mark - 1]; a fresh dict given an
+ * 'action' becomes the next row instead. */
+static int set_items(Reader *r, Py_ssize_t mark) {
+    if (mark < 1) return unsupported("setitems without a dict");
+    Py_ssize_t n = r->sp - mark;
+    if (n % 2) return unsupported("an odd number of items for a dict");
+    Val *target = &r->stack[mark - 1];
+    if (target->kind != K_OBJ || !PyDict_CheckExact(target->o))
+        return unsupported("setitems on something other than a dict");
+    PyObject *dict = target->o;
+    Val *items = &r->stack[mark];
+    Py_ssize_t refs = Py_REFCNT(dict);
+    Py_ssize_t at = (Py_ssize_t)target->slot - 1;
+    int memoized = refs == 2 && at >= 0 && at < r->memo_cap && r->memo[at].kind == K_OBJ &&
+                   r->memo[at].o == dict;
+    if (n && PyDict_GET_SIZE(dict) == 0 && (refs == 1 || memoized) && has_action(r, items, n)) {
+        int64_t row = r->rows;
+        if (make_row(r, items, n) < 0) return -1;
+        if (memoized) {
+            Val *slot = &r->memo[at];
+            Py_DECREF(slot->o);
+            slot->kind = K_ROW;
+            slot->i = row;
+        }
+        Py_DECREF(dict);
+        target->kind = K_ROW;
+        target->i = row;
+        drop(r, mark);
+        return 0;
+    }
+    for (Py_ssize_t k = 0; k < n; k += 2) {
+        PyObject *key = as_object(&items[k]);
+        if (!key) return -1;
+        PyObject *value = as_object(&items[k + 1]);
+        if (!value) {
+            Py_DECREF(key);
+            return -1;
+        }
+        int bad = PyDict_SetItem(dict, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (bad) return -1;
+    }
+    drop(r, mark);
+    return 0;
+}
+
+static int make_tuple(Reader *r, Py_ssize_t from) {
+    if (from < 0 || from > r->sp) return unsupported("a tuple of more than the stack");
+    Py_ssize_t n = r->sp - from;
+    PyObject *t = PyTuple_New(n);
+    if (!t) return -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *o = as_object(&r->stack[from + k]);
+        if (!o) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, k, o);
+    }
+    drop(r, from);
+    return push_obj(r, t);
+}
+
+static double be_double(const uint8_t *p) {
+    uint64_t x = 0;
+    for (int k = 0; k < 8; k++) x = (x << 8) | p[k];
+    double d;
+    memcpy(&d, &x, 8);
+    return d;
+}
+
+/* -- the machine -------------------------------------------------------------------------- */
+
+static int report(Reader *r) {
+    if (r->pos < r->next_report) return 0;
+    r->next_report = r->pos + REPORT_EVERY;
+    if (PyErr_CheckSignals() < 0) return -1;
+    if (r->progress == Py_None) return 0;
+    PyObject *got = PyObject_CallFunction(r->progress, "nn", r->pos, r->len);
+    Py_XDECREF(got);
+    return got ? 0 : -1;
+}
+
+static PyObject *run(Reader *r) {
+    for (;;) {
+        if (report(r) < 0) return NULL;
+        const uint8_t *p = take(r, 1);
+        if (!p) return NULL;
+        int ok = 0;
+        Py_ssize_t n, m;
+        switch (*p) {
+        case 0x80: /* PROTO */
+            if (!(p = take(r, 1))) return NULL;
+            if (*p < 2 || *p > 5) return unsupported("a pickle protocol before 2"), NULL;
+            break;
+        case 0x95: /* FRAME: the whole input is at hand; as the unpickler, only check it is */
+            if ((n = read_size(r, 8)) < 0) return NULL;
+            if (r->len - r->pos < n) return unsupported("a frame longer than what follows"), NULL;
+            if (r->pos < r->frame_end) return unsupported("a frame inside a frame"), NULL;
+            r->frame_end = r->pos + n;
+            break;
+        case '.': /* STOP */
+            if (r->sp != 1 || r->nmarks) return unsupported("a stack left over at the end"), NULL;
+            if (r->pos != r->len) return unsupported("bytes after the end of the pickle"), NULL;
+            return as_object(&r->stack[0]);
+        case '(': ok = push_mark(r); break;
+        case '0': /* POP */
+            if (r->nmarks && r->marks[r->nmarks - 1] == r->sp) { r->nmarks--; break; }
+            if (!r->sp) return unsupported("pop from an empty stack"), NULL;
+            drop(r, r->sp - 1);
+            break;
+        case '1': /* POP_MARK */
+            if ((m = pop_mark(r)) < 0) return NULL;
+            drop(r, m);
+            break;
+        case '2': /* DUP */
+            if (!r->sp || r->stack[r->sp - 1].kind == K_ROW) return unsupported("dup"), NULL;
+            {
+                Val v = r->stack[r->sp - 1];
+                if (v.kind == K_OBJ) Py_INCREF(v.o);
+                ok = push(r, v);
+            }
+            break;
+        case '}': ok = push_obj(r, PyDict_New()); break;
+        case ']': ok = push_obj(r, PyList_New(0)); break;
+        case ')': ok = push_obj(r, PyTuple_New(0)); break;
+        case 't': /* TUPLE */
+            if ((m = pop_mark(r)) < 0) return NULL;
+            ok = make_tuple(r, m);
+            break;
+        case 0x85: ok = make_tuple(r, r->sp - 1); break;
+        case 0x86: ok = make_tuple(r, r->sp - 2); break;
+        case 0x87: ok = make_tuple(r, r->sp - 3); break;
+        case 'a': ok = append_items(r, r->sp - 1); break;
+        case 'e':
+            if ((m = pop_mark(r)) < 0) return NULL;
+            ok = append_items(r, m);
+            break;
+        case 's': ok = r->sp >= 3 ? set_items(r, r->sp - 2) : unsupported("setitem"); break;
+        case 'u':
+            if ((m = pop_mark(r)) < 0) return NULL;
+            ok = set_items(r, m);
+            break;
+        case 'N': ok = push_obj(r, Py_NewRef(Py_None)); break;
+        case 0x88: ok = push_obj(r, Py_NewRef(Py_True)); break;
+        case 0x89: ok = push_obj(r, Py_NewRef(Py_False)); break;
+        case 'J': /* BININT */
+            if (!(p = take(r, 4))) return NULL;
+            ok = push_int(r, (int32_t)(uint32_t)le(p, 4));
+            break;
+        case 'K':
+            if (!(p = take(r, 1))) return NULL;
+            ok = push_int(r, p[0]);
+            break;
+        case 'M':
+            if (!(p = take(r, 2))) return NULL;
+            ok = push_int(r, (int64_t)le(p, 2));
+            break;
+        case 0x8a: /* LONG1 */
+            if (!(p = take(r, 1))) return NULL;
+            ok = read_long(r, p[0]);
+            break;
+        case 0x8b: /* LONG4: a signed length */
+            if (!(p = take(r, 4))) return NULL;
+            n = (int32_t)(uint32_t)le(p, 4);
+            ok = n < 0 ? unsupported("a negative length") : read_long(r, n);
+            break;
+        case 'G': /* BINFLOAT */
+            if (!(p = take(r, 8))) return NULL;
+            ok = push_obj(r, PyFloat_FromDouble(be_double(p)));
+            break;
+        case 0x8c: /* SHORT_BINUNICODE */
+            if ((n = read_size(r, 1)) < 0) return NULL;
+            ok = read_str(r, n);
+            break;
+        case 'X':
+            if ((n = read_size(r, 4)) < 0) return NULL;
+            ok = read_str(r, n);
+            break;
+        case 0x8d:
+            if ((n = read_size(r, 8)) < 0) return NULL;
+            ok = read_str(r, n);
+            break;
+        case 'C': /* SHORT_BINBYTES */
+            if ((n = read_size(r, 1)) < 0) return NULL;
+            ok = read_bytes(r, n);
+            break;
+        case 'B':
+            if ((n = read_size(r, 4)) < 0) return NULL;
+            ok = read_bytes(r, n);
+            break;
+        case 0x8e:
+            if ((n = read_size(r, 8)) < 0) return NULL;
+            ok = read_bytes(r, n);
+            break;
+        case 0x94: ok = memo_put(r, r->memo_len); break; /* MEMOIZE */
+        case 'q':
+            if ((n = read_size(r, 1)) < 0) return NULL;
+            ok = memo_put(r, n);
+            break;
+        case 'r':
+            if ((n = read_size(r, 4)) < 0) return NULL;
+            ok = memo_put(r, n);
+            break;
+        case 'h':
+            if ((n = read_size(r, 1)) < 0) return NULL;
+            ok = memo_get(r, n);
+            break;
+        case 'j':
+            if ((n = read_size(r, 4)) < 0) return NULL;
+            ok = memo_get(r, n);
+            break;
+        default:
+            PyErr_Format(Unsupported, "opcode 0x%02x at byte %zd", *p, r->pos - 1);
+            return NULL;
+        }
+        if (ok < 0) return NULL;
+    }
+}
+
+/* -- results ------------------------------------------------------------------------------ */
+
+static PyObject *column_bytes(Column *c) {
+    return PyByteArray_FromStringAndSize(c->data ? c->data : "", (Py_ssize_t)(c->len * c->item));
+}
+
+static PyObject *results(Reader *r, PyObject *top) {
+    int64_t covered = 0;
+    for (Py_ssize_t k = 0; k < r->n_row_lists; k++) covered += r->row_lists[k].end - r->row_lists[k].start;
+    if (covered != r->rows) return unsupported("a trace entry outside any list"), NULL;
+    PyObject *lists = PyList_New(r->n_row_lists);
+    PyObject *frames = PyList_New((Py_ssize_t)r->frames.len);
+    if (!lists || !frames) goto fail;
+    for (Py_ssize_t k = 0; k < r->n_row_lists; k++) {
+        RowList *rl = &r->row_lists[k];
+        PyObject *t = Py_BuildValue("(OLL)", rl->list, (long long)rl->start, (long long)rl->end);
+        if (!t) goto fail;
+        PyList_SET_ITEM(lists, k, t);
+    }
+    PyObject **fr = r->frames.data;
+    for (size_t k = 0; k < r->frames.len; k++) { /* the list takes over the column's references */
+        PyObject *o = fr[k] ? fr[k] : PyTuple_New(0); /* absent frames read as () */
+        if (!o) goto fail;
+        PyList_SET_ITEM(frames, (Py_ssize_t)k, o);
+        fr[k] = NULL;
+    }
+    r->frames.len = 0;
+    PyObject *columns = Py_BuildValue(
+        "{sNsNsNsNsNsNsNsNsNsOsOsO}", "addr", column_bytes(&r->ints[0]), "size",
+        column_bytes(&r->ints[1]), "stream", column_bytes(&r->ints[2]), "time_us",
+        column_bytes(&r->ints[3]), "device_free", column_bytes(&r->ints[4]), "present",
+        column_bytes(&r->present), "action", column_bytes(&r->action), "user_metadata",
+        column_bytes(&r->strs[0]), "compile_context", column_bytes(&r->strs[1]), "frames", frames,
+        "action_names", r->actions.order, "texts", r->texts.order);
+    Py_CLEAR(frames);
+    if (!columns) goto fail;
+    return Py_BuildValue("(NNN)", top, lists, columns);
+fail:
+    Py_XDECREF(lists);
+    Py_XDECREF(frames);
+    Py_DECREF(top);
+    return NULL;
+}
+
+static void reader_free(Reader *r) {
+    drop(r, 0);
+    PyMem_RawFree(r->stack);
+    PyMem_RawFree(r->marks);
+    for (Py_ssize_t k = 0; k < r->memo_cap; k++) val_clear(&r->memo[k]);
+    PyMem_RawFree(r->memo);
+    for (int f = 0; f < N_INTS; f++) PyMem_RawFree(r->ints[f].data);
+    PyMem_RawFree(r->present.data);
+    PyMem_RawFree(r->action.data);
+    for (int f = 0; f < N_STRS; f++) PyMem_RawFree(r->strs[f].data);
+    PyObject **fr = r->frames.data;
+    for (size_t k = 0; k < r->frames.len; k++) Py_XDECREF(fr[k]);
+    PyMem_RawFree(r->frames.data);
+    Py_XDECREF(r->actions.ids);
+    Py_XDECREF(r->actions.order);
+    Py_XDECREF(r->texts.ids);
+    Py_XDECREF(r->texts.order);
+    for (Py_ssize_t k = 0; k < r->n_row_lists; k++) Py_DECREF(r->row_lists[k].list);
+    PyMem_RawFree(r->row_lists);
+    for (int k = 0; k < KEY_CACHE; k++) Py_XDECREF(r->keys[k].key);
+}
+
+static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"data", "progress", NULL};
+    Py_buffer view;
+    PyObject *progress = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|O", kwlist, &view, &progress)) return NULL;
+    Reader r;
+    memset(&r, 0, sizeof r);
+    r.buf = view.buf;
+    r.len = view.len;
+    r.progress = progress;
+    r.memo_hint = view.len / 24 + 1024;
+    for (int f = 0; f < N_INTS; f++) r.ints[f].item = sizeof(int64_t);
+    r.present.item = sizeof(uint16_t);
+    r.action.item = r.strs[0].item = r.strs[1].item = sizeof(int32_t);
+    r.frames.item = sizeof(PyObject *);
+    r.actions.ids = PyDict_New();
+    r.actions.order = PyList_New(0);
+    r.texts.ids = PyDict_New();
+    r.texts.order = PyList_New(0);
+    PyObject *out = NULL;
+    size_t rows_hint = (size_t)view.len / 96 + 1024;
+    int reserved = 0;
+    for (int f = 0; f < N_INTS; f++) reserved |= col_reserve(&r.ints[f], rows_hint);
+    reserved |= col_reserve(&r.present, rows_hint) | col_reserve(&r.action, rows_hint) |
+                col_reserve(&r.strs[0], rows_hint) | col_reserve(&r.strs[1], rows_hint) |
+                col_reserve(&r.frames, rows_hint);
+    if (reserved < 0) PyErr_NoMemory();
+    else if (r.actions.ids && r.actions.order && r.texts.ids && r.texts.order) {
+        PyObject *top = run(&r);
+        if (top) out = results(&r, top);
+    }
+    reader_free(&r);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_VARARGS | METH_KEYWORDS,
+     "read_rows(data, progress=None) -> (top, [(list, start, end)], columns)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__rows(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    EMPTY_STR = PyUnicode_FromString("");
+    Unsupported = PyErr_NewException("gpumem_widget.snapshot._rows.Unsupported", PyExc_ValueError, NULL);
+    if (!EMPTY_STR || !Unsupported || PyModule_AddObjectRef(m, "Unsupported", Unsupported) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCE_DIGEST", SOURCE_DIGEST) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,135 @@
+"""Trace entries read from pickle bytes straight into columns, by the C reader in `_rows.c`.
+
+CPython's unpickler builds a dict and its int objects for every trace entry before a column
+can be read: at millions of entries, most of a conversion's time and memory. The C reader runs
+the same data-only pickle machine but makes each dict holding an 'action' a row of columns;
+everything else (segments, frames, settings) it builds as the unpickler would. Where it cannot
+read a pickle exactly as the unpickler would, it says so and `read` returns None: the caller
+then unpickles as before. It is built with the package (a compiler is needed); without it, or
+when it is older than its source, every file takes the unpickler's path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+_SOURCE = Path(__file__).with_name("_rows.c")
+
+
+def source_digest() -> str:
+    """What the build stamps into the reader: a reader built from other source is not used."""
+    return hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    try:
+        _rows = importlib.import_module("gpumem_widget.snapshot._rows")
+    except ImportError as e:
+        return None, f"the C reader is not built ({e})"
+    if _SOURCE.exists() and source_digest() != _rows.SOURCE_DIGEST:
+        return None, "the C reader was built from older source (reinstall the package)"
+    return _rows, ""
+
+
+_reader, why_not = _load()
+
+
+def available() -> bool:
+    return _reader is not None
+
+
+I64 = np.ndarray[Any, np.dtype[np.int64]]
+I32 = np.ndarray[Any, np.dtype[np.int32]]
+
+
+@dataclass(frozen=True)
+class RowColumns:
+    """Every trace entry the reader found, in file order; a field absent from an entry reads
+    as the unpickler's path defaults it (0, '', no frames), `present` says which it had."""
+
+    addr: I64
+    size: I64
+    stream: I64
+    time_us: I64
+    device_free: I64
+    present: np.ndarray[Any, np.dtype[np.uint16]]  # bit k: the entry has FIELDS[k]
+    action: I32  # into action_names
+    user_metadata: I32  # into texts
+    compile_context: I32  # into texts
+    frames: list[Any]  # each entry's frames object, () where it has none
+    action_names: list[str]  # distinct, in order of first appearance
+    texts: list[str]  # distinct, in order of first appearance
+
+    def has(self, field: str, row: int) -> bool:
+        return bool(self.present[row] >> FIELDS.index(field) & 1)
+
+
+# The bits of `RowColumns.present`, as `_rows.c` numbers them.
+FIELDS = (
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "device_free",
+    "frames",
+    "user_metadata",
+    "compile_context",
+)
+
+
+@dataclass(frozen=True)
+class TraceRows:
+    """One device's trace entries: rows [start, end) of `columns`."""
+
+    columns: RowColumns
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def column(self, values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """This device's slice of one of `columns`' arrays (a view)."""
+        return values[self.start : self.end]
+
+
+def read(
+    data: Any, progress: Callable[[int, int], None] | None = None
+) -> tuple[Any, dict[int, TraceRows]] | None:
+    """The unpickled object, whose lists of trace entries are left empty, and those lists'
+    entries by the lists' ids; None where only the unpickler can read `data` exactly (or the
+    reader is not built). `progress(done, total)` is told the bytes read now and then.
+    MemoryError and KeyboardInterrupt pass through."""
+    if _reader is None:
+        return None
+    try:
+        top, lists, raw = _reader.read_rows(data, progress)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception:  # Unsupported, or what the unpickler would refuse too: it says why
+        return None
+    columns = RowColumns(
+        **{k: np.frombuffer(raw[k], np.int64) for k in ("addr", "size", "stream", "time_us")},
+        device_free=np.frombuffer(raw["device_free"], np.int64),
+        present=np.frombuffer(raw["present"], np.uint16),
+        action=np.frombuffer(raw["action"], np.int32),
+        user_metadata=np.frombuffer(raw["user_metadata"], np.int32),
+        compile_context=np.frombuffer(raw["compile_context"], np.int32),
+        frames=raw["frames"],
+        action_names=raw["action_names"],
+        texts=raw["texts"],
+    )
+    traces = top.get("device_traces") if isinstance(top, dict) else None
+    held = {id(t) for t in traces} if isinstance(traces, list) else set()
+    if not all(id(lst) in held for lst, _, _ in lists):
+        return None  # entries somewhere else than a device's trace: the unpickler's path
+    return top, {id(lst): TraceRows(columns, start, end) for lst, start, end in lists}
