@@ -110,9 +110,9 @@ def test_entries_become_columns_and_their_lists_stay_empty() -> None:
     assert list(c.time_us) == [5, 0, 0]
     assert [c.action_names[i] for i in c.action] == ["alloc", "free_requested", "oom"]
     assert [c.texts[i] for i in c.user_metadata] == ["", "", "cell:2"]
-    assert c.frames[0] is c.frames[1]
-    assert c.frames[0] == frames
-    assert c.frames[2] == ()
+    assert list(c.frames) == [0, 0, -1]  # one list, shared through the memo; none
+    assert c.frames_list(0) == frames
+    assert sum(o is c.frames_list(0)[0] for o in c.objects) == 1  # each object numbered once
     assert [c.has("time_us", i) for i in range(3)] == [True, False, False]
 
 
@@ -188,6 +188,7 @@ _GOOD = {
     "compile_context": st.sampled_from(["N/A", "", "graph"]),
 }
 _FRAMES = [{"filename": f"/m/{i}.py", "line": i, "name": f"f{i}"} for i in range(3)]
+_SHARED_TUPLE = tuple(_FRAMES[1:])
 
 
 @st.composite
@@ -200,6 +201,8 @@ def _entry(draw: st.DrawFn) -> Any:
                 st.just(_FRAMES[:2]),  # one list in many entries
                 st.lists(st.sampled_from(_FRAMES), max_size=3),  # shared frame dicts
                 st.lists(st.sampled_from(_FRAMES), max_size=2).map(lambda f: [dict(x) for x in f]),
+                st.lists(st.sampled_from(_FRAMES), max_size=2).map(tuple),
+                st.just(_SHARED_TUPLE),
             )
         )
     if not draw(st.integers(0, 6)):

@@ -4,8 +4,11 @@
  * entries that is most of the time and memory a conversion takes. This reader runs the same
  * data-only subset of the pickle machine (protocols 2 to 5, no globals), building every object
  * the way the unpickler does, except the dicts that hold an 'action' key: those become rows of
- * columns (ints, string ids, the frames object), and the lists that hold them stay empty and
- * are named with their rows' range. Anything it does not read exactly as the unpickler would
+ * columns (ints, string ids, their frames list), and the lists that hold them stay empty and
+ * are named with their rows' range. Lists are built only when something needs them: until
+ * then a list is a run of ids of its items, which is all a row needs of its frames list (the
+ * frame dicts themselves are shared objects, built once). Anything it does not read exactly
+ * as the unpickler would
  * (another opcode, an entry seen twice through the memo, a field of an unexpected type, a
  * corrupt byte) raises `Unsupported`, and the caller reads the file with the unpickler.
  *
@@ -26,12 +29,13 @@ static PyObject *EMPTY_STR; /* an absent user_metadata or compile_context reads 
 
 /* -- values on the stack and in the memo ------------------------------------------------- */
 
-enum { K_EMPTY = 0, K_OBJ, K_INT, K_ROW };
+enum { K_EMPTY = 0, K_OBJ, K_INT, K_ROW, K_LIST };
 
 typedef struct {
     union {
         PyObject *o; /* owned reference (K_OBJ) */
-        int64_t i;   /* an int not made into an object yet (K_INT), a row number (K_ROW) */
+        int64_t i; /* an int not made into an object yet (K_INT), a row number (K_ROW), a list's
+                    * number (K_LIST) */
     };
     uint32_t kind;
     uint32_t slot; /* on the stack, a dict's memo slot + 1 (0: none), to hand it to its row */
@@ -106,6 +110,24 @@ static int32_t strings_id(Strings *s, PyObject *str) {
     return bad ? -1 : (int32_t)n;
 }
 
+/* Objects by identity, numbered as first seen; `objects` holds them, so no address is reused
+ * by another object while the reader runs. */
+typedef struct {
+    PyObject **keys;
+    int32_t *ids;
+    size_t cap; /* a power of two, at most half full */
+    PyObject *objects;
+} Objects;
+
+/* A list as its items' ids (items[start:start + len]) until something needs the list itself
+ * (obj, owned, from then on). `frames`: the frames list number rows know it by, -1 until a row
+ * takes it as its frames; after that it may not change. */
+typedef struct {
+    int64_t start, len;
+    PyObject *obj;
+    int32_t frames;
+} List;
+
 /* A list the rows [start, end) were appended to. */
 typedef struct {
     PyObject *list; /* owned */
@@ -134,11 +156,18 @@ typedef struct {
     Column present;          /* uint16 each: which fields the row has */
     Column action;           /* int32 string ids */
     Column strs[N_STRS];     /* int32 string ids */
-    Column frames;           /* PyObject * (owned), NULL where absent */
+    Column frames;           /* int32: the row's frames list, -1 where it has none */
+    Column frames_at, frames_len, frames_first; /* int64 each frames list: its items, its first row */
     Strings actions, texts;  /* the action names; user metadata and compile contexts */
 
     RowList *row_lists;
     Py_ssize_t n_row_lists, row_lists_cap;
+
+    Objects objs;
+    Column items; /* int32 ids of the lists' items, as they were appended */
+    List *lists;
+    Py_ssize_t n_lists, lists_cap;
+    int64_t copied; /* items copied for frames that were a tuple or a built list */
 
     struct { PyObject *key; int field; } keys[KEY_CACHE];
 
@@ -205,12 +234,15 @@ static int push_mark(Reader *r) {
 }
 
 /* The value as an object (a new reference); a row cannot become one. */
-static PyObject *as_object(const Val *v) {
+static PyObject *list_object(Reader *r, List *l);
+
+static PyObject *as_object(Reader *r, const Val *v) {
     if (v->kind == K_OBJ) {
         Py_INCREF(v->o);
         return v->o;
     }
     if (v->kind == K_INT) return PyLong_FromLongLong(v->i);
+    if (v->kind == K_LIST) return Py_XNewRef(list_object(r, &r->lists[v->i]));
     unsupported(v->kind == K_ROW ? "a trace entry used as a value elsewhere" : "an empty value");
     return NULL;
 }
@@ -252,6 +284,80 @@ static int memo_get(Reader *r, Py_ssize_t idx) {
     if (v.kind == K_ROW) return unsupported("a trace entry referenced twice");
     if (v.kind == K_OBJ) Py_INCREF(v.o);
     return push(r, v);
+}
+
+/* -- objects and lists -------------------------------------------------------------------- */
+
+static int objs_grow(Objects *t) {
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    PyObject **keys = PyMem_RawCalloc(cap, sizeof(PyObject *));
+    int32_t *ids = PyMem_RawMalloc(cap * sizeof(int32_t));
+    if (!keys || !ids) {
+        PyMem_RawFree(keys);
+        PyMem_RawFree(ids);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < t->cap; k++) {
+        if (!t->keys[k]) continue;
+        size_t h = ((uintptr_t)t->keys[k] >> 4) * 0x9E3779B97F4A7C15ull & (cap - 1);
+        while (keys[h]) h = (h + 1) & (cap - 1);
+        keys[h] = t->keys[k];
+        ids[h] = t->ids[k];
+    }
+    PyMem_RawFree(t->keys);
+    PyMem_RawFree(t->ids);
+    t->keys = keys;
+    t->ids = ids;
+    t->cap = cap;
+    return 0;
+}
+
+/* The id of object `o` (borrowed), numbering it if it is new. */
+static int32_t obj_id(Reader *r, PyObject *o) {
+    Objects *t = &r->objs;
+    size_t h = ((uintptr_t)o >> 4) * 0x9E3779B97F4A7C15ull & (t->cap - 1);
+    for (; t->keys[h]; h = (h + 1) & (t->cap - 1))
+        if (t->keys[h] == o) return t->ids[h];
+    Py_ssize_t n = PyList_GET_SIZE(t->objects);
+    if (n >= INT32_MAX) return unsupported("too many objects");
+    if (PyList_Append(t->objects, o) < 0) return -1;
+    t->keys[h] = o;
+    t->ids[h] = (int32_t)n;
+    if ((size_t)n + 1 > t->cap / 2 && objs_grow(t) < 0) return -1;
+    return (int32_t)n;
+}
+
+static int push_list(Reader *r) {
+    if (r->n_lists == r->lists_cap) {
+        Py_ssize_t cap = r->lists_cap ? r->lists_cap * 2 : 4096;
+        List *p = PyMem_RawRealloc(r->lists, cap * sizeof(List));
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->lists = p;
+        r->lists_cap = cap;
+    }
+    List *l = &r->lists[r->n_lists];
+    l->start = (int64_t)r->items.len;
+    l->len = 0;
+    l->obj = NULL;
+    l->frames = -1;
+    Val v = {.i = r->n_lists++, .kind = K_LIST, .slot = 0};
+    return push(r, v);
+}
+
+/* The list itself (borrowed), built from its items the first time it is needed. */
+static PyObject *list_object(Reader *r, List *l) {
+    if (l->obj) return l->obj;
+    PyObject *obj = PyList_New((Py_ssize_t)l->len);
+    if (!obj) return NULL;
+    const int32_t *ids = (const int32_t *)r->items.data + l->start;
+    for (int64_t k = 0; k < l->len; k++)
+        PyList_SET_ITEM(obj, (Py_ssize_t)k, Py_NewRef(PyList_GET_ITEM(r->objs.objects, ids[k])));
+    l->obj = obj;
+    return obj;
 }
 
 /* -- reading bytes ------------------------------------------------------------------------ */
@@ -348,11 +454,48 @@ static int int_field(const Val *v, int64_t *out) {
     return unsupported("a trace field that is not an int64");
 }
 
+/* A frames list numbered for rows: items[at:at + len], first taken by row `first`. */
+static int32_t new_frames(Reader *r, int64_t at, int64_t len) {
+    int64_t n = (int64_t)r->frames_at.len, first = r->rows;
+    if (n >= INT32_MAX) return unsupported("too many frames lists");
+    if (col_push(&r->frames_at, &at) < 0 || col_push(&r->frames_len, &len) < 0 ||
+        col_push(&r->frames_first, &first) < 0)
+        return PyErr_NoMemory(), -1;
+    return (int32_t)n;
+}
+
+/* The number of the frames list `v` (a list, or a tuple, as the unpickler's path allows). A
+ * list rows share through the memo keeps one number; a tuple or a list already built is
+ * copied, at most as many items in all as the input has bytes (a tuple repeated through the
+ * memo must not multiply). */
+static int32_t frames_of(Reader *r, const Val *v) {
+    if (v->kind == K_LIST) {
+        List *l = &r->lists[v->i];
+        if (l->frames >= 0) return l->frames;
+        if (!l->obj) return l->frames = new_frames(r, l->start, l->len);
+    } else if (v->kind != K_OBJ || !PyTuple_CheckExact(v->o)) {
+        return unsupported("frames that are not a list");
+    }
+    PyObject *seq = v->kind == K_LIST ? r->lists[v->i].obj : v->o;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    r->copied += n;
+    if (r->copied > r->len) return unsupported("frames repeated more than the input holds");
+    int64_t at = (int64_t)r->items.len;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t id = obj_id(r, PySequence_Fast_ITEMS(seq)[k]);
+        if (id < 0) return -1;
+        if (col_push(&r->items, &id) < 0) return PyErr_NoMemory(), -1;
+    }
+    int32_t frames = new_frames(r, at, n);
+    if (v->kind == K_LIST && frames >= 0) r->lists[v->i].frames = frames;
+    return frames;
+}
+
 /* SETITEMS's pairs [k0, v0, k1, v1, ...] as the next row; -1 if they are not one. */
 static int make_row(Reader *r, Val *items, Py_ssize_t n) {
     int64_t ints[N_INTS] = {0};
     int32_t action = -1, strs[N_STRS] = {0, 0};
-    PyObject *frames = NULL;
+    int32_t frames = -1;
     uint16_t present = 0;
     for (Py_ssize_t k = 0; k < n; k += 2) {
         int f = field_of(r, &items[k]);
@@ -366,8 +509,7 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
         if (f >= F_ADDR && f <= F_DEVICE_FREE) {
             if (int_field(v, &ints[f - F_ADDR]) < 0) return -1;
         } else if (f == F_FRAMES) {
-            frames = v->kind == K_OBJ ? v->o : NULL;
-            if (!frames) return unsupported("frames that are not a list");
+            if ((frames = frames_of(r, v)) < 0) return -1;
         } else {
             if (v->kind != K_OBJ || !PyUnicode_CheckExact(v->o))
                 return unsupported("a trace field that is not a string");
@@ -387,11 +529,9 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
     }
     for (int f = 0; f < N_INTS; f++)
         if (col_push(&r->ints[f], &ints[f]) < 0) return PyErr_NoMemory(), -1;
-    Py_XINCREF(frames);
     if (col_push(&r->present, &present) < 0 || col_push(&r->action, &action) < 0 ||
         col_push(&r->strs[0], &strs[0]) < 0 || col_push(&r->strs[1], &strs[1]) < 0 ||
         col_push(&r->frames, &frames) < 0) {
-        Py_XDECREF(frames);
         PyErr_NoMemory();
         return -1;
     }
@@ -417,28 +557,25 @@ static void drop(Reader *r, Py_ssize_t from) {
     while (r->sp > from) val_clear(&r->stack[--r->sp]);
 }
 
-/* stack[mark:] appended to the list at stack[mark - 1]. */
+/* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a run of
+ * ids at the end of `items` and they are objects; into the list itself otherwise. */
 static int append_items(Reader *r, Py_ssize_t mark) {
     if (mark < 1) return unsupported("append without a list");
     Val *target = &r->stack[mark - 1];
-    if (target->kind != K_OBJ || !PyList_CheckExact(target->o))
-        return unsupported("append to something other than a list");
-    PyObject *list = target->o;
+    if (target->kind != K_LIST) return unsupported("append to something other than a list");
+    List *l = &r->lists[target->i];
+    if (l->frames >= 0) return unsupported("a frames list changed after an entry took it");
     Val *items = &r->stack[mark];
-    Py_ssize_t n = r->sp - mark, nrows = 0;
-    for (Py_ssize_t k = 0; k < n; k++) nrows += items[k].kind == K_ROW;
-    RowList *rl = row_list_of(r, list);
-    if (nrows == 0 && n > 0) {
-        if (rl) return unsupported("a list of trace entries holding something else");
-        for (Py_ssize_t k = 0; k < n; k++) {
-            PyObject *o = as_object(&items[k]);
-            if (!o) return -1;
-            int bad = PyList_Append(list, o);
-            Py_DECREF(o);
-            if (bad) return -1;
-        }
-    } else if (nrows) {
+    Py_ssize_t n = r->sp - mark, nrows = 0, nobjs = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        nrows += items[k].kind == K_ROW;
+        nobjs += items[k].kind == K_OBJ;
+    }
+    if (nrows) {
         if (nrows != n) return unsupported("a list of trace entries holding something else");
+        PyObject *list = list_object(r, l);
+        if (!list) return -1;
+        RowList *rl = row_list_of(r, list);
         if (!rl) {
             if (PyList_GET_SIZE(list) != 0) return unsupported("trace entries after other items");
             if (r->n_row_lists == MAX_ROW_LISTS) return unsupported("too many lists of entries");
@@ -457,6 +594,24 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         for (Py_ssize_t k = 0; k < n; k++) {
             if (items[k].i != rl->end) return unsupported("trace entries out of order");
             rl->end++;
+        }
+    } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len) {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int32_t id = obj_id(r, items[k].o);
+            if (id < 0) return -1;
+            if (col_push(&r->items, &id) < 0) return PyErr_NoMemory(), -1;
+        }
+        l->len += n;
+    } else if (n) {
+        PyObject *list = list_object(r, l);
+        if (!list) return -1;
+        if (row_list_of(r, list)) return unsupported("a list of trace entries holding something else");
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *o = as_object(r, &items[k]);
+            if (!o) return -1;
+            int bad = PyList_Append(list, o);
+            Py_DECREF(o);
+            if (bad) return -1;
         }
     }
     drop(r, mark);
@@ -494,9 +649,9 @@ static int set_items(Reader *r, Py_ssize_t mark) {
         return 0;
     }
     for (Py_ssize_t k = 0; k < n; k += 2) {
-        PyObject *key = as_object(&items[k]);
+        PyObject *key = as_object(r, &items[k]);
         if (!key) return -1;
-        PyObject *value = as_object(&items[k + 1]);
+        PyObject *value = as_object(r, &items[k + 1]);
         if (!value) {
             Py_DECREF(key);
             return -1;
@@ -516,7 +671,7 @@ static int make_tuple(Reader *r, Py_ssize_t from) {
     PyObject *t = PyTuple_New(n);
     if (!t) return -1;
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *o = as_object(&r->stack[from + k]);
+        PyObject *o = as_object(r, &r->stack[from + k]);
         if (!o) {
             Py_DECREF(t);
             return -1;
@@ -568,7 +723,7 @@ static PyObject *run(Reader *r) {
         case '.': /* STOP */
             if (r->sp != 1 || r->nmarks) return unsupported("a stack left over at the end"), NULL;
             if (r->pos != r->len) return unsupported("bytes after the end of the pickle"), NULL;
-            return as_object(&r->stack[0]);
+            return as_object(r, &r->stack[0]);
         case '(': ok = push_mark(r); break;
         case '0': /* POP */
             if (r->nmarks && r->marks[r->nmarks - 1] == r->sp) { r->nmarks--; break; }
@@ -588,7 +743,7 @@ static PyObject *run(Reader *r) {
             }
             break;
         case '}': ok = push_obj(r, PyDict_New()); break;
-        case ']': ok = push_obj(r, PyList_New(0)); break;
+        case ']': ok = push_list(r); break;
         case ')': ok = push_obj(r, PyTuple_New(0)); break;
         case 't': /* TUPLE */
             if ((m = pop_mark(r)) < 0) return NULL;
@@ -690,40 +845,49 @@ static PyObject *column_bytes(Column *c) {
     return PyByteArray_FromStringAndSize(c->data ? c->data : "", (Py_ssize_t)(c->len * c->item));
 }
 
+static int put(PyObject *d, const char *key, PyObject *value) { /* steals value */
+    if (!value) return -1;
+    int bad = PyDict_SetItemString(d, key, value);
+    Py_DECREF(value);
+    return bad;
+}
+
 static PyObject *results(Reader *r, PyObject *top) {
     int64_t covered = 0;
-    for (Py_ssize_t k = 0; k < r->n_row_lists; k++) covered += r->row_lists[k].end - r->row_lists[k].start;
-    if (covered != r->rows) return unsupported("a trace entry outside any list"), NULL;
-    PyObject *lists = PyList_New(r->n_row_lists);
-    PyObject *frames = PyList_New((Py_ssize_t)r->frames.len);
-    if (!lists || !frames) goto fail;
+    for (Py_ssize_t k = 0; k < r->n_row_lists; k++)
+        covered += r->row_lists[k].end - r->row_lists[k].start;
+    PyObject *lists = NULL, *columns = NULL;
+    if (covered != r->rows) {
+        unsupported("a trace entry outside any list");
+        goto fail;
+    }
+    if (!(lists = PyList_New(r->n_row_lists)) || !(columns = PyDict_New())) goto fail;
     for (Py_ssize_t k = 0; k < r->n_row_lists; k++) {
         RowList *rl = &r->row_lists[k];
         PyObject *t = Py_BuildValue("(OLL)", rl->list, (long long)rl->start, (long long)rl->end);
         if (!t) goto fail;
         PyList_SET_ITEM(lists, k, t);
     }
-    PyObject **fr = r->frames.data;
-    for (size_t k = 0; k < r->frames.len; k++) { /* the list takes over the column's references */
-        PyObject *o = fr[k] ? fr[k] : PyTuple_New(0); /* absent frames read as () */
-        if (!o) goto fail;
-        PyList_SET_ITEM(frames, (Py_ssize_t)k, o);
-        fr[k] = NULL;
-    }
-    r->frames.len = 0;
-    PyObject *columns = Py_BuildValue(
-        "{sNsNsNsNsNsNsNsNsNsOsOsO}", "addr", column_bytes(&r->ints[0]), "size",
-        column_bytes(&r->ints[1]), "stream", column_bytes(&r->ints[2]), "time_us",
-        column_bytes(&r->ints[3]), "device_free", column_bytes(&r->ints[4]), "present",
-        column_bytes(&r->present), "action", column_bytes(&r->action), "user_metadata",
-        column_bytes(&r->strs[0]), "compile_context", column_bytes(&r->strs[1]), "frames", frames,
-        "action_names", r->actions.order, "texts", r->texts.order);
-    Py_CLEAR(frames);
-    if (!columns) goto fail;
+    static const char *INT_NAMES[N_INTS] = {"addr", "size", "stream", "time_us", "device_free"};
+    for (int f = 0; f < N_INTS; f++)
+        if (put(columns, INT_NAMES[f], column_bytes(&r->ints[f])) < 0) goto fail;
+    if (put(columns, "present", column_bytes(&r->present)) < 0 ||
+        put(columns, "action", column_bytes(&r->action)) < 0 ||
+        put(columns, "user_metadata", column_bytes(&r->strs[0])) < 0 ||
+        put(columns, "compile_context", column_bytes(&r->strs[1])) < 0 ||
+        put(columns, "frames", column_bytes(&r->frames)) < 0 ||
+        put(columns, "frames_at", column_bytes(&r->frames_at)) < 0 ||
+        put(columns, "frames_len", column_bytes(&r->frames_len)) < 0 ||
+        put(columns, "frames_first", column_bytes(&r->frames_first)) < 0 ||
+        put(columns, "items", column_bytes(&r->items)) < 0 ||
+        put(columns, "objects", Py_NewRef(r->objs.objects)) < 0 ||
+        put(columns, "action_names", Py_NewRef(r->actions.order)) < 0 ||
+        put(columns, "texts", Py_NewRef(r->texts.order)) < 0)
+        goto fail;
     return Py_BuildValue("(NNN)", top, lists, columns);
 fail:
     Py_XDECREF(lists);
-    Py_XDECREF(frames);
+    Py_XDECREF(columns);
     Py_DECREF(top);
     return NULL;
 }
@@ -734,13 +898,15 @@ static void reader_free(Reader *r) {
     PyMem_RawFree(r->marks);
     for (Py_ssize_t k = 0; k < r->memo_cap; k++) val_clear(&r->memo[k]);
     PyMem_RawFree(r->memo);
-    for (int f = 0; f < N_INTS; f++) PyMem_RawFree(r->ints[f].data);
-    PyMem_RawFree(r->present.data);
-    PyMem_RawFree(r->action.data);
-    for (int f = 0; f < N_STRS; f++) PyMem_RawFree(r->strs[f].data);
-    PyObject **fr = r->frames.data;
-    for (size_t k = 0; k < r->frames.len; k++) Py_XDECREF(fr[k]);
-    PyMem_RawFree(r->frames.data);
+    Column *cols[] = {&r->ints[0], &r->ints[1], &r->ints[2], &r->ints[3], &r->ints[4],
+                      &r->present, &r->action, &r->strs[0], &r->strs[1], &r->frames,
+                      &r->frames_at, &r->frames_len, &r->frames_first, &r->items};
+    for (size_t k = 0; k < sizeof cols / sizeof *cols; k++) PyMem_RawFree(cols[k]->data);
+    for (Py_ssize_t k = 0; k < r->n_lists; k++) Py_XDECREF(r->lists[k].obj);
+    PyMem_RawFree(r->lists);
+    PyMem_RawFree(r->objs.keys);
+    PyMem_RawFree(r->objs.ids);
+    Py_XDECREF(r->objs.objects);
     Py_XDECREF(r->actions.ids);
     Py_XDECREF(r->actions.order);
     Py_XDECREF(r->texts.ids);
@@ -764,7 +930,9 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
     for (int f = 0; f < N_INTS; f++) r.ints[f].item = sizeof(int64_t);
     r.present.item = sizeof(uint16_t);
     r.action.item = r.strs[0].item = r.strs[1].item = sizeof(int32_t);
-    r.frames.item = sizeof(PyObject *);
+    r.frames.item = r.items.item = sizeof(int32_t);
+    r.frames_at.item = r.frames_len.item = r.frames_first.item = sizeof(int64_t);
+    r.objs.objects = PyList_New(0);
     r.actions.ids = PyDict_New();
     r.actions.order = PyList_New(0);
     r.texts.ids = PyDict_New();
@@ -775,9 +943,11 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
     for (int f = 0; f < N_INTS; f++) reserved |= col_reserve(&r.ints[f], rows_hint);
     reserved |= col_reserve(&r.present, rows_hint) | col_reserve(&r.action, rows_hint) |
                 col_reserve(&r.strs[0], rows_hint) | col_reserve(&r.strs[1], rows_hint) |
-                col_reserve(&r.frames, rows_hint);
-    if (reserved < 0) PyErr_NoMemory();
-    else if (r.actions.ids && r.actions.order && r.texts.ids && r.texts.order) {
+                col_reserve(&r.frames, rows_hint) | col_reserve(&r.frames_at, rows_hint) |
+                col_reserve(&r.frames_len, rows_hint) | col_reserve(&r.frames_first, rows_hint) |
+                col_reserve(&r.items, (size_t)view.len / 8 + 1024);
+    if (reserved < 0 || objs_grow(&r.objs) < 0) PyErr_NoMemory();
+    else if (r.objs.objects && r.actions.ids && r.actions.order && r.texts.ids && r.texts.order) {
         PyObject *top = run(&r);
         if (top) out = results(&r, top);
     }

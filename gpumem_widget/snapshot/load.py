@@ -548,11 +548,10 @@ def _rows_rest(
     c = entries.columns
     tag = _intern_ids(interner.strings, c.texts, entries.column(c.user_metadata))
     ctx = _intern_ids(interner.strings, c.texts, entries.column(c.compile_context))
-    frames = c.frames[entries.start : entries.end]
     return dataclasses.replace(
         totals,
         stream=entries.column(c.stream),
-        stack=_stacks(frames, where, interner),
+        stack=_rows_stacks(entries, where, interner),
         tag=tag,
         compile_context=ctx,
     )
@@ -607,9 +606,8 @@ def _stacks(
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """Each entry's stack id. Each distinct frames list is looked at once (a pickle can repeat
     one long list at no cost through memo references). Frame dicts are shared objects in real
-    snapshots, so lists holding the same objects in the same order have one stack: those
-    sequences of ids are grouped with numpy (a hash, then checked element by element), and
-    each group's frames are validated and interned by content once."""
+    snapshots, so lists holding the same objects in the same order have one stack: see
+    `_stack_ids`."""
     n = len(frame_lists)
     if not all(issubclass(kind, (list, tuple)) for kind in set(map(type, frame_lists))):
         for i, frames in enumerate(frame_lists):
@@ -626,27 +624,96 @@ def _stacks(
     first_of_list, list_of = first_of_list[order], rank[list_of.reshape(-1)]
     distinct = [frame_lists[i] for i in first_of_list]
     lengths = np.fromiter(map(len, distinct), np.int64, len(distinct))
+    flat = np.fromiter(map(id, chain.from_iterable(distinct)), np.int64, int(lengths.sum()))
+    lists = _FramesLists(list_of, first_of_list, lengths, flat, distinct.__getitem__)
+    return _stack_ids(lists, where, interner)
+
+
+def _rows_stacks(
+    entries: TraceRows, where: str, interner: _Interner
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """`_stacks` of entries the C reader read: it numbered their frames lists already, and
+    gave each list as the ids of its frame dicts."""
+    c = entries.columns
+    taken = entries.column(c.frames)
+    used = taken[taken >= 0]
+    if not len(used):
+        return np.full(len(taken), NO_STACK, np.int32)
+    # Lists are numbered as rows first take them, so those first taken in this trace are
+    # numbers [lo, hi), in order; a list an earlier trace took is renumbered here.
+    lo = int(np.searchsorted(c.frames_first, entries.start))
+    if int(used.min()) >= lo:
+        numbers = np.arange(lo, int(used.max()) + 1)
+        list_of = np.where(taken >= 0, taken - lo, -1)
+        first_of_list = c.frames_first[numbers] - entries.start
+    else:
+        numbers, first, inverse = np.unique(used, return_index=True, return_inverse=True)
+        order = np.argsort(first)
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        numbers = numbers[order]
+        list_of = np.full(len(taken), -1, np.int64)
+        list_of[taken >= 0] = rank[inverse.reshape(-1)]
+        first_of_list = np.flatnonzero(taken >= 0)[first[order]]
+    at, lengths = c.frames_at[numbers], c.frames_len[numbers]
+    ends = at + lengths
+    if len(at) and np.array_equal(at[1:], ends[:-1]):  # one run, as a real pickle lays them out
+        flat = c.items[at[0] : ends[-1]]
+    else:
+        flat = c.items[
+            np.repeat(at - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        ]
+    lists = _FramesLists(
+        list_of, first_of_list, lengths, flat, lambda k: c.frames_list(int(numbers[k]))
+    )
+    return _stack_ids(lists, where, interner)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FramesLists:
+    """A trace's frames lists, numbered in order of first appearance."""
+
+    list_of: np.ndarray[Any, np.dtype[np.int64]]  # each entry's list; -1: none
+    first: np.ndarray[Any, np.dtype[np.int64]]  # the entry where each list first appears
+    lengths: np.ndarray[Any, np.dtype[np.int64]]
+    flat: np.ndarray[Any, np.dtype[np.integer[Any]]]  # their frames' object ids, list by list
+    get: Callable[[int], Any]  # list k itself
+
+
+def _stack_ids(
+    lists: _FramesLists, where: str, interner: _Interner
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """Each entry's stack id. Lists holding the same objects in the same order have one stack:
+    those sequences of ids are grouped with numpy (a hash, then checked element by element),
+    and each group's frames are validated and interned by content once."""
+    lengths, flat = lists.lengths, lists.flat
     rows = np.flatnonzero(lengths)  # the rest have no frames: stack NO_STACK
-    stack_of = np.full(len(distinct), NO_STACK, np.int32)
+    stack_of = np.full(len(lengths) + 1, NO_STACK, np.int32)  # the last: entries without a list
     if len(rows):
         lens = lengths[rows]
-        flat = np.fromiter(map(id, chain.from_iterable(distinct)), np.int64, int(lens.sum()))
         groups, first = _same_sequences(flat, lens)
-        del flat
         if groups is None:  # a hash collision: group by the id tuples themselves
             keys: dict[tuple[int, ...], int] = {}
+            offsets = np.concatenate(([0], np.cumsum(lens)))
             groups = np.fromiter(
-                (keys.setdefault(tuple(map(id, distinct[i])), len(keys)) for i in rows),
+                (
+                    keys.setdefault(tuple(flat[offsets[j] : offsets[j + 1]].tolist()), len(keys))
+                    for j in range(len(rows))
+                ),
                 np.int64,
                 len(rows),
             )
             first = np.unique(groups, return_index=True)[1]
-        entry = first_of_list[rows[first]]  # where each group first appears, to name it
+        entry = lists.first[rows[first]]  # where each group first appears, to name it
         to_stack = np.array(
-            [interner.stack(frame_lists[i], f"{where}[{i}]") for i in entry], dtype=np.int32
+            [
+                interner.stack(lists.get(int(rows[f])), f"{where}[{i}]")
+                for f, i in zip(first, entry, strict=True)
+            ],
+            dtype=np.int32,
         )
         stack_of[rows] = to_stack[groups]
-    return stack_of[list_of] if n else np.zeros(0, np.int32)
+    return stack_of[lists.list_of] if len(lists.list_of) else np.zeros(0, np.int32)
 
 
 # Rows of `_same_sequences` hashed and checked at a time: its temporaries stay near 30 MB.
@@ -654,7 +721,7 @@ _ROWS_AT_A_TIME = 1 << 16
 
 
 def _same_sequences(
-    flat: np.ndarray[Any, np.dtype[np.int64]], lens: np.ndarray[Any, np.dtype[np.int64]]
+    flat: np.ndarray[Any, np.dtype[np.integer[Any]]], lens: np.ndarray[Any, np.dtype[np.int64]]
 ) -> tuple[Any, Any]:
     """Group the rows of a ragged array (`flat`, cut into rows of `lens`) by equal content: each
     row's group (numbered in order of first appearance) and each group's first row; (None,
@@ -665,7 +732,7 @@ def _same_sequences(
     digest = np.empty(n, np.uint64)
     for r0, r1, pos in _row_chunks(offsets, lens):
         lo, hi = offsets[r0], offsets[r1]
-        mixed = flat[lo:hi].view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        mixed = flat[lo:hi].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         mixed += pos.view(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
         mixed ^= mixed >> np.uint64(29)
         mixed *= np.uint64(0xBF58476D1CE4E5B9)

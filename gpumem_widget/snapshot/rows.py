@@ -64,9 +64,22 @@ class RowColumns:
     action: I32  # into action_names
     user_metadata: I32  # into texts
     compile_context: I32  # into texts
-    frames: list[Any]  # each entry's frames object, () where it has none
     action_names: list[str]  # distinct, in order of first appearance
     texts: list[str]  # distinct, in order of first appearance
+    # Each entry's frames list (-1: none), numbered in order of first appearance; one list
+    # shared by entries has one number. List k is items[frames_at[k]:][:frames_len[k]], ids
+    # into `objects` (the frame dicts), first taken by entry frames_first[k].
+    frames: I32
+    frames_at: I64
+    frames_len: I64
+    frames_first: I64
+    items: I32
+    objects: list[Any]
+
+    def frames_list(self, k: int) -> list[Any]:
+        """Frames list `k` as the unpickler would have built it."""
+        at = int(self.frames_at[k])
+        return [self.objects[i] for i in self.items[at : at + int(self.frames_len[k])]]
 
     def has(self, field: str, row: int) -> bool:
         return bool(self.present[row] >> FIELDS.index(field) & 1)
@@ -117,16 +130,28 @@ def read(
         raise
     except Exception:  # Unsupported, or what the unpickler would refuse too: it says why
         return None
+
+    def col(name: str, dtype: type[np.generic]) -> Any:
+        return np.frombuffer(raw[name], dtype)
+
     columns = RowColumns(
-        **{k: np.frombuffer(raw[k], np.int64) for k in ("addr", "size", "stream", "time_us")},
-        device_free=np.frombuffer(raw["device_free"], np.int64),
-        present=np.frombuffer(raw["present"], np.uint16),
-        action=np.frombuffer(raw["action"], np.int32),
-        user_metadata=np.frombuffer(raw["user_metadata"], np.int32),
-        compile_context=np.frombuffer(raw["compile_context"], np.int32),
-        frames=raw["frames"],
+        addr=col("addr", np.int64),
+        size=col("size", np.int64),
+        stream=col("stream", np.int64),
+        time_us=col("time_us", np.int64),
+        device_free=col("device_free", np.int64),
+        present=col("present", np.uint16),
+        action=col("action", np.int32),
+        user_metadata=col("user_metadata", np.int32),
+        compile_context=col("compile_context", np.int32),
         action_names=raw["action_names"],
         texts=raw["texts"],
+        frames=col("frames", np.int32),
+        frames_at=col("frames_at", np.int64),
+        frames_len=col("frames_len", np.int64),
+        frames_first=col("frames_first", np.int64),
+        items=col("items", np.int32),
+        objects=raw["objects"],
     )
     traces = top.get("device_traces") if isinstance(top, dict) else None
     held = {id(t) for t in traces} if isinstance(traces, list) else set()
