@@ -13,12 +13,14 @@ Three kernels, each a fresh process (so its peak RSS is its own), on the same fi
   kernel's peak RSS and the child's.
 - first open, cold: the same without a conversion child waiting (as the CLI, or a kernel
   whose session has not readied one), so the child starts Python and imports numpy first.
+- first open, unpickler: the first open with the C reader off (GPUMEM_WIDGET_C_READER=0), so
+  the child unpickles the file as before it existed.
 - unpickle alone: `pickle.load` of the file in a fresh process, the floor for any Python
   reader and a gauge of how fast the machine is during the run (shared machines drift).
 - reopen: the same with the columns cached (no child): the first view kept with them first.
 - baseline: the path before issue 15, in the kernel itself: `read_snapshot` (safe unpickle and
-  conversion in-process), then every overview and what is alive at the peak before the first
-  draw.
+  conversion in-process, the C reader off), then every overview and what is alive at the peak
+  before the first draw.
 Browser (headless Chromium, bench_drilldown.mjs; skipped by --no-browser, where the kernel's first
 publish stands for the draw): the Snapshot tab mounted on each first view,
 to its first drawn chart. The file is made by scripts/make_big_snapshot.py when absent (cached
@@ -73,7 +75,7 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
 
     widget = GpuMemWidget()
     drilldown = Drilldown(widget)  # a session has it from `%load_ext` on
-    if mode == "first":
+    if mode in ("first", "first_unpickler"):
         from gpumem_widget.snapshot.isolate import warm
 
         warm()  # as a session does once it is up: a conversion child waits
@@ -139,6 +141,8 @@ def _browser(state: Path) -> dict[str, Any]:
 def _run(mode: str, path: Path, browser: bool = True) -> dict[str, Any]:
     state = RESULTS / f"drilldown_state_{mode}.json"
     env = {**os.environ, "GPUMEM_WIDGET_CACHE": str(CACHE)}
+    if mode in ("first_unpickler", "baseline"):
+        env["GPUMEM_WIDGET_C_READER"] = "0"  # the kernel and its conversion child
     kernel = json.loads(
         subprocess.run(
             [sys.executable, __file__, "--child", mode, str(path), str(state)],
@@ -215,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         one = {"first_open": _run("first", path, browser)}
         shutil.rmtree(CACHE, ignore_errors=True)
         one["first_open_cold"] = _run("first_cold", path, browser)
+        shutil.rmtree(CACHE, ignore_errors=True)
+        one["first_open_unpickler"] = _run("first_unpickler", path, browser)
         one["reopen"] = _run("reopen", path, browser)
         if not args.skip_baseline:
             one["baseline_in_process"] = _run("baseline", path, browser)
@@ -234,8 +240,13 @@ def main(argv: list[str] | None = None) -> None:
     )  # a file too small to time has none
     if not args.skip_baseline:
         base = result["baseline_in_process"]["first_drawn_view_s"]
-        for mode in ("first_open", "first_open_cold", "reopen"):
+        for mode in ("first_open", "first_open_cold", "first_open_unpickler", "reopen"):
             result[f"ratio_{mode}"] = round(base / result[mode]["first_drawn_view_s"], 2)
+    result["c_reader_speedup"] = round(
+        result["first_open_unpickler"]["first_drawn_view_s"]
+        / result["first_open"]["first_drawn_view_s"],
+        2,
+    )  # the same first open, with the C reader off and on
     result["memory_viz_s"] = 4.8  # measured earlier on this machine class; not re-run here
     result["load_average_before_after"] = [
         [round(x, 2) for x in load_before],

@@ -134,6 +134,24 @@ def test_what_it_cannot_read_exactly_is_left_to_the_unpickler() -> None:
     assert rows.read(pickle.dumps(SNAP, protocol=4) + b"trailing") is None
 
 
+def test_an_entry_with_an_unhashable_key_fails_as_in_the_unpickler(tmp_path: Path) -> None:
+    """No pickler writes it (a list as a dict key), but a corrupt file can: the entry is
+    declined, and the unpickler's error is the one the user sees."""
+    data = (
+        b"\x80\x02}(\x8c\x08segments]\x8c\x0ddevice_traces]]}("
+        b"\x8c\x06action\x8c\x05alloc\x8c\x04sizeK\x01]K\x01uaau."
+    )
+    with pytest.raises(TypeError, match="unhashable"):
+        pickle.loads(data)
+    assert rows.read(data) is None
+    path = tmp_path / "key.pickle"
+    path.write_bytes(data)
+    native, unpickled = _both(path)
+    assert isinstance(native, str)
+    assert "unhashable" in native
+    assert_same(native, unpickled)
+
+
 def test_a_file_it_declines_is_unpickled(tmp_path: Path) -> None:
     entry = {"action": "alloc", "addr": 0, "size": 1, "frames": []}
     path = tmp_path / "twice.pickle"

@@ -501,8 +501,9 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
         int f = field_of(r, &items[k]);
         Val *v = &items[k + 1];
         if (v->kind == K_ROW) return unsupported("a trace entry inside another");
-        if (f == F_NOT_STR && items[k].kind == K_OBJ && PyObject_Hash(items[k].o) == -1)
-            return -1; /* the unpickler fails on it too */
+        if (f == F_NOT_STR && (items[k].kind == K_OBJ ? PyObject_Hash(items[k].o) == -1
+                                                      : items[k].kind != K_INT))
+            return unsupported("an unhashable key"); /* the unpickler fails on it */
         if (f >= N_FIELDS) continue; /* a key memory_viz does not read either */
         if (present & (1u << f)) return unsupported("a key given twice");
         present |= (uint16_t)(1u << f);

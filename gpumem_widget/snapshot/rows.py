@@ -5,14 +5,16 @@ can be read: at millions of entries, most of a conversion's time and memory. The
 the same data-only pickle machine but makes each dict holding an 'action' a row of columns;
 everything else (segments, frames, settings) it builds as the unpickler would. Where it cannot
 read a pickle exactly as the unpickler would, it says so and `read` returns None: the caller
-then unpickles as before. It is built with the package (a compiler is needed); without it, or
-when it is older than its source, every file takes the unpickler's path.
+then unpickles as before. It is built with the package (a compiler is needed); without it, when it
+is older than its source, or with GPUMEM_WIDGET_C_READER=0 in the environment, every file takes
+the unpickler's path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ def source_digest() -> str:
 
 
 def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("GPUMEM_WIDGET_C_READER") == "0":
+        return None, "GPUMEM_WIDGET_C_READER=0"
     try:
         _rows = importlib.import_module("gpumem_widget.snapshot._rows")
     except ImportError as e:
