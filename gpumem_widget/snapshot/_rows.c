@@ -59,37 +59,41 @@ static const char *FIELD_NAMES[N_FIELDS] = {
 #define N_INTS 5 /* F_ADDR .. F_DEVICE_FREE */
 #define N_STRS 2 /* F_USER_METADATA, F_COMPILE_CONTEXT (and the action, kept apart) */
 
+/* A growing array kept in a bytearray, handed to Python as it is (no copy). */
 typedef struct {
-    void *data;
+    PyObject *bytes;
+    char *data;
     size_t len, cap, item;
 } Column;
 
 /* Room for about as many rows as the input can hold (a real entry takes 80 pickle bytes or
- * more), so the columns are seldom copied to grow. */
+ * more), so the columns are seldom copied to grow; pages are touched only as rows fill them. */
 static int col_reserve(Column *c, size_t cap) {
-    c->data = PyMem_RawMalloc(cap * c->item);
-    if (!c->data) return -1;
+    c->bytes = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(cap * c->item));
+    if (!c->bytes) return -1;
+    c->data = PyByteArray_AS_STRING(c->bytes);
     c->cap = cap;
     return 0;
 }
 
-static int col_push(Column *c, const void *x) {
-    if (c->len == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 4096;
-        void *p = PyMem_RawRealloc(c->data, cap * c->item);
-        if (!p) return -1;
-        c->data = p;
-        c->cap = cap;
-    }
-    char *at = (char *)c->data + c->len * c->item;
-    switch (c->item) { /* fixed sizes, so no call to memcpy */
-    case 2: memcpy(at, x, 2); break;
-    case 4: memcpy(at, x, 4); break;
-    default: memcpy(at, x, 8); break;
-    }
-    c->len++;
+static int col_grow(Column *c) {
+    size_t cap = c->cap * 2;
+    if (PyByteArray_Resize(c->bytes, (Py_ssize_t)(cap * c->item)) < 0) return -1;
+    c->data = PyByteArray_AS_STRING(c->bytes);
+    c->cap = cap;
     return 0;
 }
+
+/* One value at the end of a column of its type (inlined: a row pushes a dozen). */
+#define COL_PUSH(name, type)                                                                   \
+    static inline int name(Column *c, type x) {                                                \
+        if (c->len == c->cap && col_grow(c) < 0) return -1;                                   \
+        ((type *)c->data)[c->len++] = x;                                                       \
+        return 0;                                                                              \
+    }
+COL_PUSH(push_i64, int64_t)
+COL_PUSH(push_i32, int32_t)
+COL_PUSH(push_u16, uint16_t)
 
 /* Strings interned by content, numbered in order of first appearance. */
 typedef struct {
@@ -97,7 +101,13 @@ typedef struct {
     PyObject *order; /* list of str */
 } Strings;
 
-static int32_t strings_id(Strings *s, PyObject *str) {
+/* The string a field had in the last row (owned), and its id: most rows repeat it. */
+typedef struct {
+    PyObject *str;
+    int32_t id;
+} Last;
+
+static int32_t strings_lookup(Strings *s, PyObject *str) {
     PyObject *got = PyDict_GetItemWithError(s->ids, str);
     if (got) return (int32_t)PyLong_AsLong(got);
     if (PyErr_Occurred()) return -1;
@@ -109,6 +119,31 @@ static int32_t strings_id(Strings *s, PyObject *str) {
     Py_DECREF(id);
     return bad ? -1 : (int32_t)n;
 }
+
+static int32_t strings_id(Strings *s, Last *last, PyObject *str) {
+    if (str == last->str) return last->id;
+    int32_t id = strings_lookup(s, str);
+    if (id >= 0) {
+        Py_XSETREF(last->str, Py_NewRef(str));
+        last->id = id;
+    }
+    return id;
+}
+
+/* Short strings by their UTF-8 bytes: each is decoded once and shared (the unpickler makes
+ * one object per occurrence: a 'N/A' per entry, a million of them). */
+#define SHORT_STR 64
+typedef struct {
+    uint64_t hash;
+    const uint8_t *bytes; /* in the input, which outlives the table */
+    Py_ssize_t len;
+    PyObject *str; /* owned */
+} StrSlot;
+
+typedef struct {
+    StrSlot *slots;
+    size_t cap, n; /* cap: a power of two, at most half full */
+} ShortStrings;
 
 /* Objects by identity, numbered as first seen; `objects` holds them, so no address is reused
  * by another object while the reader runs. */
@@ -134,7 +169,6 @@ typedef struct {
     int64_t start, end;
 } RowList;
 
-#define KEY_CACHE 64
 #define MAX_ROW_LISTS 4096
 
 typedef struct {
@@ -159,17 +193,19 @@ typedef struct {
     Column frames;           /* int32: the row's frames list, -1 where it has none */
     Column frames_at, frames_len, frames_first; /* int64 each frames list: its items, its first row */
     Strings actions, texts;  /* the action names; user metadata and compile contexts */
+    Last last[1 + N_STRS];   /* the action's, then the texts' */
 
     RowList *row_lists;
     Py_ssize_t n_row_lists, row_lists_cap;
 
+    ShortStrings short_strs;
     Objects objs;
     Column items; /* int32 ids of the lists' items, as they were appended */
     List *lists;
     Py_ssize_t n_lists, lists_cap;
     int64_t copied; /* items copied for frames that were a tuple or a built list */
 
-    struct { PyObject *key; int field; } keys[KEY_CACHE];
+    struct { PyObject **keys; int8_t *fields; size_t cap, n; } key_fields; /* what each key is */
 
     PyObject *progress;
     Py_ssize_t next_report;
@@ -184,31 +220,39 @@ static int unsupported(const char *why) {
 
 /* -- stack, marks, memo ------------------------------------------------------------------ */
 
-static int push(Reader *r, Val v) {
-    if (r->sp == r->stack_cap) {
-        Py_ssize_t cap = r->stack_cap ? r->stack_cap * 2 : 256;
-        Val *p = PyMem_RawRealloc(r->stack, cap * sizeof(Val));
-        if (!p) {
-            val_clear(&v);
-            PyErr_NoMemory();
-            return -1;
-        }
-        r->stack = p;
-        r->stack_cap = cap;
+static int stack_grow(Reader *r) {
+    Py_ssize_t cap = r->stack_cap ? r->stack_cap * 2 : 256;
+    Val *p = PyMem_RawRealloc(r->stack, cap * sizeof(Val));
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
     }
-    r->stack[r->sp++] = v;
+    r->stack = p;
+    r->stack_cap = cap;
     return 0;
 }
 
-static int push_obj(Reader *r, PyObject *o) {
-    if (!o) return -1;
-    Val v = {.o = o, .kind = K_OBJ, .slot = 0};
-    return push(r, v);
+/* Field by field: a whole Val stored and loaded back stalls the store buffer. */
+static inline int push_val(Reader *r, uint32_t kind, PyObject *o, int64_t i) {
+    if (r->sp == r->stack_cap && stack_grow(r) < 0) {
+        if (kind == K_OBJ) Py_DECREF(o);
+        return -1;
+    }
+    Val *v = &r->stack[r->sp++];
+    if (kind == K_OBJ) v->o = o;
+    else v->i = i;
+    v->kind = kind;
+    v->slot = 0;
+    return 0;
 }
 
-static int push_int(Reader *r, int64_t i) {
-    Val v = {.i = i, .kind = K_INT, .slot = 0};
-    return push(r, v);
+static inline int push_obj(Reader *r, PyObject *o) {
+    if (!o) return -1;
+    return push_val(r, K_OBJ, o, 0);
+}
+
+static inline int push_int(Reader *r, int64_t i) {
+    return push_val(r, K_INT, NULL, i);
 }
 
 static Py_ssize_t pop_mark(Reader *r) {
@@ -280,10 +324,10 @@ static int memo_put(Reader *r, Py_ssize_t idx) {
 static int memo_get(Reader *r, Py_ssize_t idx) {
     if (idx < 0 || idx >= r->memo_cap || r->memo[idx].kind == K_EMPTY)
         return unsupported("a memo index never set");
-    Val v = r->memo[idx];
-    if (v.kind == K_ROW) return unsupported("a trace entry referenced twice");
-    if (v.kind == K_OBJ) Py_INCREF(v.o);
-    return push(r, v);
+    const Val *v = &r->memo[idx];
+    if (v->kind == K_ROW) return unsupported("a trace entry referenced twice");
+    if (v->kind == K_OBJ) return push_val(r, K_OBJ, Py_NewRef(v->o), 0);
+    return push_val(r, v->kind, NULL, v->i);
 }
 
 /* -- objects and lists -------------------------------------------------------------------- */
@@ -344,8 +388,7 @@ static int push_list(Reader *r) {
     l->len = 0;
     l->obj = NULL;
     l->frames = -1;
-    Val v = {.i = r->n_lists++, .kind = K_LIST, .slot = 0};
-    return push(r, v);
+    return push_val(r, K_LIST, NULL, r->n_lists++);
 }
 
 /* The list itself (borrowed), built from its items the first time it is needed. */
@@ -362,7 +405,7 @@ static PyObject *list_object(Reader *r, List *l) {
 
 /* -- reading bytes ------------------------------------------------------------------------ */
 
-static const uint8_t *take(Reader *r, Py_ssize_t n) {
+static inline const uint8_t *take(Reader *r, Py_ssize_t n) {
     if (n < 0 || r->len - r->pos < n) {
         unsupported("truncated");
         return NULL;
@@ -395,9 +438,50 @@ static int read_long(Reader *r, Py_ssize_t n) {
     return push_int(r, (int64_t)x);
 }
 
+static int short_strs_grow(ShortStrings *t) {
+    size_t cap = t->cap ? t->cap * 2 : 256;
+    StrSlot *slots = PyMem_RawCalloc(cap, sizeof(StrSlot));
+    if (!slots) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < t->cap; k++) {
+        if (!t->slots[k].str) continue;
+        size_t h = t->slots[k].hash & (cap - 1);
+        while (slots[h].str) h = (h + 1) & (cap - 1);
+        slots[h] = t->slots[k];
+    }
+    PyMem_RawFree(t->slots);
+    t->slots = slots;
+    t->cap = cap;
+    return 0;
+}
+
+/* The string of UTF-8 bytes p[:n] (a new reference), decoded as the unpickler decodes it. */
+static PyObject *read_short_str(Reader *r, const uint8_t *p, Py_ssize_t n) {
+    ShortStrings *t = &r->short_strs;
+    uint64_t hash = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (Py_ssize_t k = 0; k < n; k++) hash = (hash ^ p[k]) * 0x100000001b3ull;
+    size_t h = hash & (t->cap - 1);
+    for (; t->slots[h].str; h = (h + 1) & (t->cap - 1)) {
+        StrSlot *s = &t->slots[h];
+        if (s->hash == hash && s->len == n && memcmp(s->bytes, p, (size_t)n) == 0)
+            return Py_NewRef(s->str);
+    }
+    PyObject *str = PyUnicode_DecodeUTF8((const char *)p, n, "surrogatepass");
+    if (!str) return NULL;
+    t->slots[h] = (StrSlot){.hash = hash, .bytes = p, .len = n, .str = Py_NewRef(str)};
+    if (++t->n > t->cap / 2 && short_strs_grow(t) < 0) {
+        Py_DECREF(str);
+        return NULL;
+    }
+    return str;
+}
+
 static int read_str(Reader *r, Py_ssize_t n) {
     const uint8_t *p = take(r, n);
     if (!p) return -1;
+    if (n <= SHORT_STR) return push_obj(r, read_short_str(r, p, n));
     return push_obj(r, PyUnicode_DecodeUTF8((const char *)p, n, "surrogatepass"));
 }
 
@@ -407,7 +491,7 @@ static int read_bytes(Reader *r, Py_ssize_t n) {
     return push_obj(r, PyBytes_FromStringAndSize((const char *)p, n));
 }
 
-static Py_ssize_t read_size(Reader *r, int n) {
+static inline Py_ssize_t read_size(Reader *r, int n) {
     const uint8_t *p = take(r, n);
     if (!p) return -1;
     uint64_t x = le(p, n);
@@ -417,11 +501,42 @@ static Py_ssize_t read_size(Reader *r, int n) {
 
 /* -- rows --------------------------------------------------------------------------------- */
 
+static int key_fields_grow(Reader *r) {
+    size_t cap = r->key_fields.cap ? r->key_fields.cap * 2 : 64;
+    PyObject **keys = PyMem_RawCalloc(cap, sizeof(PyObject *));
+    int8_t *fields = PyMem_RawMalloc(cap);
+    if (!keys || !fields) {
+        PyMem_RawFree(keys);
+        PyMem_RawFree(fields);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < r->key_fields.cap; k++) {
+        PyObject *key = r->key_fields.keys[k];
+        if (!key) continue;
+        size_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 40 & (cap - 1);
+        while (keys[h]) h = (h + 1) & (cap - 1);
+        keys[h] = key;
+        fields[h] = r->key_fields.fields[k];
+    }
+    PyMem_RawFree(r->key_fields.keys);
+    PyMem_RawFree(r->key_fields.fields);
+    r->key_fields.keys = keys;
+    r->key_fields.fields = fields;
+    r->key_fields.cap = cap;
+    return 0;
+}
+
+/* Which field a dict key names (F_OTHER: none; F_NOT_STR: not a string; -1: an error). Keys
+ * are shared strings (interned or memoized), so each is compared with the names once; the
+ * table holds them, so an address is never reused by another string meanwhile. */
 static int field_of(Reader *r, const Val *key) {
     if (key->kind != K_OBJ || !PyUnicode_CheckExact(key->o)) return F_NOT_STR;
     PyObject *k = key->o;
-    size_t slot = ((uintptr_t)k >> 4) % KEY_CACHE;
-    if (r->keys[slot].key == k) return r->keys[slot].field;
+    size_t mask = r->key_fields.cap - 1;
+    size_t h = ((uintptr_t)k >> 4) * 0x9E3779B97F4A7C15ull >> 40 & mask;
+    for (; r->key_fields.keys[h]; h = (h + 1) & mask)
+        if (r->key_fields.keys[h] == k) return r->key_fields.fields[h];
     int field = F_OTHER;
     for (int f = 0; f < N_FIELDS; f++) {
         if (PyUnicode_CompareWithASCIIString(k, FIELD_NAMES[f]) == 0) {
@@ -429,11 +544,9 @@ static int field_of(Reader *r, const Val *key) {
             break;
         }
     }
-    /* The cache holds its keys, so an address is never reused by another string meanwhile. */
-    Py_XDECREF(r->keys[slot].key);
-    Py_INCREF(k);
-    r->keys[slot].key = k;
-    r->keys[slot].field = field;
+    r->key_fields.keys[h] = Py_NewRef(k);
+    r->key_fields.fields[h] = (int8_t)field;
+    if (++r->key_fields.n > r->key_fields.cap / 2 && key_fields_grow(r) < 0) return -1;
     return field;
 }
 
@@ -458,8 +571,8 @@ static int int_field(const Val *v, int64_t *out) {
 static int32_t new_frames(Reader *r, int64_t at, int64_t len) {
     int64_t n = (int64_t)r->frames_at.len, first = r->rows;
     if (n >= INT32_MAX) return unsupported("too many frames lists");
-    if (col_push(&r->frames_at, &at) < 0 || col_push(&r->frames_len, &len) < 0 ||
-        col_push(&r->frames_first, &first) < 0)
+    if (push_i64(&r->frames_at, at) < 0 || push_i64(&r->frames_len, len) < 0 ||
+        push_i64(&r->frames_first, first) < 0)
         return PyErr_NoMemory(), -1;
     return (int32_t)n;
 }
@@ -484,7 +597,7 @@ static int32_t frames_of(Reader *r, const Val *v) {
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t id = obj_id(r, PySequence_Fast_ITEMS(seq)[k]);
         if (id < 0) return -1;
-        if (col_push(&r->items, &id) < 0) return PyErr_NoMemory(), -1;
+        if (push_i32(&r->items, id) < 0) return -1;
     }
     int32_t frames = new_frames(r, at, n);
     if (v->kind == K_LIST && frames >= 0) r->lists[v->i].frames = frames;
@@ -500,6 +613,7 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
     for (Py_ssize_t k = 0; k < n; k += 2) {
         int f = field_of(r, &items[k]);
         Val *v = &items[k + 1];
+        if (f < 0) return -1;
         if (v->kind == K_ROW) return unsupported("a trace entry inside another");
         if (f == F_NOT_STR && (items[k].kind == K_OBJ ? PyObject_Hash(items[k].o) == -1
                                                       : items[k].kind != K_INT))
@@ -514,7 +628,9 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
         } else {
             if (v->kind != K_OBJ || !PyUnicode_CheckExact(v->o))
                 return unsupported("a trace field that is not a string");
-            int32_t id = f == F_ACTION ? strings_id(&r->actions, v->o) : strings_id(&r->texts, v->o);
+            int32_t id = f == F_ACTION
+                             ? strings_id(&r->actions, &r->last[0], v->o)
+                             : strings_id(&r->texts, &r->last[1 + f - F_USER_METADATA], v->o);
             if (id < 0) return unsupported("too many strings");
             if (f == F_ACTION) action = id;
             else strs[f - F_USER_METADATA] = id;
@@ -523,16 +639,16 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
     if (!(present & (1u << F_SIZE))) return unsupported("an entry without a size");
     for (int f = 0; f < N_STRS; f++) {
         if (!(present & (1u << (F_USER_METADATA + f)))) {
-            int32_t id = strings_id(&r->texts, EMPTY_STR);
+            int32_t id = strings_id(&r->texts, &r->last[1 + f], EMPTY_STR);
             if (id < 0) return -1;
             strs[f] = id;
         }
     }
     for (int f = 0; f < N_INTS; f++)
-        if (col_push(&r->ints[f], &ints[f]) < 0) return PyErr_NoMemory(), -1;
-    if (col_push(&r->present, &present) < 0 || col_push(&r->action, &action) < 0 ||
-        col_push(&r->strs[0], &strs[0]) < 0 || col_push(&r->strs[1], &strs[1]) < 0 ||
-        col_push(&r->frames, &frames) < 0) {
+        if (push_i64(&r->ints[f], ints[f]) < 0) return -1;
+    if (push_u16(&r->present, present) < 0 || push_i32(&r->action, action) < 0 ||
+        push_i32(&r->strs[0], strs[0]) < 0 || push_i32(&r->strs[1], strs[1]) < 0 ||
+        push_i32(&r->frames, frames) < 0) {
         PyErr_NoMemory();
         return -1;
     }
@@ -540,9 +656,13 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
     return 0;
 }
 
+/* Whether the pairs have an 'action' key (-1: an error). */
 static int has_action(Reader *r, Val *items, Py_ssize_t n) {
-    for (Py_ssize_t k = 0; k < n; k += 2)
-        if (field_of(r, &items[k]) == F_ACTION) return 1;
+    for (Py_ssize_t k = 0; k < n; k += 2) { /* torch writes it first */
+        int f = field_of(r, &items[k]);
+        if (f < 0) return -1;
+        if (f == F_ACTION) return 1;
+    }
     return 0;
 }
 
@@ -600,7 +720,7 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         for (Py_ssize_t k = 0; k < n; k++) {
             int32_t id = obj_id(r, items[k].o);
             if (id < 0) return -1;
-            if (col_push(&r->items, &id) < 0) return PyErr_NoMemory(), -1;
+            if (push_i32(&r->items, id) < 0) return -1;
         }
         l->len += n;
     } else if (n) {
@@ -634,7 +754,11 @@ static int set_items(Reader *r, Py_ssize_t mark) {
     Py_ssize_t at = (Py_ssize_t)target->slot - 1;
     int memoized = refs == 2 && at >= 0 && at < r->memo_cap && r->memo[at].kind == K_OBJ &&
                    r->memo[at].o == dict;
-    if (n && PyDict_GET_SIZE(dict) == 0 && (refs == 1 || memoized) && has_action(r, items, n)) {
+    int entry = n && PyDict_GET_SIZE(dict) == 0 && (refs == 1 || memoized)
+                    ? has_action(r, items, n)
+                    : 0;
+    if (entry < 0) return -1;
+    if (entry) {
         int64_t row = r->rows;
         if (make_row(r, items, n) < 0) return -1;
         if (memoized) {
@@ -738,9 +862,9 @@ static PyObject *run(Reader *r) {
         case '2': /* DUP */
             if (!r->sp || r->stack[r->sp - 1].kind == K_ROW) return unsupported("dup"), NULL;
             {
-                Val v = r->stack[r->sp - 1];
-                if (v.kind == K_OBJ) Py_INCREF(v.o);
-                ok = push(r, v);
+                const Val *v = &r->stack[r->sp - 1];
+                ok = v->kind == K_OBJ ? push_val(r, K_OBJ, Py_NewRef(v->o), 0)
+                                      : push_val(r, v->kind, NULL, v->i);
             }
             break;
         case '}': ok = push_obj(r, PyDict_New()); break;
@@ -842,8 +966,10 @@ static PyObject *run(Reader *r) {
 
 /* -- results ------------------------------------------------------------------------------ */
 
+/* The column's bytearray, cut to its rows (a new reference). */
 static PyObject *column_bytes(Column *c) {
-    return PyByteArray_FromStringAndSize(c->data ? c->data : "", (Py_ssize_t)(c->len * c->item));
+    if (PyByteArray_Resize(c->bytes, (Py_ssize_t)(c->len * c->item)) < 0) return NULL;
+    return Py_NewRef(c->bytes);
 }
 
 static int put(PyObject *d, const char *key, PyObject *value) { /* steals value */
@@ -902,19 +1028,25 @@ static void reader_free(Reader *r) {
     Column *cols[] = {&r->ints[0], &r->ints[1], &r->ints[2], &r->ints[3], &r->ints[4],
                       &r->present, &r->action, &r->strs[0], &r->strs[1], &r->frames,
                       &r->frames_at, &r->frames_len, &r->frames_first, &r->items};
-    for (size_t k = 0; k < sizeof cols / sizeof *cols; k++) PyMem_RawFree(cols[k]->data);
+    for (size_t k = 0; k < sizeof cols / sizeof *cols; k++) Py_XDECREF(cols[k]->bytes);
+    for (size_t k = 0; k < r->short_strs.cap; k++) Py_XDECREF(r->short_strs.slots[k].str);
+    PyMem_RawFree(r->short_strs.slots);
     for (Py_ssize_t k = 0; k < r->n_lists; k++) Py_XDECREF(r->lists[k].obj);
     PyMem_RawFree(r->lists);
     PyMem_RawFree(r->objs.keys);
     PyMem_RawFree(r->objs.ids);
     Py_XDECREF(r->objs.objects);
-    Py_XDECREF(r->actions.ids);
-    Py_XDECREF(r->actions.order);
-    Py_XDECREF(r->texts.ids);
-    Py_XDECREF(r->texts.order);
+    Strings *strs[] = {&r->actions, &r->texts};
+    for (int k = 0; k < 2; k++) {
+        Py_XDECREF(strs[k]->ids);
+        Py_XDECREF(strs[k]->order);
+    }
+    for (int k = 0; k < 1 + N_STRS; k++) Py_XDECREF(r->last[k].str);
     for (Py_ssize_t k = 0; k < r->n_row_lists; k++) Py_DECREF(r->row_lists[k].list);
     PyMem_RawFree(r->row_lists);
-    for (int k = 0; k < KEY_CACHE; k++) Py_XDECREF(r->keys[k].key);
+    for (size_t k = 0; k < r->key_fields.cap; k++) Py_XDECREF(r->key_fields.keys[k]);
+    PyMem_RawFree(r->key_fields.keys);
+    PyMem_RawFree(r->key_fields.fields);
 }
 
 static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
@@ -947,7 +1079,9 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
                 col_reserve(&r.frames, rows_hint) | col_reserve(&r.frames_at, rows_hint) |
                 col_reserve(&r.frames_len, rows_hint) | col_reserve(&r.frames_first, rows_hint) |
                 col_reserve(&r.items, (size_t)view.len / 8 + 1024);
-    if (reserved < 0 || objs_grow(&r.objs) < 0) PyErr_NoMemory();
+    if (reserved < 0 || objs_grow(&r.objs) < 0 || short_strs_grow(&r.short_strs) < 0 ||
+        key_fields_grow(&r) < 0)
+        PyErr_NoMemory();
     else if (r.objs.objects && r.actions.ids && r.actions.order && r.texts.ids && r.texts.order) {
         PyObject *top = run(&r);
         if (top) out = results(&r, top);
