@@ -397,6 +397,43 @@ def test_the_preview_matches_the_full_view_on_any_trace(entries: list[dict[str, 
     _same_totals(view, snap)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "action": st.sampled_from(
+                    ["alloc", "free_requested", "free_completed", "segment_alloc", "oom"]
+                ),
+                "addr": st.integers(-5, 5).map(lambda a: 0x7F0000000000 + a * 512),
+                "size": st.integers(0, 2**40),
+                "stream": st.integers(0, 3),
+                "user_metadata": st.sampled_from(["", "cell:1", "x"]),
+                "frames": st.lists(st.sampled_from([TRAIN, frame("/m/a.py", 2, "g")]), max_size=2),
+            }
+        ),
+        max_size=40,
+    )
+)
+def test_the_previews_replay_with_stacks_filled_in_is_the_full_replay(
+    entries: list[dict[str, Any]],
+) -> None:
+    """The conversion child replays the preview's snapshot (stacks, tags and streams not read
+    yet) and fills those in rather than replaying the full one again: the same replay."""
+    from gpumem_widget.snapshot.replay import Snapshot, replay_device, with_stacks
+
+    early: list[Any] = []
+    raw = {"segments": SNAP["segments"], "device_traces": [entries]}
+    full = read_snapshot(raw, early=early.append)
+    filled = with_stacks(replay_device(early[0], 0), full.traces[0])
+    again = Snapshot(full).replay(0)
+    for f in ("time_us", "active", "reserved", "snapshot_events"):
+        assert np.array_equal(getattr(filled, f), getattr(again, f)), f
+    assert (filled.ooms, filled.anomalies) == (again.ooms, again.anomalies)
+    for f in filled.intervals.__dataclass_fields__:
+        assert np.array_equal(getattr(filled.intervals, f), getattr(again.intervals, f)), f
+
+
 POOL = [frame(f"/m/{i % 3}.py", i, f"f{i}") for i in range(6)]
 
 

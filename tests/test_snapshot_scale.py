@@ -521,12 +521,16 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
     from gpumem_widget.snapshot import drilldown, load
 
     data = load.read_snapshot(small_snapshot())
-    isolate._send_preview(data)
+    replayed: dict[int, Any] = {}
+    isolate._send_preview(data, replayed)
     assert json.loads(capsys.readouterr().out)["preview"]
+    assert list(replayed) == [0]  # kept for the conversion, which fills in the stacks
 
     def broken(*args: Any) -> dict[str, Any]:
         raise RuntimeError("view lost")
 
     monkeypatch.setattr(drilldown, "preview", broken)
-    isolate._send_preview(data)
+    replayed.clear()
+    isolate._send_preview(data, replayed)
     assert capsys.readouterr().out == ""
+    assert replayed == {}  # nothing sent, nothing kept: the conversion replays it itself

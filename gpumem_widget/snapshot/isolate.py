@@ -52,7 +52,7 @@ from gpumem_widget.snapshot.load import (
     read_snapshot,
 )
 from gpumem_widget.snapshot.model import LoadInfo, SnapshotData
-from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
+from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot, with_stacks
 
 if TYPE_CHECKING:
     from gpumem_widget.wire.payloads import Drilldown
@@ -483,17 +483,20 @@ def _child(job: dict[str, Any]) -> tuple[dict[str, Any], Snapshot | None]:
             return {"error": f"{where}: the file changed while it was being opened"}, None
         say("reading", 0.0)
         stats: dict[str, int] = {}
+        previewed: dict[int, DeviceReplay] = {}  # the preview's replays, stacks to be filled in
         data = read_snapshot(
             where,
             max_bytes=int(job["max_bytes"]),
             progress=reading,
             stats=stats,
-            early=_send_preview if job["preview"] else None,
+            early=(lambda early: _send_preview(early, previewed)) if job["preview"] else None,
         )
         say("writing")
         # Replayed here too (vectorised over the columns), and the tab's first view computed:
         # a reopen maps the one and draws the other.
-        snap = Snapshot(data)
+        snap = Snapshot(
+            data, replays={d: with_stacks(r, data.traces[d]) for d, r in previewed.items()}
+        )
         replays = {d: snap.replay(d) for d in snap.devices if d in data.traces}
         columnar.write(data, Path(job["entry"]), stats["bytes"], replays, _first_view(snap))
     except SnapshotLoadError as e:
@@ -525,17 +528,19 @@ def _checked(data: SnapshotData) -> bool:
     return True
 
 
-def _send_preview(data: SnapshotData) -> None:
+def _send_preview(data: SnapshotData, replayed: dict[int, DeviceReplay]) -> None:
     """Send the caller the first view of `data`, whose stacks are not read yet (none where it
-    fails: the caller's own views then say why)."""
+    fails: the caller's own views then say why); `replayed` gets the devices it replayed."""
     from gpumem_widget.snapshot.drilldown import preview
 
     if not _checked(data):
         return
+    snap = Snapshot(data)
     try:
-        view = pickle.dumps(preview(Snapshot(data), ""), protocol=5)
+        view = pickle.dumps(preview(snap, ""), protocol=5)
     except Exception:
         return
+    replayed.update(snap.replayed())
     print(json.dumps({"preview": base64.b64encode(view).decode()}), flush=True)
 
 

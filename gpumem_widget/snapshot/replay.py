@@ -12,6 +12,7 @@ expandable segments, `segment_map`/`segment_unmap`. Everything is vectorized wit
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from enum import IntEnum
@@ -270,6 +271,24 @@ def _intervals(
     )
 
 
+def with_stacks(replay: DeviceReplay, trace: DeviceTrace) -> DeviceReplay:
+    """`replay`, made from a trace whose stack, tag and stream columns were not read yet (a
+    preview's), with those of its lives read from `trace`, the same entries read in full: what
+    `replay_device` gives on the full trace, without replaying it again."""
+    iv = replay.intervals
+    m = int(np.count_nonzero(iv.origin != Origin.LIVE_UNRECORDED))  # the trace's lives come first
+    recorded = iv.origin[:m] == Origin.RECORDED
+    fr, end = iv.free_requested[:m], iv.end[:m]
+    sized = np.where(recorded, iv.start[:m], np.where(fr >= 0, fr, end))  # as `_intervals`
+    stack, tag, stream = iv.stack.copy(), iv.tag.copy(), iv.stream.copy()
+    stack[:m] = np.where(recorded, trace.stack[sized], NO_STACK)
+    tag[:m] = np.where(recorded, trace.tag[sized], 0)
+    stream[:m] = trace.stream[sized]
+    intervals = dataclasses.replace(iv, stack=stack, tag=tag, stream=stream)
+    ooms = tuple(dataclasses.replace(o, stack=int(trace.stack[o.event])) for o in replay.ooms)
+    return dataclasses.replace(replay, intervals=intervals, ooms=ooms)
+
+
 def _overflowed(data: SnapshotData, device: int, n: int) -> bool:
     """Whether the ring buffer dropped entries: torch's own flag, else the recorder's limit."""
     if device in data.overflow_flags:
@@ -350,6 +369,11 @@ class Snapshot:
             if d not in self._replays:
                 self._replays[d] = replay_device(self.data, d)
             return self._replays[d]
+
+    def replayed(self) -> dict[int, DeviceReplay]:
+        """The devices replayed so far."""
+        with self._lock:
+            return dict(self._replays)
 
     def release_pages(self) -> None:
         """Give back the resident pages of the columns mapped from the cache (a view reads
