@@ -186,6 +186,29 @@ def test_a_changed_file_is_converted_again(tmp_path: Path) -> None:
     assert len(reopened.replay(0).active) == 10
 
 
+def test_a_file_cut_short_while_it_is_read_says_so(tmp_path: Path) -> None:
+    """The C reader maps the file: cut short under it (as a new `_dump_snapshot` over the old
+    one does), the child dies of SIGBUS; the user is told the file changed. The cut comes at
+    the child's first progress report (8 MB in) of a 100 MB file."""
+    entries = [
+        {"action": "alloc", "addr": 512 * i, "size": 512, "pad": bytes(200)} for i in range(480_000)
+    ]
+    path = tmp_path / "cut.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}))
+    del entries
+    assert path.stat().st_size > 100e6
+    stages: list[tuple[str, Any]] = []
+
+    def cut(stage: str, fraction: float | None) -> None:
+        stages.append((stage, fraction))
+        if stage == "reading" and fraction:
+            os.truncate(path, 4096)
+
+    with pytest.raises(SnapshotLoadError, match="changed while it was being read"):
+        open_snapshot(path, progress=cut)
+    assert ("reading", 0.0) in stages  # the cut came while reading
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "index", "remove"])
 def test_a_damaged_cache_entry_is_detected_and_rebuilt(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "s.pickle"

@@ -270,6 +270,8 @@ def _run_child(
             f"{where}: converting it needs more than {max_memory >> 20} MB of memory; pass a "
             "larger max_memory to open it"
             if over or code == -9
+            else f"{where}: the file changed while it was being read; open it again"
+            if _changed(where, st)  # a mapped file cut short kills its reader (SIGBUS)
             else f"{where}: the conversion process died (signal {-code})"
         )
     if code != 0 or not result.get("done"):
@@ -508,6 +510,14 @@ def _child(job: dict[str, Any]) -> tuple[dict[str, Any], Snapshot | None]:
     except OSError as e:
         return {"error": f"{where}: {e.strerror or e}"}, None
     return {"done": True}, snap
+
+
+def _changed(where: str, st: os.stat_result) -> bool:
+    try:
+        now = os.stat(where)
+    except OSError:
+        return True
+    return (now.st_size, now.st_mtime_ns, now.st_ino) != (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _too_big(where: str, job: dict[str, Any]) -> str:
