@@ -67,7 +67,7 @@ test: setup browser lint typecheck js-test pytest
 
 # The GPU ones (bench_overhead, bench_estimate) measure what matters only on a CUDA machine.
 bench: setup
-	for b in overhead estimate snapshot drilldown report segments vars; do \
+	for b in overhead estimate snapshot drilldown reader report segments vars; do \
 	  $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	node benchmarks/browser_chart.mjs
 

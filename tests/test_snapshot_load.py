@@ -450,14 +450,19 @@ POOL = [frame(f"/m/{i % 3}.py", i, f"f{i}") for i in range(6)]
     ),
     st.booleans(),
     st.sampled_from([1, 2, 7, 1 << 18]),
+    st.booleans(),
 )
 def test_stacks_are_the_entries_frames_however_they_are_shared(
-    stacks: list[Any], collide: bool, rows_at_a_time: int
+    tmp_path_factory: pytest.TempPathFactory,
+    stacks: list[Any],
+    collide: bool,
+    rows_at_a_time: int,
+    from_file: bool,
 ) -> None:
     """Entries' frames lists share frame dicts (as the pickle memo makes them), repeat whole
     lists, or hold equal copies; each entry's stack is its frames' content. `collide`: the
     grouping by hash is made to report a collision, so the exact fallback runs; rows are
-    hashed `rows_at_a_time`."""
+    hashed `rows_at_a_time`; `from_file`: read from a pickle file, by the C reader."""
     from gpumem_widget.snapshot import load
 
     shared = [POOL[:2]] * 3  # one list object in several entries
@@ -471,7 +476,13 @@ def test_stacks_are_the_entries_frames_however_they_are_shared(
         load._ROWS_AT_A_TIME = rows_at_a_time
         if collide:
             load._same_sequences = lambda flat, lens: (None, None)  # type: ignore[assignment]
-        data = read_snapshot({"segments": [], "device_traces": [entries]})
+        raw = {"segments": [], "device_traces": [entries]}
+        if from_file:
+            path = tmp_path_factory.mktemp("stacks") / "s.pickle"
+            path.write_bytes(pickle.dumps(raw))
+            data = read_snapshot(path)
+        else:
+            data = read_snapshot(raw)
     finally:
         load._same_sequences, load._ROWS_AT_A_TIME = original, chunk
     table = data.stacks

@@ -45,7 +45,7 @@ def _outcome(path: Path) -> SnapshotData | str:
         return f"error: {e}"
 
 
-def _both(path: Path) -> tuple[SnapshotData | str, SnapshotData | str]:
+def both_ways(path: Path) -> tuple[SnapshotData | str, SnapshotData | str]:
     """`path` read with the C reader, then with the unpickler alone."""
     native = _outcome(path)
     saved = rows._reader
@@ -86,7 +86,7 @@ def test_recorded_snapshots_read_the_same_both_ways(tmp_path: Path, fixture: Pat
     path = tmp_path / fixture.name.removesuffix(".gz")
     path.write_bytes(gzip.decompress(fixture.read_bytes()))
     assert rows.read(path.read_bytes()) is not None
-    native, unpickled = _both(path)
+    native, unpickled = both_ways(path)
     assert isinstance(native, SnapshotData)
     assert_same(native, unpickled)
 
@@ -146,7 +146,7 @@ def test_an_entry_with_an_unhashable_key_fails_as_in_the_unpickler(tmp_path: Pat
     assert rows.read(data) is None
     path = tmp_path / "key.pickle"
     path.write_bytes(data)
-    native, unpickled = _both(path)
+    native, unpickled = both_ways(path)
     assert isinstance(native, str)
     assert "unhashable" in native
     assert_same(native, unpickled)
@@ -157,7 +157,7 @@ def test_a_file_it_declines_is_unpickled(tmp_path: Path) -> None:
     path = tmp_path / "twice.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[entry, entry]]}))
     assert rows.read(path.read_bytes()) is None
-    native, unpickled = _both(path)
+    native, unpickled = both_ways(path)
     assert isinstance(native, SnapshotData)
     assert len(native.traces[0]) == 2
     assert_same(native, unpickled)
@@ -242,7 +242,7 @@ def test_any_snapshot_reads_the_same_both_ways(
         raw |= {"allocator_settings": {"expandable_segments": True}, "external_annotations": []}
     path = tmp_path_factory.mktemp("both") / "s.pickle"
     path.write_bytes(pickle.dumps(raw, protocol=protocol))
-    assert_same(*_both(path))
+    assert_same(*both_ways(path))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,7 +264,7 @@ def test_corrupt_bytes_read_the_same_both_ways(
     path = tmp_path_factory.mktemp("corrupt") / "s.pickle"
     path.write_bytes(bytes(raw))
     rows.read(bytes(raw))  # never a crash, whatever it returns
-    assert_same(*_both(path))
+    assert_same(*both_ways(path))
 
 
 def test_a_memo_bomb_is_refused_as_before(tmp_path: Path) -> None:

@@ -3,17 +3,18 @@
  * CPython's unpickler builds a dict (and int objects) for every trace entry; at millions of
  * entries that is most of the time and memory a conversion takes. This reader runs the same
  * data-only subset of the pickle machine (protocols 2 to 5, no globals), building every object
- * the way the unpickler does, except the dicts that hold an 'action' key: those become rows of
- * columns (ints, string ids, their frames list), and the lists that hold them stay empty and
- * are named with their rows' range. Lists are built only when something needs them: until
- * then a list is a run of ids of its items, which is all a row needs of its frames list (the
- * frame dicts themselves are shared objects, built once). Anything it does not read exactly
- * as the unpickler would
- * (another opcode, an entry seen twice through the memo, a field of an unexpected type, a
- * corrupt byte) raises `Unsupported`, and the caller reads the file with the unpickler.
+ * the way the unpickler does, except:
+ * - a dict given an 'action' key becomes a row of columns (ints, string ids, its frames list),
+ *   and the list that holds such rows stays empty, named with their range;
+ * - a list is built only when something needs it: until then it is a run of ids of its items,
+ *   which is all a row needs of its frames list (the frame dicts are shared objects, built once);
+ * - a short string is decoded once and shared (the unpickler makes one per occurrence).
+ * Anything it does not read exactly as the unpickler would (another opcode, an entry reached
+ * twice through the memo, a field of an unexpected type, a corrupt byte) raises `Unsupported`,
+ * and the caller reads the file with the unpickler.
  *
  * The input is untrusted: every read is bounds-checked, the stacks and the memo are checked,
- * and nothing is ever called.
+ * and nothing the data names is ever called.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

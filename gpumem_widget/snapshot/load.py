@@ -97,13 +97,13 @@ def read_snapshot(
     soon as its memory totals can be replayed, before its stacks are read (their columns are
     zeros then), to draw a first view from."""
     with _collector_paused():
-        traces: dict[int, TraceRows] = {}
+        rows_of: dict[int, TraceRows] = {}  # the entries the C reader read, by their list
         if isinstance(src, (str, os.PathLike)):
             where = os.fspath(src)
             with open_regular(where) as f:
                 total = os.fstat(f.fileno()).st_size
                 if got := _read_rows(f, max_bytes, where, progress, total):
-                    raw, traces, read = got
+                    raw, rows_of, read = got
                 else:
                     raw, read = _unpickle_stream(f, max_bytes, where, progress, total)
             if progress is not None:
@@ -118,8 +118,8 @@ def read_snapshot(
             stats["bytes"] = read
         try:
             if read >= 0:
-                _check_expansion(raw, read, where, traces)
-            return _convert(raw, early, traces)
+                _check_expansion(raw, read, where, rows_of)
+            return _convert(raw, early, rows_of)
         except _Invalid as e:
             raise SnapshotLoadError(f"{where}: not a PyTorch memory snapshot: {e}") from None
 
@@ -328,7 +328,7 @@ def _unpickle(reader: _LimitedReader, where: str) -> Any:
         ) from None
 
 
-def _check_expansion(raw: Any, read: int, where: str, traces: dict[int, TraceRows]) -> None:
+def _check_expansion(raw: Any, read: int, where: str, rows_of: dict[int, TraceRows]) -> None:
     """Refuse a pickle whose entries outnumber what its bytes can describe.
 
     A real entry is a dict of its own: at least an action and a size, 11 pickle bytes or more.
@@ -338,7 +338,7 @@ def _check_expansion(raw: Any, read: int, where: str, traces: dict[int, TraceRow
     segments = raw.get("segments") if isinstance(raw, dict) else raw
     entries = 0
     if isinstance(device_traces, list):
-        entries += sum(len(traces.get(id(t), t)) for t in device_traces if isinstance(t, list))
+        entries += sum(len(rows_of.get(id(t), t)) for t in device_traces if isinstance(t, list))
     if isinstance(segments, list):
         entries += len(segments)
         for s in segments:
