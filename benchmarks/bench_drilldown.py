@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from big_snapshot import big_snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = RESULTS / "snapshot_cache"
@@ -201,13 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(_kernel(*args.child)))
         return
     RESULTS.mkdir(parents=True, exist_ok=True)  # a fresh clone has none (it is ignored by git)
-    path = args.file or RESULTS / f"big_{args.entries}.pickle"
-    if not path.exists():
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_big_snapshot.py"), str(path),
-             "--entries", str(args.entries)],
-            check=True,
-        )  # fmt: skip
+    path = big_snapshot(args.file, args.entries)
     load_before = os.getloadavg()
     result: dict[str, Any] = {"file": str(path), "file_mb": round(path.stat().st_size / 1e6, 1)}
     # Interleaved rounds, a fresh process per mode: a machine's drift touches every mode alike.

@@ -19,12 +19,13 @@ import gc
 import json
 import mmap
 import pickle
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from big_snapshot import big_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -50,14 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not rows.available():
         sys.exit(f"bench_reader: {rows.why_not}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = args.file or RESULTS / f"big_{args.entries}.pickle"
-    if not path.exists():
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "make_big_snapshot.py"), str(path),
-             "--entries", str(args.entries)],
-            check=True,
-        )  # fmt: skip
+    path = big_snapshot(args.file, args.entries)
     reader = rows._reader
 
     def without_reader() -> Any:

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from big_snapshot import big_snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -78,13 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(_child(args.child, str(args.file), str(args.out))))
         return
-    path = args.file or RESULTS / f"big_{args.entries}.pickle"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        script = ROOT / "scripts" / "make_big_snapshot.py"
-        subprocess.run(
-            [sys.executable, str(script), str(path), "--entries", str(args.entries)], check=True
-        )
+    path = big_snapshot(args.file, args.entries)
     print(f"file: {path} ({path.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.html"

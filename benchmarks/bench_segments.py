@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from big_snapshot import big_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,11 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--file", type=Path, default=RESULTS / "big_1000000.pickle")
     parser.add_argument("--seeks", type=int, default=20)
     args = parser.parse_args(argv)
-    if not args.file.exists():
-        args.file.parent.mkdir(parents=True, exist_ok=True)
-        script = ROOT / "scripts" / "make_big_snapshot.py"
-        subprocess.run([sys.executable, str(script), str(args.file)], check=True)
-    snap = open_snapshot(args.file)
+    snap = open_snapshot(big_snapshot(args.file))
     snap.replay(0)
     t0 = time.perf_counter()
     tl = seg.timeline(snap, 0)  # the one segment_map uses

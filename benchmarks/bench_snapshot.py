@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from big_snapshot import big_snapshot
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -96,13 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(_child(args.child, str(args.file))))
         return
-    path = args.file or RESULTS / f"big_{args.entries}.pickle"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        script = ROOT / "scripts" / "make_big_snapshot.py"
-        subprocess.run(
-            [sys.executable, str(script), str(path), "--entries", str(args.entries)], check=True
-        )
+    path = big_snapshot(args.file, args.entries)
     print(f"file: {path} ({path.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} CPUs")
     base = _run("pickle", path, 600)
     ours = _run("ours", path, 600)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from big_snapshot import big_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -47,12 +48,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    path = args.file or RESULTS / f"big_{args.entries}.pickle"
-    if not path.is_file():
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        script = ROOT / "scripts" / "make_big_snapshot.py"
-        make = [sys.executable, str(script), str(path), "--entries", str(args.entries)]
-        subprocess.run(make, check=True)
+    path = big_snapshot(args.file, args.entries)
 
     import numpy as np
 
