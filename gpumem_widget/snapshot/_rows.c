@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -67,8 +68,8 @@ typedef struct {
     size_t len, cap, item;
 } Column;
 
-/* Room for about as many rows as the input can hold (a real entry takes 80 pickle bytes or
- * more), so the columns are seldom copied to grow; pages are touched only as rows fill them. */
+/* Room for about as many items as the input can hold (see COLUMNS), so the columns are seldom
+ * copied to grow; pages are touched only as items fill them. */
 static int col_reserve(Column *c, size_t cap) {
     c->bytes = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(cap * c->item));
     if (!c->bytes) return -1;
@@ -211,6 +212,35 @@ typedef struct {
     PyObject *progress;
     Py_ssize_t next_report;
 } Reader;
+
+/* Every column: its name in the results, where it is in the Reader, its item size, and the
+ * input bytes per item its first size allows for (a real entry takes 80 bytes or more, an item
+ * of a list 2 or more). */
+#define COLUMN(name, field, type, bytes_per) {name, offsetof(Reader, field), sizeof(type), bytes_per}
+static const struct {
+    const char *name;
+    size_t at, item, bytes_per;
+} COLUMNS[] = {
+    COLUMN("addr", ints[0], int64_t, 96),
+    COLUMN("size", ints[1], int64_t, 96),
+    COLUMN("stream", ints[2], int64_t, 96),
+    COLUMN("time_us", ints[3], int64_t, 96),
+    COLUMN("device_free", ints[4], int64_t, 96),
+    COLUMN("present", present, uint16_t, 96),
+    COLUMN("action", action, int32_t, 96),
+    COLUMN("user_metadata", strs[0], int32_t, 96),
+    COLUMN("compile_context", strs[1], int32_t, 96),
+    COLUMN("frames", frames, int32_t, 96),
+    COLUMN("frames_at", frames_at, int64_t, 96),
+    COLUMN("frames_len", frames_len, int64_t, 96),
+    COLUMN("frames_first", frames_first, int64_t, 96),
+    COLUMN("items", items, int32_t, 8),
+};
+#define N_COLUMNS (sizeof COLUMNS / sizeof *COLUMNS)
+
+static Column *column(Reader *r, size_t k) {
+    return (Column *)((char *)r + COLUMNS[k].at);
+}
 
 #define REPORT_EVERY (8 << 20)
 
@@ -818,6 +848,12 @@ static double be_double(const uint8_t *p) {
 
 /* -- the machine -------------------------------------------------------------------------- */
 
+/* An opcode's argument: a little-endian size of `width` bytes, handed to `then`. */
+static inline int sized(Reader *r, int width, int (*then)(Reader *, Py_ssize_t)) {
+    Py_ssize_t n = read_size(r, width);
+    return n < 0 ? -1 : then(r, n);
+}
+
 static int report(Reader *r) {
     if (r->pos < r->next_report) return 0;
     r->next_report = r->pos + REPORT_EVERY;
@@ -916,47 +952,17 @@ static PyObject *run(Reader *r) {
             if (!(p = take(r, 8))) return NULL;
             ok = push_obj(r, PyFloat_FromDouble(be_double(p)));
             break;
-        case 0x8c: /* SHORT_BINUNICODE */
-            if ((n = read_size(r, 1)) < 0) return NULL;
-            ok = read_str(r, n);
-            break;
-        case 'X':
-            if ((n = read_size(r, 4)) < 0) return NULL;
-            ok = read_str(r, n);
-            break;
-        case 0x8d:
-            if ((n = read_size(r, 8)) < 0) return NULL;
-            ok = read_str(r, n);
-            break;
-        case 'C': /* SHORT_BINBYTES */
-            if ((n = read_size(r, 1)) < 0) return NULL;
-            ok = read_bytes(r, n);
-            break;
-        case 'B':
-            if ((n = read_size(r, 4)) < 0) return NULL;
-            ok = read_bytes(r, n);
-            break;
-        case 0x8e:
-            if ((n = read_size(r, 8)) < 0) return NULL;
-            ok = read_bytes(r, n);
-            break;
+        case 0x8c: ok = sized(r, 1, read_str); break;   /* SHORT_BINUNICODE */
+        case 'X': ok = sized(r, 4, read_str); break;    /* BINUNICODE */
+        case 0x8d: ok = sized(r, 8, read_str); break;   /* BINUNICODE8 */
+        case 'C': ok = sized(r, 1, read_bytes); break;  /* SHORT_BINBYTES */
+        case 'B': ok = sized(r, 4, read_bytes); break;  /* BINBYTES */
+        case 0x8e: ok = sized(r, 8, read_bytes); break; /* BINBYTES8 */
         case 0x94: ok = memo_put(r, r->memo_len); break; /* MEMOIZE */
-        case 'q':
-            if ((n = read_size(r, 1)) < 0) return NULL;
-            ok = memo_put(r, n);
-            break;
-        case 'r':
-            if ((n = read_size(r, 4)) < 0) return NULL;
-            ok = memo_put(r, n);
-            break;
-        case 'h':
-            if ((n = read_size(r, 1)) < 0) return NULL;
-            ok = memo_get(r, n);
-            break;
-        case 'j':
-            if ((n = read_size(r, 4)) < 0) return NULL;
-            ok = memo_get(r, n);
-            break;
+        case 'q': ok = sized(r, 1, memo_put); break;    /* BINPUT */
+        case 'r': ok = sized(r, 4, memo_put); break;    /* LONG_BINPUT */
+        case 'h': ok = sized(r, 1, memo_get); break;    /* BINGET */
+        case 'j': ok = sized(r, 4, memo_get); break;    /* LONG_BINGET */
         default:
             PyErr_Format(Unsupported, "opcode 0x%02x at byte %zd", *p, r->pos - 1);
             return NULL;
@@ -996,19 +1002,9 @@ static PyObject *results(Reader *r, PyObject *top) {
         if (!t) goto fail;
         PyList_SET_ITEM(lists, k, t);
     }
-    static const char *INT_NAMES[N_INTS] = {"addr", "size", "stream", "time_us", "device_free"};
-    for (int f = 0; f < N_INTS; f++)
-        if (put(columns, INT_NAMES[f], column_bytes(&r->ints[f])) < 0) goto fail;
-    if (put(columns, "present", column_bytes(&r->present)) < 0 ||
-        put(columns, "action", column_bytes(&r->action)) < 0 ||
-        put(columns, "user_metadata", column_bytes(&r->strs[0])) < 0 ||
-        put(columns, "compile_context", column_bytes(&r->strs[1])) < 0 ||
-        put(columns, "frames", column_bytes(&r->frames)) < 0 ||
-        put(columns, "frames_at", column_bytes(&r->frames_at)) < 0 ||
-        put(columns, "frames_len", column_bytes(&r->frames_len)) < 0 ||
-        put(columns, "frames_first", column_bytes(&r->frames_first)) < 0 ||
-        put(columns, "items", column_bytes(&r->items)) < 0 ||
-        put(columns, "objects", Py_NewRef(r->objs.objects)) < 0 ||
+    for (size_t k = 0; k < N_COLUMNS; k++)
+        if (put(columns, COLUMNS[k].name, column_bytes(column(r, k))) < 0) goto fail;
+    if (put(columns, "objects", Py_NewRef(r->objs.objects)) < 0 ||
         put(columns, "action_names", Py_NewRef(r->actions.order)) < 0 ||
         put(columns, "texts", Py_NewRef(r->texts.order)) < 0)
         goto fail;
@@ -1026,10 +1022,7 @@ static void reader_free(Reader *r) {
     PyMem_RawFree(r->marks);
     for (Py_ssize_t k = 0; k < r->memo_cap; k++) val_clear(&r->memo[k]);
     PyMem_RawFree(r->memo);
-    Column *cols[] = {&r->ints[0], &r->ints[1], &r->ints[2], &r->ints[3], &r->ints[4],
-                      &r->present, &r->action, &r->strs[0], &r->strs[1], &r->frames,
-                      &r->frames_at, &r->frames_len, &r->frames_first, &r->items};
-    for (size_t k = 0; k < sizeof cols / sizeof *cols; k++) Py_XDECREF(cols[k]->bytes);
+    for (size_t k = 0; k < N_COLUMNS; k++) Py_XDECREF(column(r, k)->bytes);
     for (size_t k = 0; k < r->short_strs.cap; k++) Py_XDECREF(r->short_strs.slots[k].str);
     PyMem_RawFree(r->short_strs.slots);
     for (Py_ssize_t k = 0; k < r->n_lists; k++) Py_XDECREF(r->lists[k].obj);
@@ -1061,25 +1054,17 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
     r.len = view.len;
     r.progress = progress;
     r.memo_hint = view.len / 24 + 1024;
-    for (int f = 0; f < N_INTS; f++) r.ints[f].item = sizeof(int64_t);
-    r.present.item = sizeof(uint16_t);
-    r.action.item = r.strs[0].item = r.strs[1].item = sizeof(int32_t);
-    r.frames.item = r.items.item = sizeof(int32_t);
-    r.frames_at.item = r.frames_len.item = r.frames_first.item = sizeof(int64_t);
     r.objs.objects = PyList_New(0);
     r.actions.ids = PyDict_New();
     r.actions.order = PyList_New(0);
     r.texts.ids = PyDict_New();
     r.texts.order = PyList_New(0);
     PyObject *out = NULL;
-    size_t rows_hint = (size_t)view.len / 96 + 1024;
     int reserved = 0;
-    for (int f = 0; f < N_INTS; f++) reserved |= col_reserve(&r.ints[f], rows_hint);
-    reserved |= col_reserve(&r.present, rows_hint) | col_reserve(&r.action, rows_hint) |
-                col_reserve(&r.strs[0], rows_hint) | col_reserve(&r.strs[1], rows_hint) |
-                col_reserve(&r.frames, rows_hint) | col_reserve(&r.frames_at, rows_hint) |
-                col_reserve(&r.frames_len, rows_hint) | col_reserve(&r.frames_first, rows_hint) |
-                col_reserve(&r.items, (size_t)view.len / 8 + 1024);
+    for (size_t k = 0; k < N_COLUMNS; k++) {
+        column(&r, k)->item = COLUMNS[k].item;
+        reserved |= col_reserve(column(&r, k), (size_t)view.len / COLUMNS[k].bytes_per + 1024);
+    }
     if (reserved < 0 || objs_grow(&r.objs) < 0 || short_strs_grow(&r.short_strs) < 0 ||
         key_fields_grow(&r) < 0)
         PyErr_NoMemory();

@@ -103,6 +103,25 @@ FIELDS = (
 )
 
 
+# The columns `_rows.c` hands over (its COLUMNS), as the bytes of these types.
+_DTYPES: dict[str, type[np.generic]] = {
+    "addr": np.int64,
+    "size": np.int64,
+    "stream": np.int64,
+    "time_us": np.int64,
+    "device_free": np.int64,
+    "present": np.uint16,
+    "action": np.int32,
+    "user_metadata": np.int32,
+    "compile_context": np.int32,
+    "frames": np.int32,
+    "frames_at": np.int64,
+    "frames_len": np.int64,
+    "frames_first": np.int64,
+    "items": np.int32,
+}
+
+
 @dataclass(frozen=True)
 class TraceRows:
     """One device's trace entries: rows [start, end) of `columns`."""
@@ -135,27 +154,9 @@ def read(
     except Exception:  # Unsupported, or what the unpickler would refuse too: it says why
         return None
 
-    def col(name: str, dtype: type[np.generic]) -> Any:
-        return np.frombuffer(raw[name], dtype)
-
+    arrays: dict[str, Any] = {k: np.frombuffer(raw[k], t) for k, t in _DTYPES.items()}
     columns = RowColumns(
-        addr=col("addr", np.int64),
-        size=col("size", np.int64),
-        stream=col("stream", np.int64),
-        time_us=col("time_us", np.int64),
-        device_free=col("device_free", np.int64),
-        present=col("present", np.uint16),
-        action=col("action", np.int32),
-        user_metadata=col("user_metadata", np.int32),
-        compile_context=col("compile_context", np.int32),
-        action_names=raw["action_names"],
-        texts=raw["texts"],
-        frames=col("frames", np.int32),
-        frames_at=col("frames_at", np.int64),
-        frames_len=col("frames_len", np.int64),
-        frames_first=col("frames_first", np.int64),
-        items=col("items", np.int32),
-        objects=raw["objects"],
+        **arrays, action_names=raw["action_names"], texts=raw["texts"], objects=raw["objects"]
     )
     traces = top.get("device_traces") if isinstance(top, dict) else None
     held = {id(t) for t in traces} if isinstance(traces, list) else set()
