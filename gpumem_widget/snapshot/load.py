@@ -566,11 +566,9 @@ def _intern_ids(
         return np.zeros(0, np.int32)
     if ids.min() == ids.max():  # one value throughout: '' or 'N/A'
         return np.full(len(ids), strings.setdefault(table[ids[0]], len(strings)), np.int32)
-    used, first = np.unique(ids, return_index=True)
-    to = np.zeros(len(table), np.int32)
-    for i in used[np.argsort(first)]:
-        to[i] = strings.setdefault(table[i], len(strings))
-    got: np.ndarray[Any, np.dtype[np.int32]] = to[ids]
+    first, of = _first_appearance(ids)
+    to = np.array([strings.setdefault(table[i], len(strings)) for i in ids[first]], np.int32)
+    got: np.ndarray[Any, np.dtype[np.int32]] = to[of]
     return got
 
 
@@ -614,14 +612,8 @@ def _stacks(
             if not isinstance(frames, (list, tuple)):
                 kind = type(frames).__name__
                 raise _Invalid(f"{where}[{i}]['frames'] is {kind}, expected a list")
-    list_ids = np.fromiter(map(id, frame_lists), np.int64, n)
-    _, first_of_list, list_of = np.unique(list_ids, return_index=True, return_inverse=True)
-    del list_ids
     # In order of first appearance, so stacks are numbered the same on every load.
-    order = np.argsort(first_of_list)
-    rank = np.empty(len(order), np.int64)
-    rank[order] = np.arange(len(order))
-    first_of_list, list_of = first_of_list[order], rank[list_of.reshape(-1)]
+    first_of_list, list_of = _first_appearance(np.fromiter(map(id, frame_lists), np.int64, n))
     distinct = [frame_lists[i] for i in first_of_list]
     lengths = np.fromiter(map(len, distinct), np.int64, len(distinct))
     flat = np.fromiter(map(id, chain.from_iterable(distinct)), np.int64, int(lengths.sum()))
@@ -647,14 +639,11 @@ def _rows_stacks(
         list_of = np.where(taken >= 0, taken - lo, -1)
         first_of_list = c.frames_first[numbers] - entries.start
     else:
-        numbers, first, inverse = np.unique(used, return_index=True, return_inverse=True)
-        order = np.argsort(first)
-        rank = np.empty(len(order), np.int64)
-        rank[order] = np.arange(len(order))
-        numbers = numbers[order]
+        first, of = _first_appearance(used)
+        numbers = used[first]
         list_of = np.full(len(taken), -1, np.int64)
-        list_of[taken >= 0] = rank[inverse.reshape(-1)]
-        first_of_list = np.flatnonzero(taken >= 0)[first[order]]
+        list_of[taken >= 0] = of
+        first_of_list = np.flatnonzero(taken >= 0)[first]
     at, lengths = c.frames_at[numbers], c.frames_len[numbers]
     ends = at + lengths
     if len(at) and np.array_equal(at[1:], ends[:-1]):  # one run, as a real pickle lays them out
@@ -741,8 +730,8 @@ def _same_sequences(
         ends, starts = offsets[r0 + 1 : r1 + 1] - lo, offsets[r0:r1] - lo
         digest[r0:r1] = sums[ends] - sums[starts]
     digest += lens.view(np.uint64) * np.uint64(0x94D049BB133111EB)
-    _, first, group = np.unique(digest, return_index=True, return_inverse=True)
-    group = group.reshape(-1)
+    # Numbered by their first row, so stacks are interned in entry order.
+    first, group = _first_appearance(digest)
     rep = first[group]
     if not np.array_equal(lens[rep], lens):
         return None, None
@@ -750,11 +739,19 @@ def _same_sequences(
         theirs = np.repeat(offsets[rep[r0:r1]], lens[r0:r1]) + pos
         if not np.array_equal(flat[theirs], flat[offsets[r0] : offsets[r1]]):
             return None, None
-    # Renumber the groups by their first row, so stacks are interned in entry order.
-    order = np.argsort(first, kind="stable")
-    renumber = np.empty(len(order), np.int64)
-    renumber[order] = np.arange(len(order))
-    return renumber[group], first[order]
+    return group, first
+
+
+def _first_appearance(
+    values: np.ndarray[Any, Any],
+) -> tuple[np.ndarray[Any, np.dtype[np.int64]], np.ndarray[Any, np.dtype[np.int64]]]:
+    """The distinct `values` numbered in order of first appearance: where each first appears,
+    and each value's number."""
+    _, first, of = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[of.reshape(-1)]
 
 
 def _row_chunks(
