@@ -197,8 +197,7 @@ def _run_child(
         "entry": str(entry),
         "max_bytes": max_bytes,
         "max_memory": max_memory,
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
+        "identity": _identity(st),
         "progress": progress is not None,
         "preview": preview is not None,
         "keep_segments": keep_segments,
@@ -481,7 +480,7 @@ def _child(job: dict[str, Any]) -> tuple[dict[str, Any], Snapshot | None]:
     try:
         with open_regular(where) as f:
             st = os.fstat(f.fileno())
-        if (st.st_size, st.st_mtime_ns) != (job["size"], job["mtime_ns"]):
+        if _identity(st) != job["identity"]:
             return {"error": f"{where}: the file changed while it was being opened"}, None
         say("reading", 0.0)
         stats: dict[str, int] = {}
@@ -512,12 +511,16 @@ def _child(job: dict[str, Any]) -> tuple[dict[str, Any], Snapshot | None]:
     return {"done": True}, snap
 
 
+def _identity(st: os.stat_result) -> list[int]:
+    """What tells one version of a file from another, as the cache keys it (a JSON list)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
 def _changed(where: str, st: os.stat_result) -> bool:
     try:
-        now = os.stat(where)
+        return _identity(os.stat(where)) != _identity(st)
     except OSError:
         return True
-    return (now.st_size, now.st_mtime_ns, now.st_ino) != (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _too_big(where: str, job: dict[str, Any]) -> str:
