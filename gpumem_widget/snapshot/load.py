@@ -243,6 +243,15 @@ class _LimitedReader:
         return line
 
 
+def _compression(f: BinaryIO) -> str:
+    """'gzip' or 'xz' as `f`'s magic number says, else '' (`f` is left at its start)."""
+    magic = f.read(6)
+    f.seek(0)
+    if magic.startswith(b"\x1f\x8b"):
+        return "gzip"
+    return "xz" if magic.startswith(b"\xfd7zXZ\x00") else ""
+
+
 def _read_rows(
     f: BinaryIO,
     max_bytes: int,
@@ -256,9 +265,7 @@ def _read_rows(
     at its first bad byte rather than once it is all inflated."""
     if not rows.available() or not 0 < total <= max_bytes:
         return None
-    magic = f.read(6)
-    f.seek(0)
-    if magic.startswith((b"\x1f\x8b", b"\xfd7zXZ\x00")):
+    if _compression(f):
         return None
     try:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -282,15 +289,13 @@ def _unpickle_stream(
 ) -> tuple[Any, int]:
     """Unpickle from `f` (gunzipped or unxz'd when its magic number says so), reading at most
     `max_bytes` decompressed bytes; the object and how many bytes it took."""
-    magic = f.read(6)
-    f.seek(0)
-    kind = ""
+    kind = _compression(f)
     with contextlib.ExitStack() as closing:
         stream: Any = f
-        if magic.startswith(b"\x1f\x8b"):
-            kind, stream = "gzip", closing.enter_context(gzip.GzipFile(fileobj=f))
-        elif magic.startswith(b"\xfd7zXZ\x00"):
-            kind, stream = "xz", closing.enter_context(lzma.LZMAFile(f))
+        if kind == "gzip":
+            stream = closing.enter_context(gzip.GzipFile(fileobj=f))
+        elif kind == "xz":
+            stream = closing.enter_context(lzma.LZMAFile(f))
         reader = _LimitedReader(stream, max_bytes, f, progress, total)
         try:
             return _unpickle(reader, where), reader.count
