@@ -165,7 +165,7 @@ def test_the_magic_lists_sessions_and_shows_one(db: pathlib.Path, ip: Any) -> No
 
 
 def test_a_past_session_opens_read_only_in_a_widget_of_its_own(db: pathlib.Path) -> None:
-    from gpumem_widget.live.history_view import past_session_widget
+    from gpumem_widget.live.history.view import past_session_widget
 
     shell = InteractiveShell.instance()
     s = cuda_session(shell)

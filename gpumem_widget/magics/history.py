@@ -152,7 +152,7 @@ def _run(session: Session, store: Store, args: argparse.Namespace) -> Any:
         if args.widget:
             from IPython.display import display
 
-            from gpumem_widget.live.history_view import past_session_widget
+            from gpumem_widget.live.history.view import past_session_widget
 
             display(past_session_widget(past, records, h.settings))
         return None
