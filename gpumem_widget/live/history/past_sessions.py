@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpumem_widget.live.history.identity import KernelIdentity, process_alive
-from gpumem_widget.live.rows import Rows
+from gpumem_widget.live.record_rows import Rows
 from gpumem_widget.units import format_bytes
 
 Outcome = Literal["clean", "died", "running", "unknown"]
