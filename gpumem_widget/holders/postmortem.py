@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Final, Literal
 
 import torch
 
-from gpumem_widget.holders.variables import Holder, HoldersReport
+from gpumem_widget.holders.report import Holder, HoldersReport
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
 
