@@ -126,7 +126,7 @@ def device_matcher(
 
 
 class Reached:
-    """What one holder reached, while walking (internal; never returned)."""
+    """What one holder reached, while walking (the report is built from it; never returned)."""
 
     __slots__ = (
         "aliases", "counter", "graphs", "keys", "largest", "name", "param_dtypes", "section",
