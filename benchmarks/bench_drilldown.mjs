@@ -16,7 +16,7 @@ const esbuild = require("esbuild");
 const fixture = readFileSync(process.argv[2], "utf8");
 const bundle = await esbuild.build({
   stdin: {
-    contents: 'import { renderDrilldown } from "./src/drilldown"; window.renderDrilldown = renderDrilldown;',
+    contents: 'import { renderDrilldown } from "./src/snapshot/drilldown"; window.renderDrilldown = renderDrilldown;',
     resolveDir: here("../js"),
     loader: "ts",
   },

@@ -6,16 +6,16 @@
 import "uplot/dist/uPlot.min.css";
 import "./widget.css";
 import type { AnyModel } from "@anywidget/types";
-import type { DeviceChoice } from "./cells";
-import { Chart } from "./chart";
-import { Details } from "./details";
-import { DeviceSelect } from "./device_select";
-import { renderDrilldown } from "./drilldown";
+import type { DeviceChoice } from "./memory/cells";
+import { Chart } from "./memory/chart";
+import { Details } from "./memory/details";
+import { DeviceSelect } from "./memory/device_select";
+import { renderDrilldown } from "./snapshot/drilldown";
 import { Header } from "./header";
-import { Ledger } from "./ledger";
-import { cellRequest, LedgerStore } from "./ledger_store";
-import { watchTheme } from "./theme";
-import { TimelineStore } from "./timeline_store";
+import { Ledger } from "./memory/ledger";
+import { cellRequest, LedgerStore } from "./memory/ledger_store";
+import { watchTheme } from "./common/theme";
+import { TimelineStore } from "./memory/timeline_store";
 import {
   decodeBands,
   joinCells,
@@ -34,7 +34,7 @@ import {
 } from "./wire/protocol";
 import { decodeTable } from "./wire/table";
 import { parseWorkers } from "./wire/workers";
-import { WorkersView, type SnapshotRef } from "./workers_view";
+import { WorkersView, type SnapshotRef } from "./workers/view";
 
 // The Memory and Workers tabs' traits; the Snapshot tab watches the drilldown ones itself.
 type TraitName = Exclude<keyof Traits, `drilldown${string}`>;

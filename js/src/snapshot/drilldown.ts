@@ -6,11 +6,11 @@
 
 import type { AnyModel } from "@anywidget/types";
 import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_chart";
-import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "./wire/drilldown";
-import { formatBytes, formatDelta, formatDuration } from "./format";
-import { ProtocolError } from "./wire/json";
-import { parseStatus, type BrowserMessage, type Traits } from "./wire/protocol";
-import type { Mode } from "./cells";
+import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
+import { formatBytes, formatDelta, formatDuration } from "../common/format";
+import { ProtocolError } from "../wire/json";
+import { parseStatus, type BrowserMessage, type Traits } from "../wire/protocol";
+import type { Mode } from "../memory/cells";
 import { renderSegmentMap } from "./segments";
 
 type Stacking = "sites" | "categories";

@@ -4,11 +4,11 @@
 // its figures, memory now, snapshots written. The kernel sends screen-sized series; this draws.
 // Also `workerSection`: a cell's per-rank figures, for the cell's details.
 
-import { formatBytes, formatClock, formatDelta, byteTicks, formatTick } from "./format";
-import type { Band } from "./wire/protocol";
-import { readPalette, type Palette } from "./theme";
-import type { WorkerCellUsage } from "./wire/worker_rows";
-import { NO_WORKERS, type RankInfo, type WorkersState } from "./wire/workers";
+import { formatBytes, formatClock, formatDelta, byteTicks, formatTick } from "../common/format";
+import type { Band } from "../wire/protocol";
+import { readPalette, type Palette } from "../common/theme";
+import type { WorkerCellUsage } from "../wire/worker_rows";
+import { NO_WORKERS, type RankInfo, type WorkersState } from "../wire/workers";
 
 export type OpenSnapshot = (key: string, index: number) => void;
 /** A snapshot a worker reported: the worker's key and the snapshot's index in its list. */
