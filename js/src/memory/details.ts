@@ -6,7 +6,7 @@ import { outcome, outcomeLabel, type Mode } from "./cells";
 import { formatBytes, formatClock, formatDelta, formatDuration } from "../common/format";
 import { noteSections } from "./notes_view";
 import type { CellRecord, DeviceCellUsage, DeviceInfo } from "../wire/protocol";
-import { workerSection } from "../workers/view";
+import { workerSection } from "./worker_figures";
 
 type Row = [label: string, value: (d: DeviceCellUsage) => string, hint?: string];
 
