@@ -3,7 +3,6 @@
 // mark what is stale; one requestAnimationFrame callback per frame reads and draws it, so a burst
 // of updates costs one redraw and an update never waits longer than the next frame.
 
-import "uplot/dist/uPlot.min.css";
 import "./widget.css";
 import type { AnyModel } from "@anywidget/types";
 import type { Tab, TabHost, TraitName } from "./common/mount";

@@ -3,6 +3,8 @@
 // hands it the changed traits; it decodes them and redraws what they touch. Older records come
 // by asking the kernel for a page (a custom message answered with one).
 
+import "uplot/dist/uPlot.min.css"; // uPlot's own styles first: memory.css overrides some
+import "./memory.css";
 import { watchTheme } from "../common/theme";
 import type { Frame, Tab, TabHost } from "../common/mount";
 import {

@@ -4,6 +4,7 @@
 // ({type: "alive_at", t, device}). Each answer comes with the allocator's segment map at that
 // instant, drawn in a "Segments" sub-tab by segments.ts. All text goes in through textContent.
 
+import "./snapshot.css";
 import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_chart";
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
 import { formatBytes, formatDelta, formatDuration } from "../common/format";

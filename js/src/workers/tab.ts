@@ -1,6 +1,7 @@
 // The Workers tab's entry: the `workers` trait decoded into the view, under the Memory tab's
 // cell bands (handed in by the host, which updates the Memory tab first).
 
+import "./workers.css";
 import type { Frame, Tab, TabHost } from "../common/mount";
 import type { Band } from "../wire/protocol";
 import { parseWorkers } from "../wire/workers";
