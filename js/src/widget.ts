@@ -2,6 +2,7 @@
 // one widget agree, and a notebook reopened without a kernel shows the last state). Trait changes
 // mark what is stale; one requestAnimationFrame callback per frame reads and draws it, so a burst
 // of updates costs one redraw and an update never waits longer than the next frame.
+// This module only hosts the tabs (memory/, snapshot/, workers/: common/mount.ts says how).
 
 import "./widget.css";
 import type { AnyModel } from "@anywidget/types";
