@@ -178,6 +178,41 @@ describe("drill-down panel", () => {
     stop();
   });
 
+  it("says why an allocation has no tag, and drops the tag column where none has one", () => {
+    const { el, model, stop } = mount(received());
+    const tagCells = (): HTMLTableCellElement[] => [...el.querySelectorAll<HTMLTableRowElement>(".gpumem-drilldown-largest tbody tr")].map((r) => r.cells[2] as HTMLTableCellElement);
+    const heads = (): string[] => [...el.querySelectorAll(".gpumem-drilldown-largest th")].map((h) => h.textContent ?? "");
+    // The real answer: tagged allocations, and one made with no tag set.
+    expect(heads()).toEqual(["size", "site", "tag"]);
+    const untagged = tagCells().filter((c) => c.classList.contains("gpumem-drilldown-untagged"));
+    expect(untagged.length).toBeGreaterThan(0);
+    for (const c of untagged) {
+      expect(c.textContent).toMatch(/^\u2014 \(/);
+      expect(c.title).toMatch(/^No tag: /);
+    }
+    expect(tagCells().every((c) => c.textContent !== "")).toBe(true);
+    // The same answer recorded without tags: no column of blanks.
+    const alive = structuredClone(received()["drilldown_alive"]) as Record<string, unknown>;
+    alive["largest"] = (alive["largest"] as Record<string, unknown>[]).map((a) => ({ ...a, tag: "" }));
+    model.set("drilldown_alive", alive);
+    expect(heads()).toEqual(["size", "site"]);
+    expect(el.querySelector(".gpumem-drilldown-largest tbody tr")?.childElementCount).toBe(2);
+    stop();
+  });
+
+  it("keeps every figure on one line while names may wrap", () => {
+    const { el, stop } = mount(received());
+    const summary = el.querySelector<HTMLElement>(".gpumem-drilldown-summary");
+    const figures = [...(summary?.querySelectorAll(".gpumem-figure") ?? [])].map((f) => f.textContent ?? "");
+    expect(figures.some((f) => /^\d[\d.]* [KMG]iB$/.test(f))).toBe(true); // number and unit together
+    const heading = el.querySelector<HTMLElement>(".gpumem-drilldown-alive-heading");
+    expect([...(heading?.querySelectorAll(".gpumem-figure") ?? [])].some((f) => /iB$/.test(f.textContent ?? ""))).toBe(true);
+    const sizes = [...el.querySelectorAll<HTMLTableRowElement>(".gpumem-drilldown-largest tbody tr")].map((r) => r.cells[0]);
+    expect(sizes.length).toBeGreaterThan(0);
+    expect(sizes.every((c) => c?.classList.contains("gpumem-figure"))).toBe(true);
+    stop();
+  });
+
   it("collapses and expands tree nodes", () => {
     const { el, stop } = mount(received());
     const open = el.querySelector<HTMLElement>(".gpumem-alive-node[aria-expanded='true']");
@@ -345,8 +380,21 @@ describe("the chart's axis and labels", () => {
       return { device: d["device"], active: { ...active, groups: [group] } };
     });
     model.set("drilldown", { source: "big.pickle", taken_at: null, devices: totals, partial: true, preview: true });
-    expect(bar?.hidden).toBe(true);
-    expect(el.querySelector("canvas")).not.toBeNull();
+    const canvas = el.querySelector("canvas");
+    const chart = el.querySelector<HTMLElement>(".gpumem-drilldown-chart");
+    expect(canvas).not.toBeNull();
+    const stage = el.querySelector<HTMLElement>(".gpumem-drilldown-stage-line");
+    expect(stage?.hidden).toBe(false);
+    expect(stage?.textContent).toContain("every allocation as one series");
+    // The file's last stages (writing, mapping) never take the drawn chart away: the stage line says them.
+    for (const next of ["writing", "mapping"]) {
+      model.set("drilldown", { loading: "big.pickle", stage: next, fraction: null });
+      expect(chart?.hidden).toBe(false);
+      expect(chart?.isConnected).toBe(true);
+      expect(el.querySelector("canvas")).toBe(canvas);
+      expect(el.querySelector<HTMLElement>(".gpumem-drilldown-empty")?.hidden).toBe(true);
+      expect(stage?.textContent).toContain(next);
+    }
     const shown = [...el.querySelectorAll<HTMLElement>(".gpumem-drilldown-legend-item:not(.gpumem-drilldown-legend-reserved)")];
     expect(shown.map((e) => e.dataset["site"])).toEqual(["all allocations (by site: still reading the stacks)"]);
     expect(Number(shown[0]?.dataset["peakBytes"])).toBe(fixture.expected.peak_bytes);
@@ -354,11 +402,15 @@ describe("the chart's axis and labels", () => {
     // The first view: active memory by site alone; categories and cells still computing.
     const devices = (full["devices"] as Record<string, unknown>[]).map((d) => ({ device: d["device"], active: d["active"] }));
     model.set("drilldown", { ...full, devices, partial: true });
-    expect(bar?.hidden).toBe(true);
-    expect(el.querySelector("canvas")).not.toBeNull();
+    expect(el.querySelector("canvas")).toBe(canvas); // the same chart, redrawn in place
+    expect(chart?.hidden).toBe(false);
+    expect(stage?.textContent).toContain("active memory by site");
     expect(el.textContent).toContain("Per cell: computing");
     expect(el.querySelector<HTMLButtonElement>("button[data-mode='categories']")?.disabled).toBe(true);
     model.set("drilldown", full);
+    expect(el.querySelector("canvas")).toBe(canvas);
+    expect(stage?.hidden).toBe(true);
+    expect(bar?.hidden).toBe(true);
     expect(el.textContent).not.toContain("computing");
     expect(el.querySelector<HTMLButtonElement>("button[data-mode='categories']")?.disabled).toBe(false);
     stop();

@@ -9,6 +9,7 @@
 import { byteTicks, formatBytes, formatDuration, formatTick } from "../common/format";
 import type { Band, Oom, Stacked } from "../wire/drilldown";
 import { readPalette, type Palette } from "../common/theme";
+import { setFigures } from "./text";
 
 // Categorical colours (Tableau 10); "other" is grey. Readable on light and dark backgrounds.
 export const SERIES_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8"];
@@ -208,7 +209,7 @@ export class StackedChart {
     const top = v.series.map((s) => ({ s, b: s.values[k] ?? 0 })).sort((p, q) => q.b - p.b)[0];
     const where = v.unit === "entry" ? `entry ${Math.round(pick.event).toLocaleString("en-US")}` : `+${formatDuration(x - v.t0)}`;
     const reserved = this.base?.reservedMax ? `; reserved up to ${formatBytes(this.base.reservedMax[k])}` : "";
-    this.readout.textContent = `${where}: peak within this column ${formatBytes(v.total[k])} active${reserved}` + (top && top.b > 0 ? `; largest: ${top.s.label} ${formatBytes(top.b)}` : "");
+    setFigures(this.readout, `${where}: peak within this column ${formatBytes(v.total[k])} active${reserved}` + (top && top.b > 0 ? `; largest: ${top.s.label} ${formatBytes(top.b)}` : ""));
   }
 
   draw(): void {

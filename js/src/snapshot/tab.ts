@@ -12,6 +12,7 @@ import { ProtocolError } from "../wire/json";
 import { parseStatus, type BrowserMessage, type Status, type Traits } from "../wire/protocol";
 import type { Tab, TabHost } from "../common/mount";
 import { renderSegmentMap } from "./segments";
+import { isFigure, setFigures } from "./text";
 
 type Mode = Status["mode"];
 type Stacking = "sites" | "categories";
@@ -43,7 +44,11 @@ function table(className: string, headers: string[]): { table: HTMLTableElement;
 
 function row(body: HTMLTableSectionElement, cells: string[]): HTMLTableRowElement {
   const r = body.insertRow();
-  for (const c of cells) r.insertCell().textContent = c;
+  for (const c of cells) {
+    const cell = r.insertCell();
+    cell.textContent = c;
+    if (isFigure(c)) cell.className = "gpumem-figure";
+  }
   return r;
 }
 
@@ -61,6 +66,8 @@ export class DrilldownPanel {
   private readonly categories = el("section", "gpumem-drilldown-categories");
   private readonly message = el("p", "gpumem-drilldown-empty", "No snapshot loaded");
   private readonly progress = el("progress", "gpumem-drilldown-progress");
+  // Which stage of a progressive load is drawn, while the next is computed (empty once complete).
+  private readonly stage = el("p", "gpumem-drilldown-stage-line");
   private overview: Overview | null = null;
   private device = 0;
   private stacking: Stacking = "sites";
@@ -82,7 +89,7 @@ export class DrilldownPanel {
       (p) => this.pickColumn(p),
       (r) => this.zoom(r),
     );
-    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
+    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.stage, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
     this.compare.hidden = true;
     this.showBody(false);
   }
@@ -91,6 +98,26 @@ export class DrilldownPanel {
     for (const part of [this.summary, this.warnings, this.controls, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories]) part.hidden = !visible;
     this.message.hidden = visible;
     this.progress.hidden = true;
+    this.message.after(this.progress); // back under the message, from the stage line
+    this.stage.hidden = true;
+    this.stage.textContent = "";
+  }
+
+  /** A later stage of the load drawn now is under way: the chart stays, this line says so. */
+  private showStage(text: string, fraction: number | null | undefined): void {
+    this.stage.hidden = !text;
+    this.stage.textContent = text;
+    this.stage.dataset["busy"] = String(fraction !== undefined);
+    if (fraction === undefined) return;
+    this.stage.append(this.progress);
+    this.progress.hidden = false;
+    if (fraction === null) this.progress.removeAttribute("value");
+    else this.progress.value = fraction;
+  }
+
+  /** A stage of a progressive load is drawn (the first views): the next ones replace it in place. */
+  private get drawingStages(): boolean {
+    return this.overview?.partial === true;
   }
 
   private current(): DeviceOverview | undefined {
@@ -107,6 +134,10 @@ export class DrilldownPanel {
     if (state.kind === "loading") {
       // The kernel's child process converts the file; the bar follows it (no fraction: busy).
       const { source, stage, fraction } = state.loading;
+      if (this.drawingStages) {
+        this.showStage(`${this.stageDrawn()}; ${stage}${fraction === null ? "" : ` ${Math.round(fraction * 100)}%`}\u2026`, fraction);
+        return;
+      }
       this.overview = null;
       this.showBody(false);
       this.message.textContent = `Opening ${source}: ${stage}${fraction === null ? "" : ` ${Math.round(fraction * 100)}%`}\u2026`;
@@ -116,9 +147,12 @@ export class DrilldownPanel {
       return;
     }
     if (state.kind === "pending") {
-      this.overview = null;
-      this.message.textContent = `Computing the snapshot (${state.source})\u2026`;
-      this.showBody(false);
+      if (this.drawingStages) this.showStage(`${this.stageDrawn()}; computing the rest\u2026`, null);
+      else {
+        this.overview = null;
+        this.message.textContent = `Computing the snapshot (${state.source})\u2026`;
+        this.showBody(false);
+      }
       if (this.requested !== state.source) {
         this.requested = state.source;
         this.send({ type: "load" }); // the kernel answers once no cell runs
@@ -133,6 +167,15 @@ export class DrilldownPanel {
     if (!state.overview.devices.some((d) => d.device === this.device)) this.device = state.overview.devices[0]?.device ?? 0;
     this.showBody(true);
     this.drawOverview();
+    if (state.overview.partial) this.showStage(`${this.stageDrawn()}; computing the rest\u2026`, null);
+  }
+
+  /** The stage drawn now, in words. */
+  private stageDrawn(): string {
+    const o = this.overview;
+    if (!o) return "";
+    if (o.preview) return "Drawn so far: every allocation as one series (by site once the stacks are read)";
+    return o.partial ? "Drawn so far: active memory by site (categories, reserved and cells follow)" : "";
   }
 
   showError(message: string): void {
@@ -152,7 +195,7 @@ export class DrilldownPanel {
       `${formatBytes(d.reserved?.peakReserved ?? s.peakReserved)} reserved${d.reserved ? ` (up to ${formatBytes(d.reserved.largestGap)} beyond active)` : ""}`,
       `${s.allocations.toLocaleString("en-US")} allocations, ${s.entries.toLocaleString("en-US")} events`,
     ];
-    this.summary.textContent = parts.join(" \u00b7 ");
+    setFigures(this.summary, parts.join(" \u00b7 "));
     this.warnings.replaceChildren(...s.warnings.map((w) => el("li", "gpumem-drilldown-warn", w)));
     this.warnings.hidden = !s.warnings.length;
     this.drawControls(o);
@@ -385,7 +428,8 @@ export class DrilldownPanel {
     const s = this.current()?.sites;
     const at = alive.event < 0 ? "before the first event" : `entry ${alive.event.toLocaleString("en-US")}` + (alive.t !== null && s?.unit === "s" ? ` (+${formatDuration(alive.t - (s.time?.find((v) => Number.isFinite(v)) ?? alive.t))})` : "");
     const lead = { column: "Peak within this column at", peak: "At the peak,", step: "At", cell: "At" }[this.asked];
-    const heading = el("h4", "gpumem-drilldown-heading gpumem-drilldown-alive-heading", `${lead} ${at} on cuda:${alive.device}: ${formatBytes(alive.total)} active in ${alive.count.toLocaleString("en-US")} allocations (reserved ${formatBytes(alive.reserved)})`);
+    const heading = el("h4", "gpumem-drilldown-heading gpumem-drilldown-alive-heading");
+    setFigures(heading, `${lead} ${at} on cuda:${alive.device}: ${formatBytes(alive.total)} active in ${alive.count.toLocaleString("en-US")} allocations (reserved ${formatBytes(alive.reserved)})`);
     heading.dataset["totalBytes"] = String(alive.total);
     heading.dataset["event"] = String(alive.event);
     const steps = el("div", "gpumem-drilldown-steps");
@@ -403,11 +447,23 @@ export class DrilldownPanel {
     const tree = el("div", "gpumem-alive-tree");
     tree.setAttribute("role", "tree");
     this.renderNode(tree, alive.root, alive.root.bytes, { left: TREE_ROWS });
-    const largest = table("gpumem-drilldown-largest", ["size", "site", "tag"]);
+    // Tags are per thread: where none was recorded the column goes; where some lack one, why.
+    const tagged = alive.largest.some((a) => a.tag !== "");
+    const largest = table("gpumem-drilldown-largest", tagged ? ["size", "site", "tag"] : ["size", "site"]);
     for (const a of alive.largest) {
-      const r = row(largest.body, [formatBytes(a.size), a.site, a.tag]);
+      const r = row(largest.body, [formatBytes(a.size), a.site]);
       r.dataset["site"] = a.site;
       r.title = a.stack.join("\n");
+      if (!tagged) continue;
+      const cell = r.insertCell();
+      if (a.tag) {
+        cell.textContent = a.tag;
+        continue;
+      }
+      const why = untagged(a.stack);
+      cell.className = "gpumem-drilldown-untagged";
+      cell.textContent = why.short;
+      cell.title = why.long;
     }
     this.aliveTabs(alive, [tree, el("h4", "gpumem-drilldown-heading", "Largest allocations"), largest.table]);
   }
@@ -592,6 +648,15 @@ export class DrilldownPanel {
     this.chart.draw();
     this.redrawCompare?.();
   }
+}
+
+/** Why an allocation in a tagged snapshot has no tag, in a cell's words and a tooltip's. A tag
+ * belongs to the thread that set it, so autograd's backward thread (and any other) has none. */
+export function untagged(stack: readonly string[]): { short: string; long: string } {
+  const backward = stack.some((f) => /backward|autograd|torch::autograd::Engine/i.test(f));
+  return backward
+    ? { short: "\u2014 (backward thread)", long: "No tag: made on autograd's backward thread; tags are per thread, set on the thread that ran the cell" }
+    : { short: "\u2014 (no tag)", long: "No tag: made on a thread that had none set (tags are per thread), or before the first tag" };
 }
 
 /** What the empty tab says: how to get a snapshot here (recording one needs CUDA). */

@@ -348,6 +348,7 @@ export interface Overview {
   cellsBy: string;
   devices: DeviceOverview[];
   partial: boolean; // the first view only: categories, reserved and per-cell slices follow
+  preview: boolean; // drawn before the stacks were read: one series, every allocation
 }
 
 /** A file being converted in the kernel's child process: stage "reading" (fraction of the file
@@ -401,6 +402,7 @@ export function parseDrilldown(raw: unknown): DrilldownState {
       cellsBy: optional(raw, "cells_by", isString, "none"),
       devices,
       partial: optional(raw, "partial", isBool, false),
+      preview: optional(raw, "preview", isBool, false),
     },
   };
 }
