@@ -6,6 +6,10 @@
 import { formatBytes, formatClock, formatDuration } from "./common/format";
 import type { DeviceInfo, ProcessUse, Status } from "./wire/protocol";
 
+/** Who feeds the widget: a live kernel, nothing since it was drawn from a notebook's saved
+ * state, or nothing since its kernel went away. */
+export type Session = "live" | "saved" | "gone";
+
 export class Header {
   readonly el: HTMLElement;
   // The header is rebuilt whenever the status changes (process figures move while a cell runs):
@@ -17,8 +21,11 @@ export class Header {
     this.el.className = "gpumem-header";
   }
 
-  /** `kernelGone`: the model's comm closed (a restart, a shutdown): nothing updates it now. */
-  update(devices: readonly DeviceInfo[], status: Status, problems: readonly string[], kernelGone = false): void {
+  /** `session`: "gone", the model's comm closed (a restart, a shutdown); "saved", drawn from the
+   * notebook's saved state with no kernel behind it, last fed at `savedAt` (unix seconds).
+   * Either way nothing updates it: no live control is shown. */
+  update(devices: readonly DeviceInfo[], status: Status, problems: readonly string[], session: Session = "live", savedAt: number | null = null): void {
+    const kernelGone = session !== "live";
     const top = document.createElement("div");
     top.className = "gpumem-header-top";
     // Host mode measures no GPU memory: the title says what is shown.
@@ -26,9 +33,11 @@ export class Header {
     const mode = span("gpumem-mode", status.mode === "cuda" ? "CUDA" : "host mode");
     mode.dataset["mode"] = status.mode;
     mode.title = status.mode === "cuda" ? "Sampling the PyTorch CUDA allocator and NVML" : hostModeText(status);
-    const sampler = span("gpumem-sampler", kernelGone ? "kernel gone: the last state it sent" : samplerText(status));
-    sampler.dataset["state"] = kernelGone ? "gone" : (status.sampler ?? "none");
-    if (kernelGone) sampler.title = "The kernel restarted or shut down; run %gpumem show (or %load_ext gpumem_widget) for a live widget";
+    const text = session === "saved" ? savedText(devices, status, savedAt) : session === "gone" ? "kernel gone: the last state it sent" : samplerText(status);
+    const sampler = span("gpumem-sampler", text);
+    sampler.dataset["state"] = session === "live" ? (status.sampler ?? "none") : session;
+    if (session === "gone") sampler.title = "The kernel restarted or shut down; run %gpumem show (or %load_ext gpumem_widget) for a live widget";
+    if (session === "saved") sampler.title = "Drawn from the notebook's saved widget state: no kernel feeds it. Run %load_ext gpumem_widget (or %gpumem show) for a live widget";
     top.append(title, mode, sampler);
     if (status.running_cell !== null && !kernelGone) {
       const since = status.running_started !== null ? ` since ${formatClock(status.running_started)}` : "";
@@ -110,6 +119,18 @@ function processLine(p: ProcessUse): string {
 export function hostModeText(status: Status): string {
   const why = status.readers["torch"]?.reason ?? "no CUDA device: host-memory mode";
   return `${why}. Measured: this process's host memory (RSS), sampled, so a cell's peak is at least the figure shown. Not measured: GPU memory.`;
+}
+
+/** "saved state (last sample 2026-12-02 02:40 UTC) from kernel pid 4242 on cuda:0 NVIDIA H200:
+ * not live", from
+ * what the state holds (its last sample's time; the process NVML listed as this kernel). */
+export function savedText(devices: readonly DeviceInfo[], status: Status, savedAt: number | null): string {
+  const when = savedAt === null ? "" : ` (last sample ${new Date(savedAt * 1000).toISOString().slice(0, 16).replace("T", " ")} UTC)`;
+  const pids = new Set<number>();
+  for (const procs of status.processes.values()) for (const p of procs) if (p.self) pids.add(p.pid);
+  const kernel = pids.size ? ` from kernel pid ${[...pids].join(", ")}` : "";
+  const on = devices.length ? ` on ${devices.map((d) => `cuda:${d.index} ${d.name}`).join(", ")}` : status.mode === "host" ? " in host mode" : "";
+  return `saved state${when}${kernel}${on}: not live`;
 }
 
 function samplerText(status: Status): string {

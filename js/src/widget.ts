@@ -7,9 +7,10 @@
 import "./widget.css";
 import type { AnyModel } from "@anywidget/types";
 import type { Tab, TabHost, TraitName } from "./common/mount";
-import { Header } from "./header";
+import { Header, type Session } from "./header";
 import { mountMemoryTab, type MemoryTab } from "./memory/tab";
 import { mountSnapshotTab } from "./snapshot/tab";
+import { decodeTable, TIME_COLUMN } from "./wire/table";
 import { parseDevices, parseStatus, PROTOCOL_VERSION, ProtocolError, type DeviceInfo, type Status, type BrowserMessage, type Traits } from "./wire/protocol";
 import { mountWorkersTab } from "./workers/tab";
 import type { SnapshotRef } from "./workers/view";
@@ -29,6 +30,10 @@ const TABS: readonly { key: TabKey; label: string; className: string }[] = [
   { key: "snapshot", label: "Snapshot", className: "gpumem-tab-panel gpumem-drilldown" },
   { key: "workers", label: "Workers", className: "gpumem-tab-panel" },
 ];
+
+// The class @jupyter-widgets/base puts on a view whose model has no live comm: a widget drawn
+// from a notebook's saved state, or one whose kernel went away.
+const DISCONNECTED = "jupyter-widgets-disconnected";
 
 function tabPanel(key: TabKey, className: string, hidden: boolean): HTMLElement {
   const panel = document.createElement("div");
@@ -53,13 +58,17 @@ class WidgetView implements TabHost {
   private frameId = 0;
   private devices: DeviceInfo[] = [];
   private status: Status;
-  private gone = false; // the model's comm closed: nothing will answer or update
+  // "live": a kernel feeds it; "saved": drawn from the notebook's saved state (no comm since it
+  // was drawn); "gone": its kernel went away while shown. Only "live" shows live controls.
+  private session: Session;
   private problemsChanged = true;
 
   constructor(model: AnyModel<Traits>, host: HTMLElement) {
     this.model = model;
     this.root = document.createElement("div");
     this.root.className = "gpumem-widget";
+    this.session = host.classList.contains(DISCONNECTED) ? "saved" : "live";
+    this.root.dataset["session"] = this.session;
     this.status = parseStatus(undefined, []);
     this.panels = Object.fromEntries(TABS.map(({ key, className }, i) => [key, tabPanel(key, className, i > 0)])) as Record<TabKey, HTMLElement>;
     // The Memory tab first: the Workers tab draws its bands, and a frame updates them in this order.
@@ -91,16 +100,16 @@ class WidgetView implements TabHost {
     const onMessage = (content: unknown): void => this.onMessage(content);
     model.on("msg:custom", onMessage);
     this.listeners.push(["msg:custom", onMessage as () => void]);
-    // The kernel went away (a restart, a shutdown) or closed the widget: say so.
-    const onGone = (): void => {
-      this.gone = true;
-      this.stale.add("status"); // the header, and no running band
-      this.stale.add("cells"); // the ledger's footer: no kernel to ask
-      this.requestFrame();
+    // The kernel went away (a restart, a shutdown) or closed the widget: say so. A saved widget
+    // whose comm comes alive (a live session took it over) is live again.
+    const onComm = (event: string): void => {
+      const connected = event === "comm_live_update" && this.session !== "live" && !host.classList.contains(DISCONNECTED);
+      this.setSession(connected ? "live" : this.session === "saved" ? "saved" : "gone");
     };
     for (const event of ["comm:close", "comm_live_update"]) {
-      model.on(event, onGone);
-      this.listeners.push([event, onGone]);
+      const listener = (): void => onComm(event);
+      model.on(event, listener);
+      this.listeners.push([event, listener]);
     }
     this.requestFrame();
   }
@@ -113,7 +122,29 @@ class WidgetView implements TabHost {
   }
 
   get kernelGone(): boolean {
-    return this.gone;
+    return this.session !== "live";
+  }
+
+  private setSession(session: Session): void {
+    this.session = session;
+    this.root.dataset["session"] = session;
+    this.stale.add("status"); // the header, and no running band
+    this.stale.add("cells"); // the ledger's footer: no kernel to ask
+    this.requestFrame();
+  }
+
+  /** The newest time the state holds (its last sample): when a saved widget was last fed. */
+  private newestTime(): number | null {
+    for (const name of ["timeline_tail", "timeline_base"] as const) {
+      try {
+        const t = decodeTable(this.model.get(name), name).columns.get(TIME_COLUMN);
+        const last = t?.[t.length - 1];
+        if (last !== undefined && Number.isFinite(last)) return last;
+      } catch (e) {
+        if (!(e instanceof ProtocolError)) throw e;
+      }
+    }
+    return null;
   }
 
   requestFrame(): void {
@@ -135,7 +166,7 @@ class WidgetView implements TabHost {
     for (const tab of this.tabs.values()) tab.update?.(frame);
     if (layout || stale.has("cells") || this.problemsChanged) {
       this.problemsChanged = false;
-      this.header.update(this.devices, this.status, [...this.problems.values()], this.kernelGone);
+      this.header.update(this.devices, this.status, [...this.problems.values()], this.session, this.session === "saved" ? this.newestTime() : null);
     }
   }
 

@@ -21,6 +21,9 @@ const SEL = {
   ledgerRow: ".gpumem-widget tr[data-execution-count]",
   // Finished cells' bands; the running-cell band (data-running) is not one of them.
   band: ".gpumem-widget .gpumem-band[data-execution-count]:not([data-running])",
+  sampler: ".gpumem-widget .gpumem-sampler",
+  // "Follow live", the chart's "live" word, a running cell.
+  liveControls: ".gpumem-widget .gpumem-follow, .gpumem-widget .gpumem-hover-time, .gpumem-widget .gpumem-running",
 };
 const ROW_TIMEOUT_MS = 15000;
 
@@ -69,6 +72,13 @@ const widgetView = (page) =>
       canvases: document.querySelectorAll(SEL.chartCanvas).length,
       rows: counts(SEL.ledgerRow),
       bands: counts(SEL.band),
+      // Who feeds it, as the header says, and whether any live control shows.
+      session: document.querySelector(SEL.widget)?.dataset.session ?? null,
+      sampler: document.querySelector(SEL.sampler)?.textContent ?? null,
+      samplerState: document.querySelector(SEL.sampler)?.dataset.state ?? null,
+      liveControls: [...document.querySelectorAll(SEL.liveControls)]
+        .filter((e) => e.getClientRects().length > 0)
+        .map((e) => e.textContent.trim()),
     };
   }, SEL);
 

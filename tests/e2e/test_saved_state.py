@@ -87,3 +87,17 @@ def test_saved_notebook_reopens_without_kernel(
     assert sorted(reopened["rows"]) == recorded, reopened
     assert sorted(reopened["bands"]) == recorded, reopened
     assert reopened["canvases"] == 1, reopened
+
+    # Live, the header says the sampler runs and "Follow live" shows; reopened, nothing feeds it:
+    # the header says it is saved state, from which device and when, and no live control shows.
+    live = r["live"]
+    assert live["session"] == "live", live
+    assert live["sampler"].startswith("sampler "), live
+    assert "Follow live" in live["liveControls"], live
+    assert reopened["session"] == "saved", reopened
+    assert reopened["samplerState"] == "saved", reopened
+    sampler = reopened["sampler"]
+    assert sampler.startswith("saved state (last sample "), sampler
+    assert sampler.endswith(": not live"), sampler
+    assert "sampler running" not in sampler, sampler
+    assert [c for c in reopened["liveControls"] if c] == [], reopened["liveControls"]

@@ -788,8 +788,10 @@ export class Chart {
     }
     if (this.hoverX === null) {
       this.hoverText.textContent = this.follow ? "live" : "";
+      this.hoverText.dataset["live"] = String(this.follow); // hidden when no kernel feeds the widget
     } else {
       const cell = this.cellAt(this.hoverX);
+      delete this.hoverText.dataset["live"];
       this.hoverText.textContent = formatClock(this.hoverX) + (cell ? ` \u00b7 in [${cell.execution_count}]` : "");
     }
   }
