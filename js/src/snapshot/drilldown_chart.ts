@@ -15,7 +15,8 @@ import { setFigures } from "./text";
 export const SERIES_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8"];
 export const OTHER_COLOR = "#bab0ac";
 export const HEADROOM = 1.08; // the axis top is at least this much above the highest value drawn
-const HEIGHT = 240;
+const HEIGHT = 260;
+const LABEL_ROW = 20; // px above the data kept free per label (peak, reserved, OOMs)
 const PAD = { left: 64, right: 12, top: 12, bottom: 22 };
 const DRAG_PX = 5; // a press that moves less than this is a click
 
@@ -230,9 +231,11 @@ export class StackedChart {
     const [t0, t1] = this.span();
     let max = 0;
     for (let k = lo; k < hi; k++) max = Math.max(max, v.total[k] ?? 0, base.reservedMax?.[k] ?? base.reserved?.[k] ?? 0, this.search?.values[k] ?? 0);
-    const { top: yMax, ticks, unit } = axisTop(max);
     const plotW = width - PAD.left - PAD.right;
     const plotH = HEIGHT - PAD.top - PAD.bottom;
+    // Room above the data for the labels, so none has to sit on what it points at.
+    const rows = Math.min(3, 1 + (base.reservedMax ? 1 : 0) + v.ooms.filter((o) => o.t >= t0 && o.t <= t1).length);
+    const { top: yMax, ticks, unit } = axisTop((max * plotH) / (plotH - rows * LABEL_ROW));
     const x = (t: number): number => PAD.left + ((t - t0) / (t1 - t0 || 1)) * plotW;
     const y = (b: number): number => PAD.top + plotH - (b / yMax) * plotH;
     Object.assign(this.el.dataset, { yMax: String(yMax), drawnMax: String(max), axis: v.axis, range: `${t0},${t1}`, plot: [PAD.left, PAD.top, plotW, plotH].join(",") });
@@ -298,30 +301,95 @@ export class StackedChart {
     ctx.textBaseline = "alphabetic";
     const spanText = v.unit === "entry" ? `entries ${Math.round(t0).toLocaleString("en-US")}\u2013${Math.round(t1).toLocaleString("en-US")} (event order)` : `${formatDuration(t1 - t0)} shown (wall-clock${v.idle.length ? ", idle stretches collapsed" : ""})`;
     ctx.fillText(spanText, PAD.left, HEIGHT - 6);
-    this.labels(v, x, t0, t1, palette.muted);
-    this.peakLabel(v, lo, hi, (k) => (x(v.t[k] as number) + x(right(k))) / 2, y);
+    const ooms = this.labels(v, x, t0, t1, palette.muted);
+    const center = (k: number): number => (x(v.t[k] as number) + x(right(k))) / 2;
+    // The highest thing drawn in each column (active, reserved, a search): what a label must clear.
+    const rShown = rMax && rMin && base.t.length === v.t.length ? rMax : null;
+    const searched = found && found.t.length === v.t.length ? found.values : null;
+    const ceiling = (k: number): number => Math.max(v.total[k] ?? 0, rShown?.[k] ?? 0, searched?.[k] ?? 0);
+    const marks = [...ooms, ...this.pointLabels(v, rShown, lo, hi, center)];
+    this.place(marks, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(ceiling(k)));
   }
 
-  /** A mark over the tallest column in view: the peak, the part the user came for. */
-  private peakLabel(v: Stacked, lo: number, hi: number, center: (k: number) => number, y: (b: number) => number): void {
-    let best = lo;
-    for (let k = lo; k < hi; k++) if ((v.total[k] as number) > (v.total[best] as number)) best = k;
-    const bytes = v.total[best] ?? 0;
-    if (!(bytes > 0)) return;
-    const label = document.createElement("div");
-    label.className = "gpumem-drilldown-peak";
-    const px = center(best);
-    label.dataset["x"] = String(px);
-    label.dataset["bytes"] = String(bytes);
-    label.dataset["event"] = String(v.event[best]);
-    label.textContent = `\u25be peak ${formatBytes(bytes)}`;
-    label.style.left = `${px}px`;
-    label.style.top = `${Math.max(0, y(bytes) - 18)}px`;
-    this.overlay.append(label);
+  /** Marks over the tallest column in view (the peak, the part the user came for) and over the
+   * reserved line's highest stretch; `place` puts them where they cover nothing. */
+  private pointLabels(v: Stacked, rMax: Float64Array | null, lo: number, hi: number, center: (k: number) => number): Mark[] {
+    const marks: Mark[] = [];
+    const tallest = (values: Float64Array): number => {
+      let best = lo;
+      for (let k = lo; k < hi; k++) if ((values[k] as number) > (values[best] as number)) best = k;
+      return best;
+    };
+    const add = (className: string, k: number, bytes: number, text: string): void => {
+      if (!(bytes > 0)) return;
+      const label = document.createElement("div");
+      label.className = className;
+      const px = center(k);
+      label.dataset["x"] = String(px);
+      label.dataset["bytes"] = String(bytes);
+      label.dataset["event"] = String(v.event[k]);
+      label.textContent = text;
+      this.overlay.append(label);
+      marks.push({ el: label, x: px, side: "point" });
+    };
+    if (rMax && rMax.length === v.total.length && hi > lo) {
+      const k = tallest(rMax);
+      add("gpumem-drilldown-reserved-peak", k, rMax[k] ?? 0, `\u25be reserved ${formatBytes(rMax[k])}`);
+    }
+    if (hi > lo) {
+      const k = tallest(v.total);
+      add("gpumem-drilldown-peak", k, v.total[k] ?? 0, `\u25be peak ${formatBytes(v.total[k])}`);
+    }
+    return marks;
   }
 
-  /** Cell, OOM and idle labels as HTML over the canvas: readable, selectable, in the DOM. */
-  private labels(v: Stacked, x: (t: number) => number, t0: number, t1: number, hatch: string): void {
+  /** Each mark just above the data under it, beside its point or line, and above any mark it
+   * would cover; cell numbers that a mark covers give way (their bands still show). */
+  private place(marks: Mark[], lo: number, hi: number, left: (k: number) => number, right: (k: number) => number, top: (k: number) => number): void {
+    const plotLeft = PAD.left;
+    const plotRight = PAD.left + this.plotWidth();
+    const placed: Box[] = [];
+    const dataTop = (a: number, b: number): number => {
+      let t = HEIGHT - PAD.bottom;
+      for (let k = lo; k < hi; k++) if (right(k) > a && left(k) < b) t = Math.min(t, top(k));
+      return t;
+    };
+    for (const m of marks) {
+      const w = m.el.offsetWidth;
+      const h = m.el.offsetHeight;
+      // A point mark's "▾" sits over its point (or its right end does); an OOM's box beside its line.
+      const lefts = m.side === "point" ? [m.x - 5, m.x - w + 5] : [m.x + 4, m.x - 4 - w];
+      let best: Box | null = null;
+      for (const raw of lefts) {
+        const l = Math.min(Math.max(raw, plotLeft), Math.max(plotLeft, plotRight - w));
+        let t = dataTop(l, l + w) - h - 3;
+        for (let moved = true; moved; ) {
+          moved = false;
+          for (const b of placed)
+            if (overlaps({ left: l, top: t, right: l + w, bottom: t + h }, b)) {
+              t = b.top - h - 2;
+              moved = true;
+            }
+        }
+        if (t >= 0 && (!best || t > best.top)) best = { left: l, top: t, right: l + w, bottom: t + h };
+      }
+      best ??= { left: Math.max(plotLeft, m.x - 5), top: 0, right: Math.max(plotLeft, m.x - 5) + w, bottom: h };
+      placed.push(best);
+      m.el.style.left = `${best.left}px`;
+      m.el.style.top = `${best.top}px`;
+    }
+    for (const label of this.overlay.querySelectorAll<HTMLElement>(".gpumem-drilldown-band-label")) {
+      const l = parseFloat(label.style.left);
+      const t = parseFloat(label.style.top);
+      const box = { left: l, top: t, right: l + label.offsetWidth, bottom: t + label.offsetHeight };
+      if (placed.some((b) => overlaps(box, b))) label.hidden = true;
+    }
+  }
+
+  /** Cell, OOM and idle labels as HTML over the canvas: readable, selectable, in the DOM. The
+   * OOMs' come back for `place` to position. */
+  private labels(v: Stacked, x: (t: number) => number, t0: number, t1: number, hatch: string): Mark[] {
+    const marks: Mark[] = [];
     this.overlay.replaceChildren();
     for (const band of this.bands) {
       const left = Math.max(x(band.x0), PAD.left);
@@ -348,20 +416,16 @@ export class StackedChart {
       mark.append(text);
       this.overlay.append(mark);
     }
-    v.ooms.forEach((oom, i) => {
-      if (oom.t < t0 || oom.t > t1) return;
+    for (const oom of v.ooms) {
+      if (oom.t < t0 || oom.t > t1) continue;
       const label = document.createElement("div");
       label.className = "gpumem-drilldown-oom";
       label.dataset["event"] = String(oom.event);
       label.textContent = oomText(oom);
-      const px = x(oom.t);
-      const plotRight = PAD.left + this.plotWidth();
-      // Right of the line where it fits, else to its left.
-      if (px > PAD.left + (plotRight - PAD.left) * 0.55) label.style.right = `${this.canvas.clientWidth - px + 4}px`;
-      else label.style.left = `${px + 4}px`;
-      label.style.top = `${PAD.top + 4 + i * 22}px`;
       this.overlay.append(label);
-    });
+      marks.push({ el: label, x: x(oom.t), side: "line" });
+    }
+    return marks;
   }
 
   /** A step line: column k at height `yAt(k)` from `left(k)` to `right(k)`. */
@@ -388,6 +452,24 @@ export class StackedChart {
     ctx.stroke();
     ctx.lineWidth = 1;
   }
+}
+
+/** A label to place over the chart: at a point ("▾" over it) or beside a vertical line. */
+interface Mark {
+  el: HTMLElement;
+  x: number;
+  side: "point" | "line";
+}
+
+interface Box {
+  left: number;
+  top: number;
+  right: number;
+  bottom: number;
+}
+
+function overlaps(a: Box, b: Box): boolean {
+  return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
 }
 
 /** The column holding position `t` (columns start at `starts`, ascending); -1 before the first. */
