@@ -13,7 +13,7 @@ import { chromium } from "playwright-core";
 import { BROWSER_ARGS, isLocal, measureContrast } from "./browser.mjs";
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
-const result = { blocked: [], pageErrors: [], scenarios: {}, contrast: [], shots: [], error: null };
+const result = { blocked: [], pageErrors: [], scenarios: {}, replays: {}, narrow: {}, contrast: [], shots: [], error: null };
 const TIMEOUT = 30000;
 const SERIES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8", "#bab0ac"];
 
@@ -80,6 +80,51 @@ async function facts(page) {
       summary: document.querySelector(".gpumem-drilldown-summary").textContent,
       alive: { text: heading.textContent, total: Number(heading.dataset.totalBytes), event: Number(heading.dataset.event) },
     };
+  });
+}
+
+/** The peak, reserved and OOM labels' boxes (CSS px, relative to the canvas), and for each how
+ * many pixels of the data (a series colour, or the reserved line's) lie under it. */
+async function labelBoxes(page) {
+  return page.evaluate((colors) => {
+    const chart = document.querySelector(".gpumem-drilldown-chart");
+    const canvas = chart.querySelector("canvas");
+    const c = canvas.getBoundingClientRect();
+    const ratio = canvas.width / canvas.clientWidth;
+    const img = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const reserved = getComputedStyle(chart).getPropertyValue("--gpumem-reserved").trim();
+    const rgb = [...colors, reserved].filter((h) => /^#[0-9a-f]{6}$/i.test(h)).map((h) => [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16)));
+    const isData = (x, y) => {
+      const i = (y * canvas.width + x) * 4;
+      return img[i + 3] === 255 && rgb.some(([r, g, b]) => Math.abs(img[i] - r) <= 2 && Math.abs(img[i + 1] - g) <= 2 && Math.abs(img[i + 2] - b) <= 2);
+    };
+    return [...document.querySelectorAll(".gpumem-drilldown-peak, .gpumem-drilldown-reserved-peak, .gpumem-drilldown-oom")].map((e) => {
+      const b = e.getBoundingClientRect();
+      const box = { left: b.left - c.left, top: b.top - c.top, right: b.right - c.left, bottom: b.bottom - c.top };
+      let covered = 0;
+      for (let x = Math.max(0, Math.floor(box.left * ratio)); x < Math.min(canvas.width, Math.ceil(box.right * ratio)); x++)
+        for (let y = Math.max(0, Math.floor(box.top * ratio)); y < Math.min(canvas.height, Math.ceil(box.bottom * ratio)); y++) if (isData(x, y)) covered++;
+      return { cls: e.className, text: e.textContent, ...box, covered };
+    });
+  }, SERIES);
+}
+
+/** At the stage's current width: how many lines each figure takes (sizes, counts, ranges: one),
+ * and which names are cut rather than wrapped. */
+async function narrow(page) {
+  return page.evaluate(() => {
+    const lines = (e) => {
+      const range = document.createRange();
+      range.selectNodeContents(e);
+      return new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top))).size;
+    };
+    const shown = (e) => e.getClientRects().length > 0;
+    const FIGURES = ".gpumem-drilldown .gpumem-figure, .gpumem-drilldown-bytes, .gpumem-alive-bytes, .gpumem-alive-count";
+    const figures = [...document.querySelectorAll(FIGURES)].filter(shown).map((e) => ({ text: e.textContent, lines: lines(e) }));
+    const NAMES = ".gpumem-drilldown-label, .gpumem-alive-label";
+    const cut = [...document.querySelectorAll(NAMES)].filter(shown).filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.textContent);
+    const wrapped = [...document.querySelectorAll(NAMES)].filter(shown).filter((e) => lines(e) > 1).map((e) => e.textContent);
+    return { width: document.querySelector(".gpumem-widget").getBoundingClientRect().width, figures, cut, wrapped };
   });
 }
 
@@ -168,11 +213,29 @@ try {
       await page.waitForFunction(() => document.querySelector(".gpumem-drilldown-alive-heading").textContent.startsWith("Peak within this column"), null, { timeout: TIMEOUT });
       r.clicked = await heading(page);
     }
+    r.labels = await labelBoxes(page);
     result.scenarios[scenario] = r;
     for (const theme of ["light", "dark"]) {
       await mount(page, scenario, theme);
       await contrast(page, `${scenario} ${theme}`);
     }
+  }
+
+  // The real load's stages, replayed in order: what each left on screen.
+  for (const scenario of plan.replay ?? []) {
+    result.replays[scenario] = await page.evaluate(([s, t]) => window.snap.replay(s, t), [scenario, "light"]);
+  }
+
+  // At 700 px: figures on one line, names wrapped rather than cut.
+  for (const scenario of plan.narrow ?? []) {
+    await page.evaluate(() => (document.getElementById("stage").style.width = "700px"));
+    await mount(page, scenario, "light");
+    result.narrow[scenario] = await narrow(page);
+    const box = await page.locator(".gpumem-widget").boundingBox();
+    const path = join(plan.artifacts, `snapshot-${scenario}-700px-light.png`);
+    await page.screenshot({ path, clip: { x: box.x, y: box.y, width: box.width, height: Math.min(box.height, 900) } });
+    result.shots.push({ scenario, action: "narrow", name: "700px", theme: "light", path });
+    await page.evaluate(() => (document.getElementById("stage").style.width = ""));
   }
 
   for (const shot of plan.shots) {

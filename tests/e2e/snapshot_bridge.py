@@ -4,6 +4,9 @@ ipywidgets serializes them, and the browser's messages handled as ipywidgets del
 (`_handle_custom_msg`), answering with the traits they changed.
 
 GET  /state/<scenario>   the widget's whole state after showing the scenario's snapshot
+GET  /stages/<scenario>  every `drilldown` value that a first open of it published, in order
+                         (the file's progress, its preview, more progress, the first view,
+                         the whole view), converted into an empty cache
 POST /msg/<scenario>     one message from the browser; answers the traits it changed
 GET  /themes/<light|dark>.css   JupyterLab's own theme variables (from the installed lab)
 GET  /gpumem_widget/static/..., /tests/e2e/...   the built bundle and the test page
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -76,6 +81,28 @@ class Bridge:
         self.widgets[scenario] = widget
         return serialize(widget)
 
+    def stages(self, scenario: str) -> list[dict[str, Any]]:
+        """Each `drilldown` value a first open of the scenario's file publishes: into an empty
+        cache, so the child converts it and sends its preview (a reopen maps the cache)."""
+        widget = GpuMemWidget()
+        stages: list[dict[str, Any]] = []
+
+        def stage(change: Any) -> None:
+            stages.append(serialize(widget, ["drilldown"]))
+
+        widget.observe(stage, names=["drilldown"])
+        before = os.environ.get("GPUMEM_WIDGET_CACHE")
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["GPUMEM_WIDGET_CACHE"] = cache
+            try:
+                Drilldown(widget).show(FIXTURES / f"{scenario}.pickle.gz")
+            finally:
+                if before is None:
+                    del os.environ["GPUMEM_WIDGET_CACHE"]
+                else:
+                    os.environ["GPUMEM_WIDGET_CACHE"] = before
+        return stages
+
     def message(self, scenario: str, content: dict[str, Any]) -> dict[str, Any]:
         widget = self.widgets[scenario]
         changed: list[str] = []
@@ -114,6 +141,10 @@ def serve(bridge: Bridge) -> tuple[ThreadingHTTPServer, str]:
             if path.startswith("state/"):
                 with bridge.lock:
                     body = json.dumps(bridge.open(path.removeprefix("state/")))
+                self.reply(body.encode(), "application/json")
+            elif path.startswith("stages/"):
+                with bridge.lock:
+                    body = json.dumps(bridge.stages(path.removeprefix("stages/")))
                 self.reply(body.encode(), "application/json")
             elif (
                 path.startswith("themes/")

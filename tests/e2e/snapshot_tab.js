@@ -75,6 +75,51 @@ window.snap = {
     cleanup = widget.render({ model, el: stage });
     stage.querySelector(".gpumem-tabs button[data-tab='snapshot']").click();
   },
+  /** Replays the `drilldown` values showing `scenario` published, in order, a frame or two
+   * apart, and records what each left on screen and every chart part removed after the first
+   * draw (the chart, its canvas, overlay, readout, legend, the tab's body). */
+  async replay(scenario, theme) {
+    await setTheme(theme);
+    cleanup?.();
+    const stage = document.getElementById("stage");
+    stage.replaceChildren();
+    const stages = await (await fetch(`/stages/${scenario}`)).json();
+    model = new BridgeModel({ drilldown: {}, drilldown_alive: {} }, scenario);
+    cleanup = widget.render({ model, el: stage });
+    stage.querySelector(".gpumem-tabs button[data-tab='snapshot']").click();
+    const PARTS = ".gpumem-drilldown-body, .gpumem-drilldown-chart, .gpumem-drilldown-stage, .gpumem-drilldown-overlay, .gpumem-drilldown-readout, .gpumem-drilldown-legend, canvas";
+    const removed = [];
+    const observer = new MutationObserver((records) => {
+      for (const r of records) {
+        for (const n of r.removedNodes) if (n.nodeType === 1 && (n.matches(PARTS) || n.querySelector(PARTS))) removed.push(n.className || n.tagName);
+        if (r.type === "attributes" && r.target.matches(PARTS) && r.target.hidden) removed.push(`${r.target.className} hidden`);
+      }
+    });
+    const frames = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+    const seen = [];
+    let canvas = null;
+    for (const saved of stages) {
+      const value = decode(saved).drilldown;
+      model.set("drilldown", value);
+      await frames();
+      const chart = stage.querySelector(".gpumem-drilldown-chart");
+      const drawn = !!chart && chart.getClientRects().length > 0 && chart.dataset.yMax !== undefined;
+      if (drawn && canvas === null) {
+        canvas = chart.querySelector("canvas");
+        observer.observe(stage, { subtree: true, childList: true, attributes: true, attributeFilter: ["hidden"] });
+      }
+      const line = stage.querySelector(".gpumem-drilldown-stage-line");
+      seen.push({
+        kind: "loading" in value ? `loading ${value.stage}` : value.preview ? "preview" : value.partial ? "partial" : "devices" in value ? "complete" : Object.keys(value).join(","),
+        drawn,
+        sameCanvas: canvas !== null && chart?.querySelector("canvas") === canvas,
+        stageLine: line && line.getClientRects().length > 0 ? line.textContent : null,
+        message: stage.querySelector(".gpumem-drilldown-empty")?.getClientRects().length ? stage.querySelector(".gpumem-drilldown-empty").textContent : null,
+      });
+    }
+    observer.disconnect();
+    return { stages: seen, removed };
+  },
   idle() {
     return model !== null && model.inflight === 0;
   },

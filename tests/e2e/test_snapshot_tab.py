@@ -42,6 +42,8 @@ SHOTS = [
     {"scenario": "compare", "action": "compare", "name": "compare", "height": 900},
 ]
 MIN_CONTRAST = 4.5
+REPLAY = ["train_tagged", "fragmentation_oom"]  # their loads' stages, replayed in order
+NARROW = ["train_tagged", "stacks_all"]  # drawn 700 px wide
 
 
 def js_bytes(n: int) -> str:
@@ -78,6 +80,8 @@ def drawn(
         "scenarios": SCENARIOS,
         "shots": SHOTS,
         "searchQuery": "make_snapshot_fixtures.py:142",
+        "replay": REPLAY,
+        "narrow": NARROW,
     }
     (tmp / "plan.json").write_text(json.dumps(plan))
     try:
@@ -201,3 +205,67 @@ def test_views_answer_through_the_kernel_at_screen_resolution(
     assert all(90 <= m["width"] <= 1000 for m in views)
     (compare,) = {s["facts"]["summary"] for s in result["shots"] if s["name"] == "compare"}
     assert COMPARE[1] in compare
+
+
+@pytest.mark.parametrize("name", REPLAY)
+def test_progressive_drawing_never_takes_the_chart_away(
+    drawn: tuple[dict[str, Any], Bridge], name: str
+) -> None:
+    """The real load publishes its progress, a preview, more progress ("writing", "mapping"),
+    the first view and the whole view; once a chart is drawn, each stage replaces it in place."""
+    result, _ = drawn
+    replay = result["replays"][name]
+    kinds = [s["kind"] for s in replay["stages"]]
+    assert kinds[-1] == "complete", kinds
+    first = next(i for i, s in enumerate(replay["stages"]) if s["drawn"])
+    assert first < len(kinds) - 1, kinds  # drawn before the whole view came
+    later = replay["stages"][first:]
+    assert all(s["drawn"] and s["sameCanvas"] for s in later), later
+    assert all(s["message"] is None for s in later), later  # never "Opening…" instead of it
+    assert replay["removed"] == [], replay["removed"]
+    # Until the whole view, a status line says which stage is drawn and what is under way.
+    for s in later[:-1]:
+        assert s["stageLine"] and s["stageLine"].startswith("Drawn so far"), s
+    assert later[-1]["stageLine"] is None, later[-1]
+    if "loading writing" in kinds[first:]:
+        (writing,) = [s for s in later if s["kind"] == "loading writing"]
+        assert "writing" in writing["stageLine"], writing
+
+
+def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(
+        a["left"] < b["right"]
+        and b["left"] < a["right"]
+        and a["top"] < b["bottom"]
+        and b["top"] < a["bottom"]
+    )
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_labels_cover_neither_each_other_nor_the_data(
+    drawn: tuple[dict[str, Any], Bridge], name: str
+) -> None:
+    result, _ = drawn
+    labels = result["scenarios"][name]["labels"]
+    peak, _ = independent_peak(raw(name), 0)
+    if peak:
+        assert any(lb["cls"] == "gpumem-drilldown-peak" for lb in labels), labels
+    if name in ("oom", "fragmentation_oom"):
+        assert any(lb["cls"] == "gpumem-drilldown-oom" for lb in labels), labels
+    for i, a in enumerate(labels):
+        assert a["covered"] == 0, a  # no pixel of a series or of the reserved line under it
+        assert a["top"] >= 0, a
+        for b in labels[i + 1 :]:
+            assert not _overlap(a, b), (a, b)
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_at_700_px_figures_stay_whole_and_names_wrap(
+    drawn: tuple[dict[str, Any], Bridge], name: str
+) -> None:
+    n = drawn[0]["narrow"][name]
+    assert 690 <= n["width"] <= 710, n["width"]
+    assert n["figures"], n
+    wrapped = [f for f in n["figures"] if f["lines"] != 1]
+    assert wrapped == [], wrapped
+    assert n["cut"] == [], n["cut"]

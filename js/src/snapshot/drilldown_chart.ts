@@ -7,7 +7,7 @@
 // bands lie behind the stack; a search's matched bytes run over it as a line.
 
 import { byteTicks, formatBytes, formatDuration, formatTick } from "../common/format";
-import type { Band, Oom, Stacked } from "../wire/drilldown";
+import type { Band, Oom, Series, Stacked } from "../wire/drilldown";
 import { readPalette, type Palette } from "../common/theme";
 import { setFigures } from "./text";
 
@@ -22,6 +22,30 @@ const DRAG_PX = 5; // a press that moves less than this is a click
 
 export function seriesColor(column: string, index: number): string {
   return column === "other" ? OTHER_COLOR : (SERIES_COLORS[index % SERIES_COLORS.length] as string);
+}
+
+/** The share of a series' colour in its lighter tone (the rise from a column's floor to its peak). */
+const RISE_SHARE = 0.45;
+
+/** "#rrggbb" or "rgb(a)(…)" (a canvas's normalised fillStyle) as [r, g, b]. */
+function rgbOf(ctx: CanvasRenderingContext2D, color: string): [number, number, number] {
+  ctx.fillStyle = "#000000";
+  ctx.fillStyle = color;
+  const c = String(ctx.fillStyle);
+  if (c.startsWith("#")) return [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)) as [number, number, number];
+  const [r = 0, g = 0, b = 0] = (c.match(/[\d.]+/g) ?? []).map(Number);
+  return [r, g, b];
+}
+
+/** Each series' lighter tone: its colour mixed, opaque, with the widget's background. */
+export function riseColors(v: Stacked, el: HTMLElement): string[] {
+  const ctx = document.createElement("canvas").getContext("2d");
+  if (!ctx) return v.series.map((s, i) => seriesColor(s.column, i));
+  const bg = rgbOf(ctx, getComputedStyle(el).getPropertyValue("--gpumem-bg").trim() || "#ffffff");
+  return v.series.map((s, i) => {
+    const c = rgbOf(ctx, seriesColor(s.column, i));
+    return `#${c.map((ch, j) => Math.round(RISE_SHARE * ch + (1 - RISE_SHARE) * (bg[j] as number)).toString(16).padStart(2, "0")).join("")}`;
+  });
 }
 
 /** The axis top for values up to `max`: a round tick at or above `max * HEADROOM`. */
@@ -208,9 +232,9 @@ export class StackedChart {
     if (!pick) return;
     const k = pick.column;
     const top = v.series.map((s) => ({ s, b: s.values[k] ?? 0 })).sort((p, q) => q.b - p.b)[0];
-    const where = v.unit === "entry" ? `entry ${Math.round(pick.event).toLocaleString("en-US")}` : `+${formatDuration(x - v.t0)}`;
     const reserved = this.base?.reservedMax ? `; reserved up to ${formatBytes(this.base.reservedMax[k])}` : "";
-    setFigures(this.readout, `${where}: peak within this column ${formatBytes(v.total[k])} active${reserved}` + (top && top.b > 0 ? `; largest: ${top.s.label} ${formatBytes(top.b)}` : ""));
+    const largest = top && top.b > 0 ? `; largest at its peak: ${top.s.label} ${formatBytes(top.b)}` : "";
+    setFigures(this.readout, `${columnText(v, k)}: ${rangeText(v.min?.[k] ?? null, v.total[k] ?? 0)} active${reserved}${largest}`);
   }
 
   draw(): void {
@@ -255,23 +279,6 @@ export class StackedChart {
     ctx.clip();
     // Steps: column k holds from t[k] to t[k+1].
     const right = (k: number): number => (k + 1 < v.t.length ? (v.t[k + 1] as number) : v.t1);
-    const stack = new Float64Array(hi - lo);
-    v.series.forEach((s, i) => {
-      ctx.beginPath();
-      for (let k = lo; k < hi; k++) {
-        const top = (stack[k - lo] as number) + (s.values[k] ?? 0);
-        ctx.lineTo(x(v.t[k] as number), y(top));
-        ctx.lineTo(x(right(k)), y(top));
-      }
-      for (let k = hi - 1; k >= lo; k--) {
-        ctx.lineTo(x(right(k)), y(stack[k - lo] as number));
-        ctx.lineTo(x(v.t[k] as number), y(stack[k - lo] as number));
-      }
-      ctx.closePath();
-      ctx.fillStyle = seriesColor(s.column, i);
-      ctx.fill();
-      for (let k = lo; k < hi; k++) stack[k - lo] = (stack[k - lo] as number) + (s.values[k] ?? 0);
-    });
     const rMax = base.reservedMax;
     const rMin = base.reservedMin;
     if (rMax && rMin && base.t.length === v.t.length) {
@@ -289,8 +296,15 @@ export class StackedChart {
       ctx.fillStyle = palette.reserved;
       ctx.fill();
       ctx.globalAlpha = 1;
-      this.steps(ctx, palette.reserved, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(rMax[k] ?? 0), [4, 3]);
     }
+    // Each column's range: the stack at its peak, lighter, under the stack at its floor, solid.
+    // Where the kernel sent no floors, the peak's stack alone, solid.
+    const ranged = v.series.length > 0 && v.series.every((s) => s.floor !== null);
+    const rise = ranged ? riseColors(v, this.el) : null;
+    this.el.dataset["riseColors"] = JSON.stringify(rise ?? []);
+    this.stack(ctx, v, lo, hi, x, y, right, (s) => s.values, (i) => rise?.[i] ?? seriesColor(v.series[i]?.column ?? "", i));
+    if (ranged) this.stack(ctx, v, lo, hi, x, y, right, (s) => s.floor ?? s.values, (i) => seriesColor(v.series[i]?.column ?? "", i));
+    if (rMax && rMin && base.t.length === v.t.length) this.steps(ctx, palette.reserved, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(rMax[k] ?? 0), [4, 3]);
     const found = this.search;
     if (found && found.t.length === v.t.length) this.steps(ctx, palette.fg, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(found.values[k] ?? 0), []);
     for (const oom of v.ooms) this.vline(ctx, x(oom.t), palette.capacity, 2);
@@ -428,6 +442,38 @@ export class StackedChart {
     return marks;
   }
 
+  /** The series stacked (bottom first), column k from `v.t[k]` to `right(k)`, each `of` its values. */
+  private stack(
+    ctx: CanvasRenderingContext2D,
+    v: Stacked,
+    lo: number,
+    hi: number,
+    x: (t: number) => number,
+    y: (b: number) => number,
+    right: (k: number) => number,
+    of: (s: Series) => Float64Array,
+    color: (i: number) => string,
+  ): void {
+    const below = new Float64Array(hi - lo);
+    v.series.forEach((s, i) => {
+      const values = of(s);
+      ctx.beginPath();
+      for (let k = lo; k < hi; k++) {
+        const top = (below[k - lo] as number) + (values[k] ?? 0);
+        ctx.lineTo(x(v.t[k] as number), y(top));
+        ctx.lineTo(x(right(k)), y(top));
+      }
+      for (let k = hi - 1; k >= lo; k--) {
+        ctx.lineTo(x(right(k)), y(below[k - lo] as number));
+        ctx.lineTo(x(v.t[k] as number), y(below[k - lo] as number));
+      }
+      ctx.closePath();
+      ctx.fillStyle = color(i);
+      ctx.fill();
+      for (let k = lo; k < hi; k++) below[k - lo] = (below[k - lo] as number) + (values[k] ?? 0);
+    });
+  }
+
   /** A step line: column k at height `yAt(k)` from `left(k)` to `right(k)`. */
   private steps(ctx: CanvasRenderingContext2D, color: string, lo: number, hi: number, left: (k: number) => number, right: (k: number) => number, yAt: (k: number) => number, dash: number[]): void {
     ctx.strokeStyle = color;
@@ -470,6 +516,26 @@ interface Box {
 
 function overlaps(a: Box, b: Box): boolean {
   return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+}
+
+/** Which entries (event order) or which stretch of time column `k` holds. */
+export function columnText(v: Stacked, k: number): string {
+  const a = v.t[k] as number;
+  const b = k + 1 < v.t.length ? (v.t[k + 1] as number) : v.t1;
+  if (v.unit === "s") return `in +${formatDuration(a - v.t0)}\u2013+${formatDuration(b - v.t0)}`;
+  // Entry i sits at x = i: the column holds the entries from ceil(a) to below b.
+  const first = Math.ceil(a);
+  const last = Math.max(first, Math.ceil(b) - 1);
+  const n = (i: number): string => i.toLocaleString("en-US");
+  return first === last ? `at entry ${n(first)}` : `in entries ${n(first)}\u2013${n(last)}`;
+}
+
+/** "118–324 MiB" (floor to peak), one unit where both share it; the peak alone without a floor. */
+export function rangeText(floor: number | null, peak: number): string {
+  if (floor === null || floor === peak) return formatBytes(peak);
+  const [lo, hi] = [formatBytes(floor), formatBytes(peak)];
+  const unit = (s: string): string => s.slice(s.indexOf(" "));
+  return unit(lo) === unit(hi) ? `${lo.slice(0, lo.indexOf(" "))}\u2013${hi}` : `${lo}\u2013${hi}`;
 }
 
 /** The column holding position `t` (columns start at `starts`, ascending); -1 before the first. */

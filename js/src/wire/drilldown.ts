@@ -8,6 +8,9 @@ import { decodeF64Columns } from "./table";
 
 export type Columns = Map<string, Float64Array>;
 
+/** A series' column at each screen column's lowest instant: its name and this suffix. */
+export const FLOOR = "_floor";
+
 function column(cols: Columns, name: string, what: string): Float64Array {
   const c = cols.get(name);
   if (!c) throw new ProtocolError(`${what}: no column ${JSON.stringify(name)}`);
@@ -22,7 +25,8 @@ export interface Series {
   label: string;
   detail: string; // file:line, or the same as label
   peak: number; // exact, from the replay; for the summed rest, its highest on screen
-  values: Float64Array;
+  values: Float64Array; // at each column's highest instant (the column's peak)
+  floor: Float64Array | null; // at each column's lowest instant (its floor); null: not sent
   summed?: boolean; // the sites not shown one by one, summed ("other")
 }
 
@@ -43,7 +47,8 @@ export interface Idle {
 }
 
 /** A stacked view over an x axis (event order or wall-clock): active memory by site, or by
- * category. Each column is shown at its highest instant, the trace entry in `event`. */
+ * category. Each column is shown as its range: at its highest instant (the trace entry in
+ * `event`; `values`, `total`) and at its lowest (`floor`, `min`). */
 export interface Stacked {
   axis: "event" | "time";
   unit: "s" | "entry";
@@ -52,7 +57,8 @@ export interface Stacked {
   t: Float64Array; // column start positions
   event: Float64Array; // the entry each column shows (its peak): what a click on it asks about
   time: Float64Array | null; // unix seconds of that entry
-  total: Float64Array;
+  total: Float64Array; // active at each column's highest instant
+  min: Float64Array | null; // active at each column's lowest instant
   reserved: Float64Array | null;
   reservedMax: Float64Array | null;
   reservedMin: Float64Array | null;
@@ -77,11 +83,11 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
     const label = field(g, "label", `${what}.groups[${i}]`, isString, "a label");
     const file = optional(g, "filename", isStringOrNull, null);
     const line = optional(g, "line", isNumberOrNull, null);
-    return { column: col, label, detail: file ? `${file}:${line ?? "?"}` : label, peak: optional(g, "peak_bytes", isNumber, 0), values: column(columns, col, what) };
+    return { column: col, label, detail: file ? `${file}:${line ?? "?"}` : label, peak: optional(g, "peak_bytes", isNumber, 0), values: column(columns, col, what), floor: columns.get(`${col}${FLOOR}`) ?? null };
   });
   if (withOther && columns.has("other")) {
     const values = column(columns, "other", what);
-    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values, summed: true });
+    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values, floor: columns.get(`other${FLOOR}`) ?? null, summed: true });
   }
   const peak = field(raw, "peak", what, isObj, "an object");
   const ooms = optional(raw, "ooms", isArray, []);
@@ -95,6 +101,7 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
     event: columns.get("event") ?? new Float64Array(total.length).fill(-1),
     time: columns.get("time") ?? null,
     total,
+    min: columns.get("min") ?? null,
     reserved: columns.get("reserved") ?? null,
     reservedMax: columns.get("reserved_max") ?? null,
     reservedMin: columns.get("reserved_min") ?? null,
