@@ -225,7 +225,7 @@ def test_progressive_drawing_never_takes_the_chart_away(
     assert replay["removed"] == [], replay["removed"]
     # Until the whole view, a status line says which stage is drawn and what is under way.
     for s in later[:-1]:
-        assert s["stageLine"] and s["stageLine"].startswith("Drawn so far"), s
+        assert (s["stageLine"] or "").startswith("Drawn so far"), s
     assert later[-1]["stageLine"] is None, later[-1]
     if "loading writing" in kinds[first:]:
         (writing,) = [s for s in later if s["kind"] == "loading writing"]
