@@ -8,7 +8,7 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import type { AnyModel } from "@anywidget/types";
 import { mountSnapshotTab } from "../src/snapshot/tab";
-import { axisTop, columnAt, HEADROOM, oomText } from "../src/snapshot/drilldown_chart";
+import { axisTop, columnAt, columnText, HEADROOM, oomText, rangeText } from "../src/snapshot/drilldown_chart";
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/wire/drilldown";
 import type { Traits } from "../src/wire/protocol";
 import { decodeColumns } from "../src/wire/table";
@@ -353,6 +353,20 @@ describe("the chart's axis and labels", () => {
       expect(ticks[ticks.length - 1]).toBe(top);
       expect(ticks.every((t, i) => i === 0 || t > (ticks[i - 1] as number))).toBe(true);
     }
+  });
+
+  it("says a column's range: its entries, and its floor to its peak in one unit where it can", () => {
+    const MiB = 2 ** 20;
+    expect(rangeText(118 * MiB, 324 * MiB)).toBe("118\u2013324 MiB");
+    expect(rangeText(512 * 1024, 2 * MiB)).toBe("512 KiB\u20132.00 MiB");
+    expect(rangeText(null, 324 * MiB)).toBe("324 MiB"); // no floor sent: the peak alone
+    expect(rangeText(324 * MiB, 324 * MiB)).toBe("324 MiB");
+    const view = { unit: "entry", t: Float64Array.from([41000, 42000.5, 43000]), t0: 41000, t1: 43001 } as unknown as Parameters<typeof columnText>[0];
+    expect(columnText(view, 0)).toBe("in entries 41,000\u201342,000");
+    expect(columnText(view, 1)).toBe("in entries 42,001\u201342,999");
+    expect(columnText(view, 2)).toBe("in entries 43,000\u201343,001"); // the last holds its end
+    const one = { unit: "entry", t: Float64Array.from([7, 8]), t0: 7, t1: 9 } as unknown as Parameters<typeof columnText>[0];
+    expect(columnText(one, 0)).toBe("at entry 7"); // a column holding one entry
   });
 
   it("labels an OOM with the request, the free memory and the cell", () => {

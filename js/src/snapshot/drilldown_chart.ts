@@ -234,7 +234,9 @@ export class StackedChart {
     const top = v.series.map((s) => ({ s, b: s.values[k] ?? 0 })).sort((p, q) => q.b - p.b)[0];
     const reserved = this.base?.reservedMax ? `; reserved up to ${formatBytes(this.base.reservedMax[k])}` : "";
     const largest = top && top.b > 0 ? `; largest at its peak: ${top.s.label} ${formatBytes(top.b)}` : "";
-    setFigures(this.readout, `${columnText(v, k)}: ${rangeText(v.min?.[k] ?? null, v.total[k] ?? 0)} active${reserved}${largest}`);
+    const base = this.base && this.base.t.length === v.t.length ? this.base : null;
+    const floor = v.min?.[k] ?? base?.min?.[k] ?? null;
+    setFigures(this.readout, `${columnText(v, k)}: ${rangeText(floor, v.total[k] ?? 0)} active${reserved}${largest}`);
   }
 
   draw(): void {
@@ -296,6 +298,8 @@ export class StackedChart {
       ctx.fillStyle = palette.reserved;
       ctx.fill();
       ctx.globalAlpha = 1;
+      // Under the stack: where reserved equals active the stack's own top is that line.
+      this.steps(ctx, palette.reserved, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(rMax[k] ?? 0), [4, 3]);
     }
     // Each column's range: the stack at its peak, lighter, under the stack at its floor, solid.
     // Where the kernel sent no floors, the peak's stack alone, solid.
@@ -304,11 +308,13 @@ export class StackedChart {
     this.el.dataset["riseColors"] = JSON.stringify(rise ?? []);
     this.stack(ctx, v, lo, hi, x, y, right, (s) => s.values, (i) => rise?.[i] ?? seriesColor(v.series[i]?.column ?? "", i));
     if (ranged) this.stack(ctx, v, lo, hi, x, y, right, (s) => s.floor ?? s.values, (i) => seriesColor(v.series[i]?.column ?? "", i));
-    if (rMax && rMin && base.t.length === v.t.length) this.steps(ctx, palette.reserved, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(rMax[k] ?? 0), [4, 3]);
     const found = this.search;
     if (found && found.t.length === v.t.length) this.steps(ctx, palette.fg, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(found.values[k] ?? 0), []);
-    for (const oom of v.ooms) this.vline(ctx, x(oom.t), palette.capacity, 2);
-    if (this.marker !== null && this.marker >= t0 && this.marker <= t1) this.vline(ctx, x(this.marker), palette.fg, 1);
+    // Vertical lines over the stack (OOMs, the instant answered): where they are, in the DOM.
+    const lines: number[] = [];
+    for (const oom of v.ooms) lines.push(this.vline(ctx, x(oom.t), palette.capacity, 2));
+    if (this.marker !== null && this.marker >= t0 && this.marker <= t1) lines.push(this.vline(ctx, x(this.marker), palette.fg, 1));
+    this.el.dataset["lines"] = lines.map((px) => px.toFixed(1)).join(",");
     ctx.restore();
     ctx.fillStyle = palette.muted;
     ctx.textAlign = "left";
@@ -489,7 +495,7 @@ export class StackedChart {
     ctx.lineWidth = 1;
   }
 
-  private vline(ctx: CanvasRenderingContext2D, px: number, color: string, width: number): void {
+  private vline(ctx: CanvasRenderingContext2D, px: number, color: string, width: number): number {
     ctx.strokeStyle = color;
     ctx.lineWidth = width;
     ctx.beginPath();
@@ -497,6 +503,7 @@ export class StackedChart {
     ctx.lineTo(px, HEIGHT - PAD.bottom);
     ctx.stroke();
     ctx.lineWidth = 1;
+    return px;
   }
 }
 
@@ -525,7 +532,7 @@ export function columnText(v: Stacked, k: number): string {
   if (v.unit === "s") return `in +${formatDuration(a - v.t0)}\u2013+${formatDuration(b - v.t0)}`;
   // Entry i sits at x = i: the column holds the entries from ceil(a) to below b.
   const first = Math.ceil(a);
-  const last = Math.max(first, Math.ceil(b) - 1);
+  const last = Math.max(first, k + 1 < v.t.length ? Math.ceil(b) - 1 : Math.floor(b)); // the last column holds its end
   const n = (i: number): string => i.toLocaleString("en-US");
   return first === last ? `at entry ${n(first)}` : `in entries ${n(first)}\u2013${n(last)}`;
 }
