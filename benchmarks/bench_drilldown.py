@@ -18,6 +18,8 @@ Three kernels, each a fresh process (so its peak RSS is its own), on the same fi
 - unpickle alone: `pickle.load` of the file in a fresh process, the floor for any Python
   reader and a gauge of how fast the machine is during the run (shared machines drift).
 - reopen: the same with the columns cached (no child): the first view kept with them first.
+- per_unpickle: for each of them, the first frame, the chart by site and everything published,
+  each as a multiple of the median `pickle.load` of the same file in the same run.
 - baseline: the path before issue 15, in the kernel itself: `read_snapshot` (safe unpickle and
   conversion in-process, the C reader off), then every overview and what is alive at the peak
   before the first draw.
@@ -188,6 +190,19 @@ def _median(values: list[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2]
 
 
+def _per_unpickle(run: dict[str, Any], floor: float) -> dict[str, float | None]:
+    """A run's three moments as multiples of `pickle.load` on the same file in the same run:
+    the first frame drawn, the chart by site (plus the first frame's draw where the browser
+    ran), everything published (categories, cells, alive at the peak with its segment map)."""
+    draw = run["browser_draw_s"] or 0.0
+    moments = {
+        "first_frame": run["first_drawn_view_s"],
+        "by_site": run["first_view_by_site_s"] + draw,
+        "complete": run["everything_s"],
+    }
+    return {k: round(v / floor, 2) if floor else None for k, v in moments.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--file", type=Path)
@@ -234,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     result["first_open_per_unpickle"] = (
         round(result["first_open"]["first_drawn_view_s"] / floor, 2) if floor else None
     )  # a file too small to time has none
+    result["per_unpickle"] = {mode: _per_unpickle(result[mode], floor) for mode in rounds[0]}
     if not args.skip_baseline:
         base = result["baseline_in_process"]["first_drawn_view_s"]
         for mode in ("first_open", "first_open_cold", "first_open_unpickler", "reopen"):
