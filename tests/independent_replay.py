@@ -71,6 +71,17 @@ def independent_peak(snapshot: dict[str, Any], device: int) -> tuple[int, int]:
     """The highest active (requested) bytes and reserved bytes at any entry, replayed forward
     from what was alive and reserved before the trace (the state at the snapshot minus what
     the trace changed)."""
+    active, reserved = _levels(snapshot, device)
+    return max(active), max(reserved)
+
+
+def independent_active(snapshot: dict[str, Any], device: int) -> list[int]:
+    """Active (requested) bytes before the trace, then right after each of its entries."""
+    return _levels(snapshot, device)[0]
+
+
+def _levels(snapshot: dict[str, Any], device: int) -> tuple[list[int], list[int]]:
+    """Active and reserved bytes before the trace and right after each entry."""
     entries = snapshot["device_traces"][device]
     segs = [s for s in snapshot["segments"] if s.get("device", 0) == device]
     active_end = sum(
@@ -91,11 +102,9 @@ def independent_peak(snapshot: dict[str, Any], device: int) -> tuple[int, int]:
         grow = a in ("segment_alloc", "segment_map")
         shrink = a in ("segment_free", "segment_unmap")
         rdeltas.append(size if grow else -size if shrink else 0)
-    active = active_end - sum(deltas)
-    reserved = reserved_end - sum(rdeltas)
-    peak, peak_reserved = active, reserved
+    active = [active_end - sum(deltas)]
+    reserved = [reserved_end - sum(rdeltas)]
     for d, r in zip(deltas, rdeltas, strict=True):
-        active += d
-        reserved += r
-        peak, peak_reserved = max(peak, active), max(peak_reserved, reserved)
-    return peak, peak_reserved
+        active.append(active[-1] + d)
+        reserved.append(reserved[-1] + r)
+    return active, reserved

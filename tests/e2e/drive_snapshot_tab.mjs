@@ -13,7 +13,7 @@ import { chromium } from "playwright-core";
 import { BROWSER_ARGS, isLocal, measureContrast } from "./browser.mjs";
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
-const result = { blocked: [], pageErrors: [], scenarios: {}, replays: {}, narrow: {}, contrast: [], shots: [], error: null };
+const result = { blocked: [], pageErrors: [], scenarios: {}, replays: {}, narrow: {}, columns: {}, contrast: [], shots: [], error: null };
 const TIMEOUT = 30000;
 const SERIES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8", "#bab0ac"];
 
@@ -128,6 +128,59 @@ async function narrow(page) {
   });
 }
 
+/** Per pixel column of the plot: the topmost pixel of the stack (a series colour, or its
+ * lighter rise) and the topmost of the solid floor (a series colour), in CSS px. */
+async function columnEdges(page) {
+  return page.evaluate((colors) => {
+    const chart = document.querySelector(".gpumem-drilldown-chart");
+    const canvas = chart.querySelector("canvas");
+    const [left, top, w, h] = chart.dataset.plot.split(",").map(Number);
+    const ratio = canvas.width / canvas.clientWidth;
+    const img = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const hex = (list) => list.map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
+    const solid = hex(colors);
+    const rise = hex(JSON.parse(chart.dataset.riseColors || "[]"));
+    const is = (set, x, y) => {
+      const i = (y * canvas.width + x) * 4;
+      return img[i + 3] === 255 && set.some(([r, g, b]) => Math.abs(img[i] - r) <= 2 && Math.abs(img[i + 1] - g) <= 2 && Math.abs(img[i + 2] - b) <= 2);
+    };
+    const columns = [];
+    for (let px = Math.ceil(left); px < Math.floor(left + w); px++) {
+      const x = Math.round((px + 0.5) * ratio - 0.5);
+      let ceil = null;
+      let floor = null;
+      for (let y = Math.floor(top * ratio); y < Math.ceil((top + h) * ratio); y++) {
+        if (ceil === null && (is(solid, x, y) || is(rise, x, y))) ceil = y / ratio;
+        if (floor === null && is(solid, x, y)) floor = y / ratio;
+        if (ceil !== null && floor !== null) break;
+      }
+      columns.push({ px, ceil, floor });
+    }
+    return {
+      plot: { left, top, w, h },
+      yMax: Number(chart.dataset.yMax),
+      range: chart.dataset.range.split(",").map(Number),
+      columns: Number(chart.dataset.columns),
+      lines: (chart.dataset.lines || "").split(",").filter(Boolean).map(Number),
+      ranged: JSON.parse(chart.dataset.riseColors || "[]").length > 0,
+      edges: columns,
+    };
+  }, SERIES);
+}
+
+/** Drag across the whole plot: the kernel answers the whole trace at one column per pixel. */
+async function fullZoom(page) {
+  const box = await page.locator(".gpumem-drilldown-chart canvas").boundingBox();
+  const y = box.y + 60;
+  await page.mouse.move(box.x + 2, y);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width / 2, y, { steps: 4 });
+  await page.mouse.move(box.x + box.width - 2, y, { steps: 4 });
+  await page.mouse.up();
+  await page.waitForFunction(() => document.querySelector(".gpumem-drilldown-body").dataset.pending === undefined, null, { timeout: TIMEOUT });
+  await settle(page);
+}
+
 async function heading(page) {
   return page.evaluate(() => {
     const h = document.querySelector(".gpumem-drilldown-alive-heading");
@@ -219,6 +272,13 @@ try {
       await mount(page, scenario, theme);
       await contrast(page, `${scenario} ${theme}`);
     }
+  }
+
+  // At full zoom, one column per pixel: each column's drawn floor and peak.
+  for (const scenario of plan.columns ?? []) {
+    await mount(page, scenario, "light");
+    await fullZoom(page);
+    result.columns[scenario] = await columnEdges(page);
   }
 
   // The real load's stages, replayed in order: what each left on screen.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from independent_replay import independent_peak, independent_site_peaks, raw
+from independent_replay import independent_active, independent_peak, independent_site_peaks, raw
 from snapshot_bridge import COMPARE, THEME_CSS, Bridge, serve
 from test_lab_e2e import driver_deps  # noqa: F401  (a fixture: playwright-core installed)
 
@@ -44,6 +44,7 @@ SHOTS = [
 MIN_CONTRAST = 4.5
 REPLAY = ["train_tagged", "fragmentation_oom"]  # their loads' stages, replayed in order
 NARROW = ["train_tagged", "stacks_all"]  # drawn 700 px wide
+COLUMNS = ["train_tagged", "fragmentation_oom", "toy_linear"]  # at full zoom, column by column
 
 
 def js_bytes(n: int) -> str:
@@ -82,6 +83,7 @@ def drawn(
         "searchQuery": "make_snapshot_fixtures.py:142",
         "replay": REPLAY,
         "narrow": NARROW,
+        "columns": COLUMNS,
     }
     (tmp / "plan.json").write_text(json.dumps(plan))
     try:
@@ -269,3 +271,60 @@ def test_at_700_px_figures_stay_whole_and_names_wrap(
     wrapped = [f for f in n["figures"] if f["lines"] != 1]
     assert wrapped == [], wrapped
     assert n["cut"] == [], n["cut"]
+
+
+def _column_ranges(name: str, t0: float, t1: float, width: int) -> list[tuple[int, int]]:
+    """Each screen column's lowest and highest active bytes, from the independent replay: the
+    value it starts at (what the entry before left) and the value after each entry in it. An
+    entry's position is its number (event order); column k holds the entries whose
+    ``(i - t0) * (width / span)`` rounds down to k (the last column holds the end)."""
+    levels = independent_active(raw(name), 0)  # levels[i + 1]: right after entry i
+    n = len(levels) - 1
+    span = t1 - t0 if t1 > t0 else 1.0
+    inside = [i for i in range(n) if t0 <= i <= t1]
+    columns: list[list[int]] = [[] for _ in range(width)]
+    for i in inside:
+        columns[min(width - 1, max(0, int((i - t0) * (width / span))))].append(i)
+    out = []
+    last = (inside[0] if inside else n) - 1  # the entry before the first column
+    for entries in columns:
+        values = [levels[last + 1]] + [levels[i + 1] for i in entries]
+        out.append((min(values), max(values)))
+        if entries:
+            last = entries[-1]
+    return out
+
+
+@pytest.mark.parametrize("name", COLUMNS)
+def test_at_full_zoom_each_column_is_drawn_from_its_floor_to_its_peak(
+    drawn: tuple[dict[str, Any], Bridge], name: str
+) -> None:
+    """One column per pixel over the whole trace: the topmost pixel of the stack is the
+    column's highest active total and the topmost of its solid floor its lowest, each as an
+    independent replay has them, to a pixel."""
+    c = drawn[0]["columns"][name]
+    plot, y_max = c["plot"], c["yMax"]
+    assert c["ranged"], "the chart drew no floors"
+    assert c["columns"] == round(plot["w"]), (c["columns"], plot)  # a column per pixel
+    ranges = _column_ranges(name, c["range"][0], c["range"][1], c["columns"])
+
+    def y_of(b: int) -> float:
+        return float(plot["top"] + plot["h"] - b / y_max * plot["h"])
+
+    checked = risen = 0
+    for k, edge in enumerate(c["edges"][: c["columns"]]):
+        if any(abs(edge["px"] + 0.5 - line) <= 3 for line in c["lines"]):
+            continue  # under an OOM's or the answered instant's vertical line
+        low, high = ranges[k]
+        if y_of(high) > plot["top"] + plot["h"] - 1:
+            continue  # under a pixel tall: nothing to see
+        assert edge["ceil"] is not None, (k, edge, low, high)
+        assert abs(edge["ceil"] - y_of(high)) <= 1.0, (k, edge, low, high)
+        if y_of(low) <= plot["top"] + plot["h"] - 1:
+            assert edge["floor"] is not None, (k, edge, low, high)
+            assert abs(edge["floor"] - y_of(low)) <= 1.0, (k, edge, low, high)
+        checked += 1
+        risen += y_of(low) - y_of(high) > 2
+    assert checked >= 0.5 * c["columns"], checked
+    if name == "train_tagged":
+        assert risen > 0.1 * checked, risen  # the steps' rise shows, not one flat block

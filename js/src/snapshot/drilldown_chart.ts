@@ -264,7 +264,7 @@ export class StackedChart {
     const { top: yMax, ticks, unit } = axisTop((max * plotH) / (plotH - rows * LABEL_ROW));
     const x = (t: number): number => PAD.left + ((t - t0) / (t1 - t0 || 1)) * plotW;
     const y = (b: number): number => PAD.top + plotH - (b / yMax) * plotH;
-    Object.assign(this.el.dataset, { yMax: String(yMax), drawnMax: String(max), axis: v.axis, range: `${t0},${t1}`, plot: [PAD.left, PAD.top, plotW, plotH].join(",") });
+    Object.assign(this.el.dataset, { yMax: String(yMax), drawnMax: String(max), axis: v.axis, range: `${t0},${t1}`, plot: [PAD.left, PAD.top, plotW, plotH].join(","), columns: String(hi - lo) });
     ctx.save();
     ctx.beginPath();
     ctx.rect(PAD.left, PAD.top, plotW, plotH);
