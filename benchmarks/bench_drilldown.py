@@ -72,7 +72,7 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
     # imports it in the first cell's hooks), so no mode pays for importing it.
     import numpy  # noqa: F401
 
-    from gpumem_widget.snapshot.drilldown import Drilldown, alive_view, overview
+    from gpumem_widget.drilldown.controller import Drilldown, alive_view, overview
     from gpumem_widget.wire.widget import GpuMemWidget
 
     widget = GpuMemWidget()

@@ -52,10 +52,10 @@ def main() -> None:
 
     import numpy as np
 
+    from gpumem_widget.drilldown.controller import range_view
     from gpumem_widget.snapshot import active_memory_view, categories, open_snapshot
     from gpumem_widget.snapshot.aggregate import _grid, _sites, _stacked, axis_x, group_peaks
     from gpumem_widget.snapshot.compare import compare_snapshots
-    from gpumem_widget.snapshot.drilldown import range_view
     from gpumem_widget.snapshot.search import search
 
     snap = open_snapshot(path)

@@ -164,9 +164,9 @@ def compare_snapshots(
     at each one's peak by allocation site and by category (``delta`` is b - a), and both
     timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.
     Keyword arguments go to `snapshot.compare.compare_snapshots` (devices, axis, top)."""
+    from gpumem_widget.drilldown.controller import describe_source
     from gpumem_widget.snapshot import open_snapshot
     from gpumem_widget.snapshot.compare import compare_snapshots as compare
-    from gpumem_widget.snapshot.drilldown import describe_source
 
     session = current_session()
     if session is not None:

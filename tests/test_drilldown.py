@@ -14,10 +14,10 @@ from IPython.core.error import UsageError
 from ipywidgets.widgets.widget import _remove_buffers  # type: ignore[import-untyped]
 
 import gpumem_widget
+from gpumem_widget.drilldown import controller as drilldown
+from gpumem_widget.drilldown.controller import overview
 from gpumem_widget.extension import current_session
 from gpumem_widget.live.session import Session
-from gpumem_widget.snapshot import drilldown
-from gpumem_widget.snapshot.drilldown import overview
 from gpumem_widget.snapshot.fragmentation import from_memory_stats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"

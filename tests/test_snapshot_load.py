@@ -328,7 +328,7 @@ def test_arbitrary_entries_replay_without_crashing(
 def _totals_preview(raw: dict[str, Any]) -> tuple[Any, Any]:
     """The preview drawn from what `read_snapshot` hands `early` (the snapshot before its
     stacks are read), and the snapshot it then returns."""
-    from gpumem_widget.snapshot.drilldown import WIDTH, preview
+    from gpumem_widget.drilldown.controller import WIDTH, preview
     from gpumem_widget.snapshot.replay import Snapshot
 
     seen: list[dict[str, Any]] = []
@@ -343,7 +343,7 @@ def _totals_preview(raw: dict[str, Any]) -> tuple[Any, Any]:
 def _same_totals(view: dict[str, Any], snap: Any) -> None:
     """The preview's figures are the full active view's: every base column, the peak, the OOMs
     (with their tags), the warnings; its one series is the sum of the full view's series."""
-    from gpumem_widget.snapshot.drilldown import TOP_SITES, WIDTH
+    from gpumem_widget.drilldown.controller import TOP_SITES, WIDTH
     from gpumem_widget.wire.protocol import unpack_table
 
     for d in view["devices"]:

@@ -454,7 +454,7 @@ def test_a_file_is_previewed_while_converted_and_its_first_view_kept(tmp_path: P
     """The child sends a preview (active memory as one series) before it reads the stacks; the
     first view it computes is kept with the columns and handed over before they are checked on
     a reopen: exactly what the kernel computes from the mapped columns."""
-    from gpumem_widget.snapshot.drilldown import overview
+    from gpumem_widget.drilldown.controller import overview
     from gpumem_widget.wire.protocol import unpack_table
 
     path = tmp_path / "s.pickle"
@@ -515,7 +515,8 @@ def vars_of(obj: Any) -> list[np.ndarray[Any, Any]]:
 def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     """After the columns, the child replays the allocator to the first device's peak and keeps
     that segment map (the slowest view) with them: the same map the kernel computes."""
-    from gpumem_widget.snapshot import columnar, drilldown
+    from gpumem_widget.drilldown import controller as drilldown
+    from gpumem_widget.snapshot import columnar
     from gpumem_widget.snapshot.segment_views import segment_map
 
     path = tmp_path / "s.pickle"
@@ -541,7 +542,8 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
 ) -> None:
     """The child's preview is optional: where computing it fails, nothing is sent and the
     conversion goes on (the kernel's own views then say what is wrong)."""
-    from gpumem_widget.snapshot import drilldown, load
+    from gpumem_widget.drilldown import controller as drilldown
+    from gpumem_widget.snapshot import load
 
     data = load.read_snapshot(small_snapshot())
     replayed: dict[int, Any] = {}

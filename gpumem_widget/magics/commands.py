@@ -13,9 +13,9 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from gpumem_widget.drilldown.controller import CellWindow
 from gpumem_widget.live.session import Session
 from gpumem_widget.magics.core import Command
-from gpumem_widget.snapshot.drilldown import CellWindow
 
 
 def _configure_estimate(p: argparse.ArgumentParser) -> None:

@@ -82,7 +82,7 @@ main()
 # child (`warm`) has nothing left to import.
 _CHILD_MODULES = (
     "gpumem_widget.snapshot.aggregate",
-    "gpumem_widget.snapshot.drilldown",
+    "gpumem_widget.drilldown.controller",
     "gpumem_widget.snapshot.segment_views",
     "gpumem_widget.snapshot.validate",
 )
@@ -544,7 +544,7 @@ def _checked(data: SnapshotData) -> bool:
 def _send_preview(data: SnapshotData, replayed: dict[int, DeviceReplay]) -> None:
     """Send the caller the first view of `data`, whose stacks are not read yet (none where it
     fails: the caller's own views then say why); `replayed` gets the devices it replayed."""
-    from gpumem_widget.snapshot.drilldown import preview
+    from gpumem_widget.drilldown.controller import preview
 
     if not _checked(data):
         return
@@ -560,7 +560,7 @@ def _send_preview(data: SnapshotData, replayed: dict[int, DeviceReplay]) -> None
 def _first_view(snap: Snapshot) -> Drilldown | None:
     """The tab's first view of `snap`, to keep with its columns (None where it fails: the
     caller then computes it)."""
-    from gpumem_widget.snapshot.drilldown import overview
+    from gpumem_widget.drilldown.controller import overview
 
     if not _checked(snap.data):
         return None
@@ -586,7 +586,7 @@ def _keep_peak_segments(snap: Snapshot, entry: Path) -> None:
     """The segment map at the first device's peak (what the tab shows beside what is alive
     there first), kept with the columns: replaying the allocator to it is the slowest view (a
     Python loop over every entry), done here while the caller computes the others."""
-    from gpumem_widget.snapshot.drilldown import MAX_BLOCKS, MAX_SEGMENTS
+    from gpumem_widget.drilldown.controller import MAX_BLOCKS, MAX_SEGMENTS
     from gpumem_widget.snapshot.segment_views import segment_map
 
     if not snap.devices or not _checked(snap.data):
