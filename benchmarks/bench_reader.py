@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 
-from gpumem_widget.snapshot import load, rows  # noqa: E402
+from gpumem_widget.snapshot.io import c_reader as rows  # noqa: E402
+from gpumem_widget.snapshot.io import load  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any]) -> float:

@@ -11,12 +11,8 @@ import pytest
 from allocator_sim import AllocatorSim, SimulatedOOM
 
 from gpumem_widget.snapshot import open_snapshot
-from gpumem_widget.snapshot.advice import advise, settings_from_conf
-from gpumem_widget.snapshot.fragmentation import (
-    MEANINGS,
-    fragmentation,
-    from_memory_stats,
-)
+from gpumem_widget.snapshot.views.advice import advise, settings_from_conf
+from gpumem_widget.snapshot.views.fragmentation import MEANINGS, fragmentation, from_memory_stats
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB, GiB = 1 << 20, 1 << 30

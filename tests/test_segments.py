@@ -15,14 +15,9 @@ import pytest
 from allocator_sim import AllocatorSim, frame
 
 from gpumem_widget.snapshot import Snapshot, open_snapshot
-from gpumem_widget.snapshot import segments as seg
-from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map
-from gpumem_widget.snapshot.segments import (
-    Layout,
-    Rules,
-    SegmentTimeline,
-    timeline,
-)
+from gpumem_widget.snapshot.model import segments as seg
+from gpumem_widget.snapshot.model.segments import Layout, Rules, SegmentTimeline, timeline
+from gpumem_widget.snapshot.views.segment_views import reserved_over_time_view, segment_map
 from gpumem_widget.wire.protocol import unpack_table
 
 HERE = Path(__file__).parent / "fixtures" / "snapshots"

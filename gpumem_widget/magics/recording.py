@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpumem_widget.snapshot.record import DEFAULT_MAX_ENTRIES
+from gpumem_widget.snapshot.io.record import DEFAULT_MAX_ENTRIES
 
 
 def _positive_int(text: str) -> int:

@@ -18,8 +18,8 @@ from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
 from gpumem_widget.reporting.style import binary_ticker, bytes_ticks
-from gpumem_widget.snapshot.fragmentation import Figure
-from gpumem_widget.snapshot.segment_views import (
+from gpumem_widget.snapshot.views.fragmentation import Figure
+from gpumem_widget.snapshot.views.segment_views import (
     BlockRun,
     ReservedOverTime,
     SegmentMap,

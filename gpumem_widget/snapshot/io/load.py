@@ -27,8 +27,9 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from gpumem_widget.snapshot import rows
-from gpumem_widget.snapshot.model import (
+from gpumem_widget.snapshot.io import c_reader
+from gpumem_widget.snapshot.io.c_reader import TraceRows
+from gpumem_widget.snapshot.model.data import (
     ACTION_NAMES,
     BLOCK_STATES,
     NO_STACK,
@@ -40,7 +41,6 @@ from gpumem_widget.snapshot.model import (
     SnapshotData,
     StackTable,
 )
-from gpumem_widget.snapshot.rows import TraceRows
 
 # Metadata `record.take_snapshot` adds under this key (memory_viz ignores keys it does not know).
 RECORDER_KEY = "gpumem_widget"
@@ -259,11 +259,11 @@ def _read_rows(
     progress: Callable[[int, int], None] | None,
     total: int,
 ) -> tuple[Any, dict[int, TraceRows], int] | None:
-    """`f` read by the C reader (`rows.read`), mapped rather than read into memory: the object,
+    """`f` read by the C reader (`c_reader.read`), mapped rather than read into memory: the object,
     its trace entries' columns and the bytes read; None (`f` rewound) where the unpickler must
     read it. Compressed files always take the unpickler's path: it streams them, so a bomb ends
     at its first bad byte rather than once it is all inflated."""
-    if not rows.available() or not 0 < total <= max_bytes:
+    if not c_reader.available() or not 0 < total <= max_bytes:
         return None
     if _compression(f):
         return None
@@ -272,7 +272,7 @@ def _read_rows(
     except (OSError, ValueError):  # no room to map it (the child's address space is capped)
         return None
     try:
-        got = rows.read(data, progress)
+        got = c_reader.read(data, progress)
     except MemoryError:
         raise OutOfMemory(f"{where}: ran out of memory while reading it") from None
     finally:
