@@ -57,7 +57,7 @@ SCENARIOS = (
     "stacks_all",
     "fragmentation_oom",
 )
-RECORDER_KEY = "gpumem_widget"  # as gpumem_widget.snapshot.io.load.RECORDER_KEY
+RECORDER_KEY = "gpumem_widget"  # as gpumem_widget.snapshot.io.convert.RECORDER_KEY
 
 
 def _torch() -> Any:

@@ -460,7 +460,7 @@ def test_stacks_are_the_entries_frames_however_they_are_shared(
     lists, or hold equal copies; each entry's stack is its frames' content. `collide`: the
     grouping by hash is made to report a collision, so the exact fallback runs; rows are
     hashed `rows_at_a_time`; `from_file`: read from a pickle file, by the C reader."""
-    from gpumem_widget.snapshot.io import load
+    from gpumem_widget.snapshot.io import convert as load
 
     shared = [POOL[:2]] * 3  # one list object in several entries
     lists = [[POOL[k] for k in s] if s and isinstance(s[0], int) else s for s in stacks]

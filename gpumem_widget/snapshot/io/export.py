@@ -14,7 +14,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from gpumem_widget.snapshot.io.load import RECORDER_KEY, Source, read_snapshot
+from gpumem_widget.snapshot.io.convert import RECORDER_KEY
+from gpumem_widget.snapshot.io.load import Source, read_snapshot
 from gpumem_widget.snapshot.model.data import Action, SnapshotData
 from gpumem_widget.snapshot.model.replay import Snapshot
 
