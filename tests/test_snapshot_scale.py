@@ -544,12 +544,12 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
 ) -> None:
     """The child's preview is optional: where computing it fails, nothing is sent and the
     conversion goes on (the kernel's own views then say what is wrong)."""
-    from gpumem_widget.snapshot.io import load
+    from gpumem_widget.snapshot.io import child, load
     from gpumem_widget.snapshot.views import first
 
     data = load.read_snapshot(small_snapshot())
     replayed: dict[int, Any] = {}
-    isolate._send_preview(first, data, replayed)
+    child._send_preview(first, data, replayed)
     assert json.loads(capsys.readouterr().out)["preview"]
     assert list(replayed) == [0]  # kept for the conversion, which fills in the stacks
 
@@ -558,6 +558,6 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
 
     monkeypatch.setattr(first, "preview", broken)
     replayed.clear()
-    isolate._send_preview(first, data, replayed)
+    child._send_preview(first, data, replayed)
     assert capsys.readouterr().out == ""
     assert replayed == {}  # nothing sent, nothing kept: the conversion replays it itself

@@ -87,7 +87,7 @@ _LAZY = {
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
-# What a conversion child computes beyond a file's columns (`io.isolate.ChildViews`): named in
+# What a conversion child computes beyond a file's columns (`io.child.ChildViews`): named in
 # its job, so that reading files depends on no view.
 CHILD_VIEWS = "gpumem_widget.snapshot.views.first"
 

@@ -6,5 +6,5 @@ data-only unpickler (or the C reader, `c_reader` over `_rows.c`) into `model.dat
 memory-mapping; `validate` refuses what cannot be drawn. `record` (torch's recorder, whose
 files `load` reads) and `export` (the pickle memory_viz reads) are here too: they are the
 other two ends of a file. Nothing here imports a view: what the conversion child computes
-beyond the columns is named by the caller (`isolate.ChildViews`).
+beyond the columns is named by the caller (`child.ChildViews`).
 """
