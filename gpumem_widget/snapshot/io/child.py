@@ -51,7 +51,6 @@ class ChildViews(Protocol):
         ...
 
 
-
 def _vm_size() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
