@@ -163,7 +163,7 @@ def compare_snapshots(
     """Compare two snapshots (before/after a change, or two ranks): the peaks, the bytes alive
     at each one's peak by allocation site and by category (``delta`` is b - a), and both
     timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.
-    Keyword arguments go to `snapshot.compare.compare_snapshots` (devices, axis, top)."""
+    Keyword arguments go to `snapshot.views.compare.compare_snapshots` (devices, axis, top)."""
     from gpumem_widget.drilldown.controller import describe_source
     from gpumem_widget.snapshot import open_snapshot
     from gpumem_widget.snapshot.views.compare import compare_snapshots as compare

@@ -1,5 +1,5 @@
-"""Fragmentation figures and allocator advice (snapshot.fragmentation, snapshot.advice): from a
-real OOM's memory_stats on an H200, real snapshots, and a simulated fragmentation OOM."""
+"""Fragmentation figures and allocator advice (snapshot.views.fragmentation, .advice): from
+a real OOM's memory_stats on an H200, real snapshots, and a simulated fragmentation OOM."""
 
 from __future__ import annotations
 

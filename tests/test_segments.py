@@ -1,4 +1,4 @@
-"""The seekable segment/block layout (snapshot.segments): replayed layouts checked against
+"""The seekable segment/block layout (snapshot.model.segments): replayed layouts checked against
 snapshots' own segments, recorded on an H200 (tests/fixtures/snapshots) and simulated."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The C reader of trace entries (`snapshot/rows.py`, `_rows.c`) reads every pickle exactly as
-the unpickler's path does, or declines it; bad bytes never crash it."""
+"""The C reader of trace entries (`snapshot/io/c_reader.py`, `_rows.c`) reads every pickle
+exactly as the unpickler's path does, or declines it; bad bytes never crash it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The arguments of the recording subcommands (`%gpumem record`, `snapshot`, `%%gpumem`),
-each saying what it costs; `snapshot.record` does the recording."""
+each saying what it costs; `snapshot.io.record` does the recording."""
 
 from __future__ import annotations
 
