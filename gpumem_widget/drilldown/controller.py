@@ -10,6 +10,9 @@ waiting to be asked. A click on a time asks for what is alive then
 
 Nothing here runs in the per-cell hooks: an OOM's snapshot is only kept (`offer`), and computed
 when the browser asks for it (`{"type": "load"}`) or the user shows it.
+
+The views are computed in `snapshot.views` (`panel` composes the tab's); this module holds the
+widget, answers its messages and sets its traits, so nothing in `snapshot` imports it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@
 screen-sized data: `active_memory`, `alive_memory`, `cell_usage`, `category_memory` as typed
 objects; `active_memory_view`, `alive_at`, `categories` and `cell_slices` as the drill-down
 panel's JSON. `export_memory_viz` writes the pickle PyTorch's memory_viz reads.
+
+Data flows through three stages, each a subpackage importing only what is below it: `io`
+(files in and out) and `views` (what the screen shows) both read and write `model` (the typed
+data and its replay), never each other. This module joins them and imports nothing above
+`snapshot`; the Snapshot tab's controller (`gpumem_widget.drilldown`) sits above it.
 """
 
 from __future__ import annotations
