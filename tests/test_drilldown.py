@@ -14,11 +14,11 @@ from IPython.core.error import UsageError
 from ipywidgets.widgets.widget import _remove_buffers  # type: ignore[import-untyped]
 
 import gpumem_widget
+from gpumem_widget.drilldown import controller as drilldown
+from gpumem_widget.drilldown.controller import overview
 from gpumem_widget.extension import current_session
 from gpumem_widget.live.session import Session
-from gpumem_widget.snapshot import drilldown
-from gpumem_widget.snapshot.drilldown import overview
-from gpumem_widget.snapshot.fragmentation import from_memory_stats
+from gpumem_widget.snapshot.views.fragmentation import from_memory_stats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 ALL = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
@@ -140,7 +140,7 @@ def test_the_oom_fixtures_segment_map_shows_the_failed_request(ip: Any) -> None:
 def test_a_failing_segment_map_never_hides_what_is_alive(
     ip: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gpumem_widget.snapshot import segment_views
+    from gpumem_widget.snapshot.views import segment_views
 
     def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise RuntimeError("layout lost")

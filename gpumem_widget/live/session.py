@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import IPython
 
+from gpumem_widget.drilldown.controller import Drilldown
 from gpumem_widget.live import notes
 from gpumem_widget.live.history.writer import History, start_history
 from gpumem_widget.live.interrupts import InterruptGuard, RaiseInterrupt
@@ -26,7 +27,7 @@ from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.tracker import CellTracker, PeakMode
 from gpumem_widget.live.workers import WorkerHubLike
-from gpumem_widget.snapshot.drilldown import CellWindow, Drilldown
+from gpumem_widget.snapshot.views.panel import CellWindow
 from gpumem_widget.wire import payloads, protocol
 from gpumem_widget.wire.widget import GpuMemWidget
 
