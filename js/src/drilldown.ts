@@ -9,6 +9,7 @@ import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_c
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "./wire/drilldown";
 import { formatBytes, formatDelta, formatDuration } from "./format";
 import { ProtocolError } from "./wire/json";
+import { sendToKernel } from "./wire/messages";
 import { parseStatus, type BrowserMessage, type Traits } from "./wire/protocol";
 import type { Mode } from "./cells";
 import { renderSegmentMap } from "./segments";
@@ -602,7 +603,7 @@ export function emptySnapshotText(mode: Mode): string {
 }
 
 export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () => void {
-  const panel = new DrilldownPanel((msg) => model.send(msg));
+  const panel = new DrilldownPanel((msg) => sendToKernel(model, msg));
   el.append(panel.el);
   // The mode only changes what the empty tab says; a status update then redraws nothing else.
   let mode: Mode = parseStatus(model.get("status"), []).mode;

@@ -32,6 +32,7 @@ import {
   type BrowserMessage,
   type Traits,
 } from "./wire/protocol";
+import { sendToKernel } from "./wire/messages";
 import { decodeTable } from "./wire/table";
 import { parseWorkers } from "./wire/workers";
 import { WorkersView, type SnapshotRef } from "./workers_view";
@@ -115,14 +116,14 @@ class WidgetView {
 
     for (const name of TRAITS) {
       const onChange = (): void => {
-        // The ledger arrives in two traits (whole blocks, then the newest few): one list here.
+        // The ledger arrives in four traits (records in blocks, the newest few, bands, extent).
         this.stale.add(name === "cells_tail" || name === "cell_bands" || name === "ledger_extent" ? "cells" : name);
         this.requestFrame();
       };
       model.on(`change:${name}`, onChange);
       this.listeners.push([`change:${name}`, onChange]);
     }
-    // The ledger travels in three traits: one refresh for all of them.
+    // The kernel's one custom message: a ledger page it was asked for (`cells_page`).
     const onMessage = (content: unknown): void => this.onMessage(content);
     model.on("msg:custom", onMessage);
     this.listeners.push(["msg:custom", onMessage as () => void]);
@@ -243,7 +244,7 @@ class WidgetView {
     const request = this.ledgerStore.olderRequest();
     if (request === null || this.asking || this.kernelGone) return;
     this.asking = true;
-    this.model.send(request);
+    sendToKernel(this.model, request);
     this.updateLedger();
     // No answer in a while: a busy kernel answers later, a notebook reopened without its kernel
     // never does. Let the user ask again rather than wait on a disabled button.
@@ -301,7 +302,7 @@ class WidgetView {
     // A band of an older cell: its record is in the kernel; ask for it (once).
     if (!cell && n !== null && this.wanted !== n && !this.kernelGone) {
       this.wanted = n;
-      this.model.send(cellRequest(n));
+      sendToKernel(this.model, cellRequest(n));
     }
   }
 
@@ -316,7 +317,7 @@ class WidgetView {
   }
 
   private sendToSnapshotTab(request: BrowserMessage): void {
-    this.model.send(request);
+    sendToKernel(this.model, request);
     this.root.querySelector<HTMLButtonElement>('nav.gpumem-tabs button[data-tab="snapshot"]')?.click();
   }
 

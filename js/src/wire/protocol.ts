@@ -57,20 +57,8 @@ export type Traits = {
   workers: unknown; // ./workers parseWorkers
 };
 
-type Axis = "event" | "time";
-
-/** The custom messages the browser sends (snapshot/drilldown.py `Drilldown._on_msg` and
- * live/publisher.py `LedgerPages` answer; wire/payloads.py types them on the kernel side). */
-export type BrowserMessage =
-  | { type: "load" } // compute the pending snapshot's overview
-  | { type: "alive_at"; device: number; id: number; t: number } // what is alive at `t`
-  | { type: "alive_at"; device: number; id: number; event: number } // or after trace entry `event`
-  | { type: "view"; id: number; device: number; axis: Axis; t0: number | null; t1: number | null; width: number } // a zoom, or another axis
-  | { type: "search"; device: number; query: string; axis: Axis; t0: number | null; t1: number | null }
-  | { type: "cells_page"; before: number; limit: number } // older ledger records
-  | { type: "cells_page"; execution_count: number; limit: number } // the page ending with this cell
-  | { type: "worker_snapshot"; key: string; index: number } // a rank's reported snapshot (workers/hub.py)
-  | { type: "worker_compare"; a: { key: string; index: number }; b: { key: string; index: number } }; // two of them side by side
+// The custom messages the browser sends are declared in ./messages (sent with `sendToKernel`).
+export type { BrowserMessage } from "./messages";
 
 
 // ---------------------------------------------------------------------------------------------
