@@ -179,7 +179,7 @@ def test_a_click_in_the_browser_recomputes_what_is_alive(ip: Any) -> None:
     w._handle_custom_msg({"type": "alive_at", "t": t0, "device": 3}, [])
     assert w.drilldown_alive == {"error": "ValueError: no device 3 in this snapshot"}
     w._handle_custom_msg({"type": "alive_at", "t": "soon", "device": 0}, [])  # refused
-    assert w.messages.last_refusal == 'alive_at.t: expected a time, got \'soon\''
+    assert w.messages.last_refusal == "alive_at.t: expected a time, got 'soon'"
     assert w.drilldown_alive == {"error": "ValueError: no device 3 in this snapshot"}
 
 

@@ -24,9 +24,9 @@ from gpumem_widget.live.ledger import (
     Ledger,
 )
 from gpumem_widget.live.publisher import LedgerPages, Publisher
-from gpumem_widget.wire.messages import parse_message
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.wire import protocol
+from gpumem_widget.wire.messages import parse_message
 from gpumem_widget.wire.widget import GpuMemWidget, saved_state_bytes
 
 

@@ -413,6 +413,12 @@ class MessageDispatcher:
         except Exception:  # handlers answer their own failures: this one is a bug
             log.exception("gpumem_widget: the %s handler failed", message["type"])
 
+    def refusals(self) -> str | None:
+        """One line for ``%gpumem status``; None while nothing was refused."""
+        if not self.refused:
+            return None
+        return f"browser messages refused: {self.refused} (the last: {self.last_refusal})"
+
     def _refuse(self, reason: str) -> None:
         self.refused += 1
         self.last_refusal = reason
