@@ -127,20 +127,20 @@ TRAITS: Final = (
         "The newest few records after `cells` (the browser shows both, in order); one JSON text.",
     ),
     Trait(
-        "ledger_extent",
-        "LedgerExtent",
-        _PUBLISHER,
-        "The kernel's ledger holds `total` records; `cells[0]` is record `first` (older ones "
-        "come by page); `cell_bands` starts at record `bands_first`; `epoch` bumps when the "
-        "ledger is cleared.",
-    ),
-    Trait(
         "cell_bands",
         "PackedTable",
         _PUBLISHER,
         "One row per record from `bands_first` on, in whole blocks of `ledger.BAND_BLOCK` (at "
         "most `ledger.MAX_BANDS`): `t` (the cell's start), `duration` (s), `execution_count`, "
         "`outcome` (0 ok, 1 error, 2 out of memory, 3 interrupted): the chart's bands.",
+    ),
+    Trait(
+        "ledger_extent",
+        "LedgerExtent",
+        _PUBLISHER,
+        "The kernel's ledger holds `total` records; `cells[0]` is record `first` (older ones "
+        "come by page); `cell_bands` starts at record `bands_first`; `epoch` bumps when the "
+        "ledger is cleared.",
     ),
     Trait(
         "timeline_base",
