@@ -121,7 +121,13 @@ class GpuMemWidget(anywidget.AnyWidget):
         `hold_sync` would send, without traitlets' per-set validation, comparison and change
         events: the post-run hook sends a few every cell, and those were a third of its cost.
         So no observer sees these sets (nothing in the package observes the widget's traits);
-        the values are the payloads their builders typed."""
+        the values are the payloads their builders typed.
+
+        This writes traitlets' `_trait_values` because no public API stores a value without
+        validating, comparing and notifying (jupyter-widgets' own trait types that override
+        `TraitType.set` write it too). The public way, `set_trait` under `hold_sync`, costs twice
+        as much here and leaves a value equal to the last one out of the update, which the
+        post-run hook's update must carry (`benchmarks/bench_send_traits.py`)."""
         for name, value in values.items():
             self._trait_values[name] = value
         self.send_state(list(values))
