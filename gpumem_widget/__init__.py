@@ -23,7 +23,7 @@ from gpumem_widget.version import __version__
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
     from gpumem_widget.live.export import Format
-    from gpumem_widget.live.history import PastSession, PastSessions
+    from gpumem_widget.live.history.past_sessions import PastSession, PastSessions
     from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
     from gpumem_widget.live.session import Session
     from gpumem_widget.reporting import SnapshotSource
@@ -40,8 +40,8 @@ _LAZY = {
     "CellRecord": "live.ledger",
     "DeviceCellUsage": "live.ledger",
     "LedgerRecords": "live.ledger",
-    "PastSession": "live.history",
-    "PastSessions": "live.history",
+    "PastSession": "live.history.past_sessions",
+    "PastSessions": "live.history.past_sessions",
     "WorkerCellUsage": "workers",
     "attach": "workers",
     "detach": "workers",
@@ -115,7 +115,9 @@ def history(
     sessions, newest first (`.to_pandas()`: one row each); with one (an id prefix, or -1 the
     newest, -2 the one before), that session's cell records. `notebook`: this one by default,
     ``"*"`` for every notebook. Raises FileNotFoundError when there is no history file."""
-    from gpumem_widget.live.history import HistorySettings, notebook_key, open_store
+    from gpumem_widget.live.history.identity import notebook_key
+    from gpumem_widget.live.history.settings import HistorySettings
+    from gpumem_widget.live.history.store import open_store
 
     live = current_session()
     if live is not None:

@@ -55,7 +55,7 @@ from allocator_sim import AllocatorSim, SimulatedOOM  # noqa: E402
 from gpumem_widget.estimator import Estimate, estimate  # noqa: E402
 from gpumem_widget.holders.leaks import leak_hints  # noqa: E402
 from gpumem_widget.holders.postmortem import OomEvent, build_postmortem  # noqa: E402
-from gpumem_widget.holders.variables import Holder, HoldersReport, TensorSummary  # noqa: E402
+from gpumem_widget.holders.report import Holder, HoldersReport, TensorSummary  # noqa: E402
 from gpumem_widget.live import notes  # noqa: E402
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, Ledger  # noqa: E402
 from gpumem_widget.snapshot import drilldown, open_snapshot  # noqa: E402

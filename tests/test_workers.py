@@ -694,7 +694,7 @@ def test_unloading_stops_listening_and_withdraws_the_environment() -> None:
 
 
 def test_a_rows_worker_figures_survive_the_on_disk_history() -> None:
-    from gpumem_widget.live.history import record_from, record_json
+    from gpumem_widget.live.history.records import record_from, record_json
     from gpumem_widget.live.workers import WorkerCellUsage
 
     row = WorkerCellUsage(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import IPython
 
 from gpumem_widget.live import notes
-from gpumem_widget.live.history import History, start_history
+from gpumem_widget.live.history.writer import History, start_history
 from gpumem_widget.live.interrupts import InterruptGuard, RaiseInterrupt
 from gpumem_widget.live.ledger import CellRecord, Ledger, LedgerRecords
 from gpumem_widget.live.publisher import LedgerPages, Publisher

@@ -1,6 +1,6 @@
 """What features add to a cell's record (``Cell.notes``, keyed by feature: `live/notes.py`):
-estimates (`estimator/result.py`), post-mortems (`holders/postmortem.py`), leak hints
-(`holders/leaks.py`) and the previous run's peak (`live/history.py`). `js/src/wire/notes.ts`
+estimates (`estimator/result.py`), post-mortems (`holders/postmortem/`), leak hints
+(`holders/leaks.py`) and the previous run's peak (`live/history/writer.py`). `js/src/wire/notes.ts`
 mirrors it."""
 
 from __future__ import annotations

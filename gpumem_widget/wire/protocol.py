@@ -249,7 +249,7 @@ class Status(TypedDict):
     peak_mode: str  # "exact" | "passive"
     readers: dict[str, ReaderState]
     error: str | None
-    history: HistoryState  # live/history.py: the on-disk history of finished cells
+    history: HistoryState  # live/history/: the on-disk history of finished cells
     running_cell: int | None
     running_started: float | None  # unix seconds
     processes: dict[str, list[ProcessUse]]  # by device index (as a string), largest first

@@ -25,7 +25,7 @@ import { parseWorkerRows, type WorkerCellUsage } from "./worker_rows";
 
 export { ProtocolError, TIME_COLUMN };
 
-/** wire/payloads.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel sends its own in
+/** gpumem_widget/wire/protocol.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel sends its own in
  * `status.protocol`; a different one is named in the header (reinstall, then reload the page). */
 export const PROTOCOL_VERSION = 1;
 export const HOST_RSS_COLUMN = "host/rss";
@@ -105,7 +105,7 @@ export interface Status {
   session_peak: SessionPeak[];
   processes: Map<number, ProcessUse[]>; // by device index; absent where NVML has no list
   hints: string[]; // sentences for the user, e.g. a stray CUDA context on a device
-  history: HistoryState | null; // the on-disk ledger (gpumem_widget/live/history.py); null: not sent
+  history: HistoryState | null; // the on-disk ledger (gpumem_widget/live/history/); null: not sent
 }
 
 /** Whether this kernel writes its ledger to disk, where, and why not. */

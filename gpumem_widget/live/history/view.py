@@ -7,7 +7,8 @@ it is and how it ended. The file keeps cells, not samples, so the chart has no l
 
 from __future__ import annotations
 
-from gpumem_widget.live.history import HistorySettings, PastSession
+from gpumem_widget.live.history.past_sessions import PastSession
+from gpumem_widget.live.history.settings import HistorySettings
 from gpumem_widget.live.ledger import Ledger, LedgerRecords
 from gpumem_widget.live.publisher import LedgerPages, Publisher
 from gpumem_widget.live.timeline import Timeline
