@@ -25,8 +25,9 @@ import { parseWorkerRows, type WorkerCellUsage } from "./worker_rows";
 
 export { ProtocolError, TIME_COLUMN };
 
-/** gpumem_widget/wire/protocol.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel sends its own in
- * `status.protocol`; a different one is named in the header (reinstall, then reload the page). */
+/** gpumem_widget/wire/protocol.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel
+ * sends its own in `status.protocol`; a different one is named in the header (reinstall, then
+ * reload the page). */
 export const PROTOCOL_VERSION = 1;
 export const HOST_RSS_COLUMN = "host/rss";
 // allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
