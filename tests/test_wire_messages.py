@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -17,6 +17,7 @@ from gpumem_widget.wire.messages import (
     MAX_WIDTH,
     MESSAGES,
     BrowserMessage,
+    BrowserMessageType,
     MessageDispatcher,
     MessageError,
     parse_message,
@@ -93,6 +94,7 @@ def test_every_browser_message_type_has_a_parser_and_a_sample() -> None:
     to_kernel = {m.type for m in MESSAGES if m.direction == "browser → kernel"}
     assert to_kernel == {m.type for m in MESSAGES if m.parse is not None}
     assert to_kernel == {m["type"] for m in SENT}
+    assert to_kernel == set(get_args(BrowserMessageType))  # what handlers may register for
 
 
 @pytest.mark.parametrize(("bad", "why"), BAD, ids=lambda v: str(v)[:40])
