@@ -74,8 +74,8 @@ class GpuMemWidget(anywidget.AnyWidget):
         status: Status | StatusError
         cells: list[Cell]
         cells_tail: list[Cell]
-        ledger_extent: LedgerExtent
         cell_bands: PackedTable
+        ledger_extent: LedgerExtent
         timeline_base: PackedTable
         timeline_tail: PackedTable
         drilldown: Drilldown
@@ -91,8 +91,8 @@ class GpuMemWidget(anywidget.AnyWidget):
         cells_tail = traitlets.List().tag(
             sync=True, to_json=_records_text, from_json=_records_from_text
         )
-        ledger_extent = traitlets.Dict().tag(sync=True)
         cell_bands = traitlets.Dict().tag(sync=True)
+        ledger_extent = traitlets.Dict().tag(sync=True)
         timeline_base = traitlets.Dict().tag(sync=True)
         timeline_tail = traitlets.Dict().tag(sync=True)
         drilldown = traitlets.Dict().tag(sync=True)
