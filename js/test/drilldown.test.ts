@@ -7,8 +7,8 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import type { AnyModel } from "@anywidget/types";
-import { renderDrilldown } from "../src/drilldown";
-import { axisTop, columnAt, HEADROOM, oomText } from "../src/drilldown_chart";
+import { mountSnapshotTab } from "../src/snapshot/tab";
+import { axisTop, columnAt, HEADROOM, oomText } from "../src/snapshot/drilldown_chart";
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/wire/drilldown";
 import type { Traits } from "../src/wire/protocol";
 import { decodeColumns } from "../src/wire/table";
@@ -82,7 +82,7 @@ function mount(state: Record<string, unknown>): { el: HTMLElement; model: FakeMo
   el.className = "gpumem-drilldown";
   document.body.append(el);
   const model = new FakeModel(state);
-  const stop = renderDrilldown(el, model as unknown as AnyModel<Traits>);
+  const { dispose: stop } = mountSnapshotTab(el, { model: model as unknown as AnyModel<Traits> });
   return { el, model, stop };
 }
 

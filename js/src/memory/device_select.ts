@@ -3,7 +3,7 @@
 // The choice belongs to this view only, like zoom: nothing goes back to the kernel.
 
 import type { DeviceChoice, Mode } from "./cells";
-import type { DeviceInfo } from "./wire/protocol";
+import type { DeviceInfo } from "../wire/protocol";
 
 const ALL = "all";
 

@@ -3,10 +3,10 @@
 // (estimate, OOM post-mortem, leak hints, others), and the source.
 
 import { outcome, outcomeLabel, type Mode } from "./cells";
-import { formatBytes, formatClock, formatDelta, formatDuration } from "./format";
+import { formatBytes, formatClock, formatDelta, formatDuration } from "../common/format";
 import { noteSections } from "./notes_view";
-import type { CellRecord, DeviceCellUsage, DeviceInfo } from "./wire/protocol";
-import { workerSection } from "./workers_view";
+import type { CellRecord, DeviceCellUsage, DeviceInfo } from "../wire/protocol";
+import { workerSection } from "./worker_figures";
 
 type Row = [label: string, value: (d: DeviceCellUsage) => string, hint?: string];
 

@@ -1,8 +1,8 @@
 // The allocator's segment map (parsed by wire/segments): one bar per
 // segment, its blocks colored by state, rounding waste hatched, details on hover; then the
 // fragmentation figures and the advice they triggered. Everything is text through textContent.
-import { formatBytes } from "./format";
-import { parseSegmentMap, type SegBlock, type SegFigure, type SegmentMapView, type SegSegment } from "./wire/segments";
+import { formatBytes } from "../common/format";
+import { parseSegmentMap, type SegBlock, type SegFigure, type SegmentMapView, type SegSegment } from "../wire/segments";
 
 const LEGEND: [string, string][] = [
   ["allocated", "allocated"],

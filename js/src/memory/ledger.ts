@@ -6,8 +6,8 @@
 // above the previous run's; the peak column shows the previous run's peak beside this one.
 
 import { firstCodeLine, formatPeak, noteMarkers, outcome, outcomeLabel, previousRunText, sortCells, summarize, type DeviceChoice, type Mode, type SortKey } from "./cells";
-import { formatBytes, formatDelta, formatDuration } from "./format";
-import type { CellRecord } from "./wire/protocol";
+import { formatBytes, formatDelta, formatDuration } from "../common/format";
+import type { CellRecord } from "../wire/protocol";
 
 /** What the figure columns cover: the mode, and in CUDA mode the device choice. */
 interface Scope {

@@ -3,8 +3,8 @@
 // do), leak hints, the previous run's peak, and any other note as its JSON.
 
 import { previousRunText } from "./cells";
-import { formatBytes, formatClock, formatPercent } from "./format";
-import { estimateError, type CellNotes, type EstimateNote, type Holder, type LeakHint, type OomDevice, type OtherNote, type PostMortem, type PreviousRun } from "./wire/notes";
+import { formatBytes, formatClock, formatPercent } from "../common/format";
+import { estimateError, type CellNotes, type EstimateNote, type Holder, type LeakHint, type OomDevice, type OtherNote, type PostMortem, type PreviousRun } from "../wire/notes";
 
 const OTHER_NOTE_CHARS = 4000;
 

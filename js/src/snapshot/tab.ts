@@ -4,16 +4,17 @@
 // ({type: "alive_at", t, device}). Each answer comes with the allocator's segment map at that
 // instant, drawn in a "Segments" sub-tab by segments.ts. All text goes in through textContent.
 
-import type { AnyModel } from "@anywidget/types";
+import "./snapshot.css";
 import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_chart";
-import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "./wire/drilldown";
-import { formatBytes, formatDelta, formatDuration } from "./format";
-import { ProtocolError } from "./wire/json";
-import { sendToKernel } from "./wire/messages";
-import { parseStatus, type BrowserMessage, type Traits } from "./wire/protocol";
-import type { Mode } from "./cells";
+import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
+import { formatBytes, formatDelta, formatDuration } from "../common/format";
+import { ProtocolError } from "../wire/json";
+import { sendToKernel } from "../wire/messages";
+import { parseStatus, type BrowserMessage, type Status, type Traits } from "../wire/protocol";
+import type { Tab, TabHost } from "../common/mount";
 import { renderSegmentMap } from "./segments";
 
+type Mode = Status["mode"];
 type Stacking = "sites" | "categories";
 type AxisKind = "event" | "time";
 type Asked = "peak" | "column" | "step" | "cell";
@@ -602,7 +603,8 @@ export function emptySnapshotText(mode: Mode): string {
     : `No snapshot loaded: run \`%gpumem record on\` then \`%gpumem record off\`, wrap a cell in \`%%gpumem cell\`, or open a file with ${open}.`;
 }
 
-export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () => void {
+/** The tab mounted in `el`: it watches the drilldown traits itself (the host mounts it when first shown). */
+export function mountSnapshotTab(el: HTMLElement, { model }: { model: TabHost["model"] }): Tab {
   const panel = new DrilldownPanel((msg) => sendToKernel(model, msg));
   el.append(panel.el);
   // The mode only changes what the empty tab says; a status update then redraws nothing else.
@@ -649,23 +651,22 @@ export function renderDrilldown(el: HTMLElement, model: AnyModel<Traits>): () =>
   overview();
   alive();
   compare();
-  model.on("change:status", status);
-  model.on("change:drilldown", overview);
-  model.on("change:drilldown_alive", alive);
-  model.on("change:drilldown_view", range);
-  model.on("change:drilldown_search", search);
-  model.on("change:drilldown_compare", compare);
+  const listeners: [keyof Traits, () => void][] = [
+    ["status", status],
+    ["drilldown", overview],
+    ["drilldown_alive", alive],
+    ["drilldown_view", range],
+    ["drilldown_search", search],
+    ["drilldown_compare", compare],
+  ];
+  for (const [name, onChange] of listeners) model.on(`change:${name}`, onChange);
   // Drawn while the tab was hidden, the canvas had no width: draw again once it has one.
   const resize = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(() => panel.redraw());
   resize?.observe(panel.el);
-  return () => {
-    model.off("change:status", status);
-    model.off("change:drilldown", overview);
-    model.off("change:drilldown_alive", alive);
-    model.off("change:drilldown_view", range);
-    model.off("change:drilldown_search", search);
-    model.off("change:drilldown_compare", compare);
+  const dispose = (): void => {
+    for (const [name, onChange] of listeners) model.off(`change:${name}`, onChange);
     resize?.disconnect();
     panel.dispose();
   };
+  return { dispose };
 }

@@ -6,9 +6,9 @@
 // re-aggregate. OOMs and collapsed idle stretches are labelled in HTML over the canvas; cell
 // bands lie behind the stack; a search's matched bytes run over it as a line.
 
-import { byteTicks, formatBytes, formatDuration, formatTick } from "./format";
-import type { Band, Oom, Stacked } from "./wire/drilldown";
-import { readPalette, type Palette } from "./theme";
+import { byteTicks, formatBytes, formatDuration, formatTick } from "../common/format";
+import type { Band, Oom, Stacked } from "../wire/drilldown";
+import { readPalette, type Palette } from "../common/theme";
 
 // Categorical colours (Tableau 10); "other" is grey. Readable on light and dark backgrounds.
 export const SERIES_COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6", "#d37295", "#a0cbe8"];

@@ -2,13 +2,12 @@
 // (allocated solid, reserved dashed; host RSS for workers without CUDA) under the same cell bands
 // as the Memory tab, and a table grouped by host: state (live, exited, gone: silent), an OOM with
 // its figures, memory now, snapshots written. The kernel sends screen-sized series; this draws.
-// Also `workerSection`: a cell's per-rank figures, for the cell's details.
 
-import { formatBytes, formatClock, formatDelta, byteTicks, formatTick } from "./format";
-import type { Band } from "./wire/protocol";
-import { readPalette, type Palette } from "./theme";
-import type { WorkerCellUsage } from "./wire/worker_rows";
-import { NO_WORKERS, type RankInfo, type WorkersState } from "./wire/workers";
+import { formatBytes, formatClock, byteTicks, formatTick } from "../common/format";
+import { tableCell } from "../common/dom";
+import type { Band } from "../wire/protocol";
+import { readPalette, type Palette } from "../common/theme";
+import { NO_WORKERS, type RankInfo, type WorkersState } from "../wire/workers";
 
 export type OpenSnapshot = (key: string, index: number) => void;
 /** A snapshot a worker reported: the worker's key and the snapshot's index in its list. */
@@ -341,14 +340,6 @@ function paintAxes(
   ctx.restore();
 }
 
-function cell(text: string, className?: string, title?: string): HTMLTableCellElement {
-  const td = document.createElement("td");
-  td.textContent = text;
-  if (className) td.className = className;
-  if (title) td.title = title;
-  return td;
-}
-
 function rankRow(r: RankInfo, i: number, onOpen: OpenSnapshot | null): HTMLTableRowElement {
   const tr = document.createElement("tr");
   tr.dataset["key"] = r.key;
@@ -366,18 +357,18 @@ function rankRow(r: RankInfo, i: number, onOpen: OpenSnapshot | null): HTMLTable
     .join("; ");
   tr.append(
     swatch,
-    cell(who, "gpumem-workers-who", `pid ${r.pid}`),
-    cell(stateText, `gpumem-workers-state gpumem-workers-state--${r.state}`),
-    cell(mem || "no CUDA", "gpumem-workers-mem"),
-    cell(r.rss !== null ? `RSS ${formatBytes(r.rss)}` : ""),
+    tableCell(who, "gpumem-workers-who", `pid ${r.pid}`),
+    tableCell(stateText, `gpumem-workers-state gpumem-workers-state--${r.state}`),
+    tableCell(mem || "no CUDA", "gpumem-workers-mem"),
+    tableCell(r.rss !== null ? `RSS ${formatBytes(r.rss)}` : ""),
   );
   if (r.oom) {
     const o = r.oom;
     const asked = o.requested > 0 ? `asked ${formatBytes(o.requested)} with ${formatBytes(o.free)} free of ${formatBytes(o.limit)}; ` : "";
-    tr.append(cell(`OOM on cuda:${o.device}: ${asked}${formatBytes(o.allocated)} allocated, ${formatBytes(o.reserved)} reserved`, "gpumem-workers-oom"));
+    tr.append(tableCell(`OOM on cuda:${o.device}: ${asked}${formatBytes(o.allocated)} allocated, ${formatBytes(o.reserved)} reserved`, "gpumem-workers-oom"));
   }
   if (r.snapshots.length > 0) {
-    const td = cell("", "gpumem-workers-snapshot");
+    const td = tableCell("", "gpumem-workers-snapshot");
     r.snapshots.forEach((path, k) => {
       const name = path.split(/[\\/]/).pop() ?? path;
       if (onOpen) {
@@ -396,46 +387,4 @@ function rankRow(r: RankInfo, i: number, onOpen: OpenSnapshot | null): HTMLTable
     tr.append(td);
   }
   return tr;
-}
-
-/** A cell's per-rank figures for its details (none: nothing). */
-export function workerSection(rows: readonly WorkerCellUsage[] | undefined): HTMLElement[] {
-  if (!rows || rows.length === 0) return [];
-  const section = document.createElement("div");
-  section.className = "gpumem-details-workers";
-  const title = document.createElement("h4");
-  title.textContent = `Workers (${new Set(rows.map((r) => `${r.host}:${r.pid}`)).size})`;
-  const table = document.createElement("table");
-  const head = document.createElement("tr");
-  for (const h of ["host", "rank", "device", "allocated", "peak allocated", "peak reserved", "host RSS", "state"]) {
-    const th = document.createElement("th");
-    th.scope = "col";
-    th.textContent = h;
-    head.append(th);
-  }
-  table.append(head);
-  for (const r of rows) {
-    const tr = document.createElement("tr");
-    tr.dataset["rank"] = String(r.rank ?? "");
-    const peak = (v: number): string => (r.peak_exact ? formatBytes(v) : `\u2265 ${formatBytes(v)}`);
-    const gpu = r.device !== null;
-    const rss =
-      r.rss_after !== null
-        ? `${formatBytes(r.rss_after)}${r.rss_peak !== null ? `, peak \u2265 ${formatBytes(r.rss_peak)}` : ""}`
-        : "n/a";
-    const state = [r.state, r.ooms > 0 ? `${r.ooms} OOM` : "", r.final ? "" : "last sample"].filter(Boolean).join(", ");
-    tr.append(
-      cell(r.host),
-      cell(r.rank !== null ? String(r.rank) : `pid ${r.pid}`, undefined, `pid ${r.pid}`),
-      cell(gpu ? `cuda:${r.device}` : "host"),
-      cell(gpu ? `${formatBytes(r.allocated_before)} \u2192 ${formatBytes(r.allocated_after)} (${formatDelta(r.delta_allocated)})` : ""),
-      cell(gpu ? peak(r.peak_allocated) : "", undefined, r.peak_exact ? undefined : "a lower bound: the worker's counters were not reset at the cell's start"),
-      cell(gpu ? peak(r.peak_reserved) : ""),
-      cell(rss),
-      cell(state, r.ooms > 0 ? "gpumem-details-problem" : undefined, r.final ? undefined : "the worker did not answer the cell's end in time: its last sample"),
-    );
-    table.append(tr);
-  }
-  section.append(title, table);
-  return [section];
 }

@@ -11,10 +11,10 @@
 import uPlot from "uplot";
 import { outcome, tooltipLines, type DeviceChoice, type Mode } from "./cells";
 import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
-import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "./format";
+import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "../common/format";
 import type { Timeline } from "./timeline_store";
-import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo } from "./wire/protocol";
-import { readPalette, type Palette } from "./theme";
+import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo } from "../wire/protocol";
+import { readPalette, type Palette } from "../common/theme";
 
 interface SeriesSpec {
   column: (device: number) => string;

@@ -2,9 +2,9 @@
 // per-device figures; for one device they are that device's, across all devices a cell's change
 // is the sum and its peak the largest.
 
-import { formatBytes, formatDelta, formatDuration, formatPercent, sourcePreview } from "./format";
-import { estimateError, type PreviousRun } from "./wire/notes";
-import { outcome, type CellRecord, type Outcome, type Status } from "./wire/protocol";
+import { formatBytes, formatDelta, formatDuration, formatPercent, sourcePreview } from "../common/format";
+import { estimateError, type PreviousRun } from "../wire/notes";
+import { outcome, type CellRecord, type Outcome, type Status } from "../wire/protocol";
 
 export { outcome, type Outcome };
 

@@ -3,7 +3,7 @@
 // back, or selecting a band whose record is not here). Records are kept by their index in the
 // kernel's ledger, so a page and the window join without duplicates.
 
-import { bandOf, type Band, type BrowserMessage, type CellRecord, type CellsPage, type LedgerExtent } from "./wire/protocol";
+import { bandOf, type Band, type BrowserMessage, type CellRecord, type CellsPage, type LedgerExtent } from "../wire/protocol";
 
 export const PAGE_SIZE = 200;
 

@@ -2,7 +2,7 @@
 // joined into columns. The base changes rarely and the tail up to 4 times a second, so the joined
 // columns keep spare capacity and a tail update only rewrites the rows after the base.
 
-import { EMPTY_TABLE, TIME_COLUMN, type DecodedTable } from "./wire/table";
+import { EMPTY_TABLE, TIME_COLUMN, type DecodedTable } from "../wire/table";
 
 export interface Timeline {
   n: number;
