@@ -44,11 +44,14 @@ if TYPE_CHECKING:
     from gpumem_widget.wire.payloads import (
         Alive,
         AliveError,
+        BrowserMessage,
         CompareView,
         DrilldownAlive,
         SearchAnswer,
         SearchError,
+        SearchRequest,
         SegmentMap,
+        ViewRequest,
     )
     from gpumem_widget.wire.payloads import Drilldown as DrilldownTrait
     from gpumem_widget.wire.widget import GpuMemWidget
@@ -173,12 +176,12 @@ class Drilldown:
         self._lock = threading.Lock()
         self._current: _Current | None = None
         self._pending: tuple[Mapping[str, Any], str] | None = None
-        widget.on_msg(self._on_msg)
+        widget.messages.on(self._on_msg, "load", "alive_at", "view", "search")
 
     def retarget(self, widget: GpuMemWidget) -> None:
         """Publish to a new widget (the old one was closed), with the current views."""
         self.widget = widget
-        widget.on_msg(self._on_msg)
+        widget.messages.on(self._on_msg, "load", "alive_at", "view", "search")
         with self._lock:
             current, pending = self._current, self._pending
         if current is not None:
@@ -275,25 +278,21 @@ class Drilldown:
             self._pending = (raw, source)
         self.widget.drilldown = {"pending": source}
 
-    def _on_msg(self, widget: Any, content: Any, buffers: Sequence[Any]) -> None:
-        """Browser requests; a failure is shown in the panel, never raised into the kernel."""
-        if not isinstance(content, Mapping):
-            return
-        kind = content.get("type")
+    def _on_msg(self, widget: Any, msg: BrowserMessage) -> None:
+        """Browser requests (checked by `wire.messages`); a failure is shown in the panel, never
+        raised into the kernel."""
         try:
-            if kind == "alive_at":
-                answer = self._alive_at(
-                    content.get("device"), content.get("t"), content.get("event")
-                )
+            if msg["type"] == "alive_at":
+                answer = self._alive_at(msg["device"], msg.get("t"), msg.get("event"))
                 if answer is not None:
-                    if isinstance(content.get("id"), int):  # each answer differs, so each arrives
-                        answer["id"] = content["id"]
+                    if "id" in msg:  # each answer differs, so each arrives
+                        answer["id"] = msg["id"]
                     self.widget.drilldown_alive = answer
-            elif kind == "view":
-                self._range(content)
-            elif kind == "search":
-                self._search(content)
-            elif kind == "load":
+            elif msg["type"] == "view":
+                self._range(msg)
+            elif msg["type"] == "search":
+                self._search(msg)
+            elif msg["type"] == "load":
                 pending = self._pending
                 if pending is not None:
                     self.show(dict(pending[0]), pending[1])
@@ -326,47 +325,43 @@ class Drilldown:
             raise ValueError(f"not a time: {t!r}")
         return alive_view(snap, device, float(t))
 
-    def _range(self, msg: Mapping[str, Any]) -> None:
+    def _range(self, msg: ViewRequest) -> None:
         """`{"type": "view", "device", "axis", "t0", "t1", "width", "id"}`: a zoom or an axis."""
         from gpumem_widget.snapshot.views.cells import cell_usage
 
-        device = msg.get("device")
+        device = msg["device"]
         snap = self._device(device)
         if snap is None:
             return
-        assert isinstance(device, int)
-        t0, t1 = _finite_or_none(msg.get("t0")), _finite_or_none(msg.get("t1"))
-        width = msg.get("width")
-        width = width if isinstance(width, int) and not isinstance(width, bool) else WIDTH
+        t0, t1 = msg.get("t0"), msg.get("t1")
+        width = msg.get("width", WIDTH)
         cells = cell_usage(snap, device)
-        axis = str(msg.get("axis"))
+        axis = msg["axis"]
         view = range_view(snap, device, axis=axis, t0=t0, t1=t1, width=width, cells=cells)
-        asked = msg.get("id")
-        view["id"] = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+        view["id"] = msg.get("id")
         self.widget.drilldown_view = view
 
-    def _search(self, msg: Mapping[str, Any]) -> None:
-        """`{"type": "search", "device", "query", "axis", "t0", "t1", "width"}`."""
+    def _search(self, msg: SearchRequest) -> None:
+        """`{"type": "search", "device", "query", "axis", "t0", "t1"}`."""
         from gpumem_widget.snapshot.views.search import search
 
-        device = msg.get("device")
+        device = msg["device"]
         snap = self._device(device)
         if snap is None:
             return
-        assert isinstance(device, int)
-        axis: Axis = "time" if msg.get("axis") == "time" else "event"
+        axis: Axis = msg.get("axis", "event")
         try:
             answer: SearchAnswer | SearchError = search(
                 snap,
                 device,
-                str(msg.get("query", "")),
+                msg["query"],
                 axis=axis,
                 collapse_idle=True,
-                t0=_finite_or_none(msg.get("t0")),
-                t1=_finite_or_none(msg.get("t1")),
+                t0=msg.get("t0"),
+                t1=msg.get("t1"),
             )
         except ValueError as e:
-            answer = {"error": str(e), "query": str(msg.get("query", ""))}
+            answer = {"error": str(e), "query": msg["query"]}
         self.widget.drilldown_search = answer
 
     def compare(
@@ -384,9 +379,3 @@ class Drilldown:
         view = compare_snapshots(open_snapshot(a), open_snapshot(b), labels=names, **kwargs)
         self.widget.drilldown_compare = view
         return view
-
-
-def _finite_or_none(v: object) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None

@@ -160,17 +160,17 @@ class Session:
                     widget.devices = self.devices()
                     widget.timeline_base = empty
                     widget.timeline_tail = empty
-        widget.on_msg(self.pages)
-        widget.on_msg(self._on_worker_message)
+        widget.messages.on(self.pages, "cells_page")
+        widget.messages.on(self._on_worker_message, "worker_snapshot", "worker_compare")
         return widget
 
-    def _on_worker_message(self, widget: Any, content: Any, buffers: Any) -> None:
+    def _on_worker_message(self, widget: Any, msg: payloads.BrowserMessage) -> None:
         """The Workers tab asks to open a snapshot a worker reported (by its index: a path
         from the browser is never opened)."""
         if self.workers is None:
             return
         try:
-            self.workers.on_browser_message(content, self.drilldown.show, self.drilldown.compare)
+            self.workers.on_browser_message(msg, self.drilldown.show, self.drilldown.compare)
         except Exception as e:  # a bad file: said in the header, the tab stays as it was
             self.report_error(f"worker snapshot: {type(e).__name__}: {e}")
 

@@ -114,7 +114,7 @@ def _code_version() -> str:
     them (the snapshot package and the wire format): changed code, new entries."""
     here = Path(__file__).resolve().parents[1]  # the snapshot package, every stage
     digest = hashlib.sha256()
-    for path in sorted([*here.rglob("*.py"), here.parent / "wire" / "protocol.py"]):
+    for path in sorted([*here.rglob("*.py"), here.parent / "wire" / "table.py"]):
         with contextlib.suppress(OSError):
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
