@@ -1,4 +1,4 @@
-"""Builds the C reader of trace entries (gpumem_widget/snapshot/_rows.c) with the package.
+"""Builds the C reader of trace entries (gpumem_widget/snapshot/io/_rows.c) with the package.
 
 Run by hatchling for wheels and editable installs; `python hatch_build.py` builds it in place.
 Without a C compiler the package still works, reading every snapshot with the unpickler
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).parent
-SOURCE = ROOT / "gpumem_widget" / "snapshot" / "_rows.c"
+SOURCE = ROOT / "gpumem_widget" / "snapshot" / "io" / "_rows.c"
 
 
 def target() -> Path:

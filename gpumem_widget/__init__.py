@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpumem_widget.reporting import SnapshotSource
     from gpumem_widget.reporting.page import Progress
     from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
-    from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.snapshot.io.load import Source
     from gpumem_widget.wire.payloads import CompareView
     from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
@@ -165,10 +165,10 @@ def compare_snapshots(
     """Compare two snapshots (before/after a change, or two ranks): the peaks, the bytes alive
     at each one's peak by allocation site and by category (``delta`` is b - a), and both
     timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.
-    Keyword arguments go to `snapshot.compare.compare_snapshots` (devices, axis, top)."""
+    Keyword arguments go to `snapshot.views.compare.compare_snapshots` (devices, axis, top)."""
+    from gpumem_widget.drilldown.controller import describe_source
     from gpumem_widget.snapshot import open_snapshot
-    from gpumem_widget.snapshot.compare import compare_snapshots as compare
-    from gpumem_widget.snapshot.drilldown import describe_source
+    from gpumem_widget.snapshot.views.compare import compare_snapshots as compare
 
     session = current_session()
     if session is not None:

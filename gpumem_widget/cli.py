@@ -113,8 +113,8 @@ def _load(
     from concurrent.futures import ThreadPoolExecutor
 
     from gpumem_widget.snapshot import open_snapshot
-    from gpumem_widget.snapshot.isolate import default_max_memory
-    from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES
+    from gpumem_widget.snapshot.io.isolate import default_max_memory
+    from gpumem_widget.snapshot.io.load import DEFAULT_MAX_BYTES
 
     workers = max(1, min(len(paths), os.cpu_count() or 1))
     max_memory = args.max_memory or default_max_memory() // workers

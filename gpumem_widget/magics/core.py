@@ -135,6 +135,9 @@ def _show(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
     print(format_status(session.status()))
+    refusals = session.widget.messages.refusals()
+    if refusals:
+        print(refusals)
 
 
 def format_status(status: Status) -> str:

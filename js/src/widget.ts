@@ -12,6 +12,7 @@ import { mountMemoryTab, type MemoryTab } from "./memory/tab";
 import { mountSnapshotTab } from "./snapshot/tab";
 import { decodeTable, TIME_COLUMN } from "./wire/table";
 import { parseDevices, parseStatus, PROTOCOL_VERSION, ProtocolError, type DeviceInfo, type Status, type BrowserMessage, type Traits } from "./wire/protocol";
+import { sendToKernel } from "./wire/messages";
 import { mountWorkersTab } from "./workers/tab";
 import type { SnapshotRef } from "./workers/view";
 
@@ -89,14 +90,14 @@ class WidgetView implements TabHost {
 
     for (const name of TRAITS) {
       const onChange = (): void => {
-        // The ledger arrives in two traits (whole blocks, then the newest few): one list here.
+        // The ledger arrives in four traits (records in blocks, the newest few, bands, extent).
         this.stale.add(name === "cells_tail" || name === "cell_bands" || name === "ledger_extent" ? "cells" : name);
         this.requestFrame();
       };
       model.on(`change:${name}`, onChange);
       this.listeners.push([`change:${name}`, onChange]);
     }
-    // The ledger travels in three traits: one refresh for all of them.
+    // The kernel's custom messages (a ledger page it was asked for): the tabs read them.
     const onMessage = (content: unknown): void => this.onMessage(content);
     model.on("msg:custom", onMessage);
     this.listeners.push(["msg:custom", onMessage as () => void]);
@@ -207,7 +208,7 @@ class WidgetView implements TabHost {
   }
 
   private sendToSnapshotTab(request: BrowserMessage): void {
-    this.model.send(request);
+    sendToKernel(this.model, request);
     this.root.querySelector<HTMLButtonElement>('nav.gpumem-tabs button[data-tab="snapshot"]')?.click();
   }
 

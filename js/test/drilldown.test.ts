@@ -1,6 +1,6 @@
 // @vitest-environment happy-dom
 // The Snapshot tab against a real drill-down state (fixtures/drilldown.json: a training run
-// recorded on an H200, published by gpumem_widget.snapshot.drilldown, with its segment map and reserved
+// recorded on an H200, published by gpumem_widget.drilldown.controller, with its segment map and reserved
 // memory over time), as the browser receives it.
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";

@@ -63,5 +63,5 @@ def past_session_widget(
     }
     timeline = Timeline(protocol.timeline_columns(len(devices)))
     Publisher(widget, timeline, ledger, lambda: status, lambda: devices)()
-    widget.on_msg(LedgerPages(ledger))  # older pages, as the live widget answers them
+    widget.messages.on(LedgerPages(ledger), "cells_page")  # as the live widget answers them
     return widget

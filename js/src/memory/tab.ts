@@ -20,6 +20,7 @@ import {
   type DeviceInfo,
   type Status,
 } from "../wire/protocol";
+import { sendToKernel } from "../wire/messages";
 import { decodeTable } from "../wire/table";
 import type { DeviceChoice } from "./cells";
 import { Chart } from "./chart";
@@ -158,7 +159,7 @@ export class MemoryTab implements Tab {
     const request = this.ledgerStore.olderRequest();
     if (request === null || this.asking || this.host.kernelGone) return;
     this.asking = true;
-    this.host.model.send(request);
+    sendToKernel(this.host.model, request);
     this.updateLedger();
     // No answer in a while: a busy kernel answers later, a notebook reopened without its kernel
     // never does. Let the user ask again rather than wait on a disabled button.
@@ -191,7 +192,7 @@ export class MemoryTab implements Tab {
     // A band of an older cell: its record is in the kernel; ask for it (once).
     if (!cell && n !== null && this.wanted !== n && !this.host.kernelGone) {
       this.wanted = n;
-      this.host.model.send(cellRequest(n));
+      sendToKernel(this.host.model, cellRequest(n));
     }
   }
 }

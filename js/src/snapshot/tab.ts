@@ -9,6 +9,7 @@ import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_c
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
 import { formatBytes, formatDelta, formatDuration } from "../common/format";
 import { ProtocolError } from "../wire/json";
+import { sendToKernel } from "../wire/messages";
 import { parseStatus, type BrowserMessage, type Status, type Traits } from "../wire/protocol";
 import type { Tab, TabHost } from "../common/mount";
 import { renderSegmentMap } from "./segments";
@@ -669,7 +670,7 @@ export function emptySnapshotText(mode: Mode): string {
 
 /** The tab mounted in `el`: it watches the drilldown traits itself (the host mounts it when first shown). */
 export function mountSnapshotTab(el: HTMLElement, { model }: { model: TabHost["model"] }): Tab {
-  const panel = new DrilldownPanel((msg) => model.send(msg));
+  const panel = new DrilldownPanel((msg) => sendToKernel(model, msg));
   el.append(panel.el);
   // The mode only changes what the empty tab says; a status update then redraws nothing else.
   let mode: Mode = parseStatus(model.get("status"), []).mode;

@@ -35,7 +35,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("GPUMEM_WIDGET_C_READER") == "0":
         return None, "GPUMEM_WIDGET_C_READER=0"
     try:
-        _rows = importlib.import_module("gpumem_widget.snapshot._rows")
+        _rows = importlib.import_module("gpumem_widget.snapshot.io._rows")
     except ImportError as e:
         return None, f"the C reader is not built ({e})"
     if _SOURCE.exists() and source_digest() != _rows.SOURCE_DIGEST:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumem_widget.snapshot.fragmentation import Fragmentation
+from gpumem_widget.snapshot.views.fragmentation import Fragmentation
 from gpumem_widget.wire import payloads
 
 MiB = 1 << 20

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpumem_widget.snapshot.load import RECORDER_KEY
+from gpumem_widget.snapshot.io.convert import RECORDER_KEY
 
 DEFAULT_MAX_ENTRIES = 100_000
 Stacks = Literal["python", "all"]

@@ -13,15 +13,11 @@ from typing import Literal
 
 import numpy as np
 
-from gpumem_widget.snapshot.aggregate import (
-    Axis,
-    _allocation,
-    _grid,
-    _stacked,
-    axis_x,
-    group_peaks,
-)
-from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.snapshot.model.replay import Snapshot
+from gpumem_widget.snapshot.views.alive import _allocation
+from gpumem_widget.snapshot.views.grid import Axis, axis_x, group_peaks
+from gpumem_widget.snapshot.views.grid import screen_grid as _grid
+from gpumem_widget.snapshot.views.grid import stacked_bytes as _stacked
 from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import pack_f8
 

@@ -1,30 +1,18 @@
-"""Whether a snapshot fits together: refuse what cannot be drawn truthfully, warn about the rest.
+"""What in a replayed trace does not add up: sentences for the tab, the CLI and the report.
 
-Refused (`SnapshotLoadError`): negative sizes, in trace entries, blocks or segments. torch never
-writes them; drawn, they would show memory below zero and peaks above what was reserved.
-Warned (sentences for the tab, the CLI and the report): a ring buffer that wrapped, known from
-torch's flag or the recorder's limit, or inferred from the trace itself; active memory above
-reserved memory; entries whose order does not fit (repeated frees, an alloc over a live block).
+Warned: a ring buffer that wrapped, known from torch's flag or the recorder's limit, or inferred
+from the trace itself; active memory above reserved memory; entries whose order does not fit
+(repeated frees, an alloc over a live block). Refusing what cannot be drawn at all happens as a
+file is read (`io.validate`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gpumem_widget.snapshot.load import SnapshotLoadError
-from gpumem_widget.snapshot.model import Action, SnapshotData
-from gpumem_widget.snapshot.replay import DeviceReplay, Origin, Snapshot
+from gpumem_widget.snapshot.model.data import Action
+from gpumem_widget.snapshot.model.replay import DeviceReplay, Origin, Snapshot
 
-_SIZED = (
-    Action.ALLOC,
-    Action.FREE_REQUESTED,
-    Action.FREE_COMPLETED,
-    Action.SEGMENT_ALLOC,
-    Action.SEGMENT_FREE,
-    Action.SEGMENT_MAP,
-    Action.SEGMENT_UNMAP,
-    Action.OOM,
-)
 _ANOMALIES = {
     "repeated_free_requested": "a block freed twice (free_requested)",
     "repeated_free_completed": "a block freed twice (free_completed)",
@@ -32,31 +20,6 @@ _ANOMALIES = {
     "live_without_block": "an allocation alive at the end with no block in the segments",
     "block_freed_in_trace": "a live block whose address the trace freed",
 }
-
-
-def check_data(data: SnapshotData, where: str = "snapshot") -> None:
-    """Raise `SnapshotLoadError` for sizes no allocator writes (negative ones)."""
-    for device, trace in data.traces.items():
-        bad = np.flatnonzero(np.isin(trace.action, _SIZED) & (trace.size < 0))
-        if len(bad):
-            i = int(bad[0])
-            action = Action(int(trace.action[i])).name.lower()
-            raise SnapshotLoadError(
-                f"{where}: inconsistent: device_traces[{device}][{i}] ({action}) has a negative "
-                f"size ({int(trace.size[i])}), and {len(bad) - 1} more entries do; refusing to "
-                "draw memory below zero"
-            )
-    for i, seg in enumerate(data.segments):
-        if seg.total_size < 0:
-            raise SnapshotLoadError(
-                f"{where}: inconsistent: segments[{i}] has a negative total_size "
-                f"({seg.total_size}); refusing to draw reserved memory below zero"
-            )
-        for j, block in enumerate(seg.blocks):
-            if block.size < 0 or block.requested_size < 0:
-                raise SnapshotLoadError(
-                    f"{where}: inconsistent: segments[{i}]['blocks'][{j}] has a negative size"
-                )
 
 
 def looks_wrapped(snap: Snapshot, rep: DeviceReplay) -> str | None:

@@ -13,12 +13,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from gpumem_widget.snapshot.advice import Advice, advise
-from gpumem_widget.snapshot.attribution import folded_path, site_of
-from gpumem_widget.snapshot.fragmentation import Fragmentation, from_layout
-from gpumem_widget.snapshot.model import NO_STACK
-from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
-from gpumem_widget.snapshot.segments import SegmentView, event_at, timeline
+from gpumem_widget.snapshot.model.data import NO_STACK
+from gpumem_widget.snapshot.model.replay import DeviceReplay, Snapshot
+from gpumem_widget.snapshot.model.segments import SegmentView, event_at, timeline
+from gpumem_widget.snapshot.views.advice import Advice, advise
+from gpumem_widget.snapshot.views.attribution import folded_path, site_of
+from gpumem_widget.snapshot.views.fragmentation import Fragmentation, from_layout
 from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import pack_f8
 

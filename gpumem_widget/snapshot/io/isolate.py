@@ -13,7 +13,9 @@ more than the columns.
 So that something is drawn early, the child sends a preview (active and reserved memory over
 the trace) as soon as the totals' columns are read, before the stacks; it keeps the tab's first
 view with the columns, and once they are written (the caller maps them and goes on) it replays
-the allocator to the peak and keeps that segment map too, under its RLIMIT_AS cap alone.
+the allocator to the peak and keeps that segment map too, under its RLIMIT_AS cap alone. What
+it computes beyond the columns is named by the caller (`child.ChildViews`, a module given by
+name in the job): reading files imports no view. The child itself is `child`.
 
 A second open of an unchanged file finds its columns in the cache and starts no child. A
 session readies a child ahead of need (`warm`): it has imported its code and waits for its job,
@@ -28,8 +30,6 @@ import io
 import json
 import logging
 import os
-import pickle
-import resource
 import selectors
 import shutil
 import subprocess
@@ -38,54 +38,41 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from gpumem_widget.snapshot import columnar
-from gpumem_widget.snapshot.load import (
+from gpumem_widget.snapshot.io import columnar
+from gpumem_widget.snapshot.io.child import identity
+from gpumem_widget.snapshot.io.load import (
     DEFAULT_MAX_BYTES,
-    OutOfMemory,
     SnapshotLoadError,
     check_regular,
-    open_regular,
-    read_snapshot,
 )
-from gpumem_widget.snapshot.model import LoadInfo, SnapshotData
-from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot, with_stacks
-
-if TYPE_CHECKING:
-    from gpumem_widget.wire.payloads import Drilldown
+from gpumem_widget.snapshot.model.data import LoadInfo, SnapshotData
+from gpumem_widget.snapshot.model.replay import DeviceReplay
 
 # progress(stage, fraction): stage is "reading", "converting", "writing" or "mapping"; fraction
 # is in [0, 1] for reading, None where it is not known.
 Progress = Callable[[str, float | None], None]
-# preview(view): the first view of a file being converted (`drilldown.preview`, its source
-# left empty), sent by the child before it reads the stacks.
+# preview(view): the first view of a file being converted (`child.ChildViews.preview`, its
+# source left empty), sent by the child before it reads the stacks.
 Preview = Callable[[dict[str, Any]], None]
+
+
 _POLL_S = 0.05
 log = logging.getLogger(__name__)
 # Resident memory of a child that has only imported numpy, on top of which the cap applies.
 _CHILD_BASE_RSS = 120 << 20
 # The child starts with the package as a bare namespace: its __init__ (the extension, the
 # session, ipywidgets) is half a second the conversion never needs.
-_PACKAGE = Path(__file__).resolve().parents[1]
+_PACKAGE = Path(__file__).resolve().parents[2]
 _BOOTSTRAP = f"""
 import sys, types
 package = types.ModuleType("gpumem_widget")
 package.__path__ = [{str(_PACKAGE)!r}]
 sys.modules["gpumem_widget"] = package
-from gpumem_widget.snapshot.isolate import main
-main()
+from gpumem_widget.snapshot.io.child import main
+main(sys.argv[1])
 """
-# Imported before the job arrives: everything the conversion and its preview run, so a spare
-# child (`warm`) has nothing left to import.
-_CHILD_MODULES = (
-    "gpumem_widget.snapshot.aggregate",
-    "gpumem_widget.snapshot.drilldown",
-    "gpumem_widget.snapshot.segment_views",
-    "gpumem_widget.snapshot.validate",
-)
 # The peak resident memory (bytes) of the last conversion child, whatever its end.
 last_child_peak: int | None = None
 
@@ -111,6 +98,7 @@ def open_file(
     cancel: threading.Event | None = None,
     cache: bool = True,
     preview: Preview | None = None,
+    views: str = "",
 ) -> tuple[SnapshotData, LoadInfo, dict[int, DeviceReplay]]:
     """The snapshot in the file at `path`, its columns (and each device's replay)
     memory-mapped from the cache; its first view (`LoadInfo.first_view`) is kept there too.
@@ -119,6 +107,8 @@ def open_file(
     mtime, inode) is mapped without a child. A file converted now is shown to `preview` as
     soon as its memory totals are known. Interrupting (KeyboardInterrupt) or setting `cancel`
     kills the child; the interrupt is re-raised, a cancel ends in `SnapshotLoadError`.
+    `views` names the module (`ChildViews`) whose views the child computes and keeps (none:
+    no preview and no first view kept).
     """
     started = time.perf_counter()
     where = os.fspath(path)
@@ -160,6 +150,7 @@ def open_file(
             progress=progress,
             cancel=cancel,
             preview=preview,
+            views=views,
             keep_segments=cache,  # an uncached entry is removed once mapped
         )
     finally:
@@ -188,6 +179,7 @@ def _run_child(
     progress: Progress | None,
     cancel: threading.Event | None,
     preview: Preview | None = None,
+    views: str = "",
     keep_segments: bool = True,
 ) -> tuple[int | None, threading.Event | None]:
     """Run the conversion in a child; its peak resident memory (bytes) when it told it, and
@@ -197,12 +189,12 @@ def _run_child(
         "entry": str(entry),
         "max_bytes": max_bytes,
         "max_memory": max_memory,
-        "identity": _identity(st),
+        "identity": identity(st),
         "progress": progress is not None,
-        "preview": preview is not None,
+        "preview": preview is not None and bool(views),
         "keep_segments": keep_segments,
     }
-    child = _start(job)
+    child = _start(job, views)
     assert child.stdout is not None
     assert child.stderr is not None
     result: dict[str, Any] = {}
@@ -279,17 +271,17 @@ def _run_child(
     return last_child_peak, finishing
 
 
-def _start(job: dict[str, Any]) -> subprocess.Popen[bytes]:
-    """A child given `job`: the waiting one, else (none waits, or it died meanwhile: killed
-    from outside) a fresh one."""
+def _start(job: dict[str, Any], views: str) -> subprocess.Popen[bytes]:
+    """A child given `job`: the waiting one (readied with the same `views`), else (none
+    waits, or it died meanwhile: killed from outside) a fresh one."""
     line = json.dumps(job).encode() + b"\n"
-    child = _spare.take()
+    child = _spare.take(views)
     if child is not None:
         try:
             return _given(child, line)
         except OSError:
             _reap(child)
-    return _given(_spawn(), line)
+    return _given(_spawn(views), line)
 
 
 def _given(child: subprocess.Popen[bytes], job_line: bytes) -> subprocess.Popen[bytes]:
@@ -299,16 +291,16 @@ def _given(child: subprocess.Popen[bytes], job_line: bytes) -> subprocess.Popen[
     return child
 
 
-def _spawn() -> subprocess.Popen[bytes]:
-    """A conversion child: it imports the conversion code, then waits for its job (one JSON
-    line) on stdin; at the end of stdin without one it exits."""
+def _spawn(views: str) -> subprocess.Popen[bytes]:
+    """A conversion child: it imports the conversion code and the module `views` names, then
+    waits for its job (one JSON line) on stdin; at the end of stdin without one it exits."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(_PACKAGE.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = "1"  # one thread: no per-thread arenas eating the memory cap
     return subprocess.Popen(
-        [sys.executable, "-c", _BOOTSTRAP],
+        [sys.executable, "-c", _BOOTSTRAP, views],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -327,19 +319,27 @@ class _Spare:
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()
+        self._views = ""
         self.wanted = False
 
-    def warm(self) -> None:
+    def warm(self, views: str | None = None) -> None:
         with self._lock:
             self._forget_if_forked()
             self.wanted = True
+            if views is not None and views != self._views:
+                self._views = views
+                if self._child is not None:
+                    _reap(self._child)  # readied for other views
+                    self._child = None
             if self._child is None or self._child.poll() is not None:
-                self._child = _spawn()
+                self._child = _spawn(self._views)
 
-    def take(self) -> subprocess.Popen[bytes] | None:
-        """The spare, if one is ready and alive (the caller owns it then)."""
+    def take(self, views: str) -> subprocess.Popen[bytes] | None:
+        """The spare, if one is ready for `views` and alive (the caller owns it then)."""
         with self._lock:
             self._forget_if_forked()
+            if views != self._views:
+                return None
             child, self._child = self._child, None
         if child is not None and child.poll() is not None:
             _reap(child)
@@ -382,10 +382,11 @@ def _reap(child: subprocess.Popen[bytes]) -> None:
 _spare = _Spare()
 
 
-def warm() -> None:
-    """Start a conversion child now, so the next file opened here starts converting at once
-    (`stop_warm` ends it; the child also exits when this process does)."""
-    _spare.warm()
+def warm(views: str) -> None:
+    """Start a conversion child now, with `views` (`open_file`'s) imported, so the next file
+    opened here starts converting at once (`stop_warm` ends it; the child also exits when this
+    process does)."""
+    _spare.warm(views)
 
 
 def stop_warm() -> None:
@@ -419,7 +420,7 @@ class _Cancelled(Exception):
 
 def _show_preview(preview: Preview, encoded: str) -> None:
     """Hand the child's first view to `preview`."""
-    from gpumem_widget.snapshot.load import _DataOnlyUnpickler
+    from gpumem_widget.snapshot.io.load import _DataOnlyUnpickler
 
     try:
         view = _DataOnlyUnpickler(io.BytesIO(base64.b64decode(encoded))).load()
@@ -452,172 +453,8 @@ def _rss(pid: int) -> int:
         return 0
 
 
-# -- the child ---------------------------------------------------------------------------------
-
-
-def _vm_size() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _child(job: dict[str, Any]) -> tuple[dict[str, Any], Snapshot | None]:
-    where = job["path"]
-    with contextlib.suppress(OSError, ValueError):
-        # Virtual memory: what is mapped now (interpreter, numpy) plus the cap.
-        cap = _vm_size() + int(job["max_memory"])
-        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
-
-    def say(stage: str, fraction: float | None = None) -> None:
-        if job["progress"]:
-            print(json.dumps({"stage": stage, "fraction": fraction}), flush=True)
-
-    def reading(done: int, total: int) -> None:
-        if done >= total:
-            say("converting")
-        else:
-            say("reading", done / total)
-
-    try:
-        with open_regular(where) as f:
-            st = os.fstat(f.fileno())
-        if _identity(st) != job["identity"]:
-            return {"error": f"{where}: the file changed while it was being opened"}, None
-        say("reading", 0.0)
-        stats: dict[str, int] = {}
-        previewed: dict[int, DeviceReplay] = {}  # the preview's replays, stacks to be filled in
-        data = read_snapshot(
-            where,
-            max_bytes=int(job["max_bytes"]),
-            progress=reading,
-            stats=stats,
-            early=(lambda early: _send_preview(early, previewed)) if job["preview"] else None,
-        )
-        say("writing")
-        # Replayed here too (vectorised over the columns), and the tab's first view computed:
-        # a reopen maps the one and draws the other.
-        snap = Snapshot(
-            data, replays={d: with_stacks(r, data.traces[d]) for d, r in previewed.items()}
-        )
-        replays = {d: snap.replay(d) for d in snap.devices if d in data.traces}
-        columnar.write(data, Path(job["entry"]), stats["bytes"], replays, _first_view(snap))
-    except SnapshotLoadError as e:
-        if not isinstance(e, OutOfMemory):
-            return {"error": str(e)}, None
-        return {"error": _too_big(where, job)}, None
-    except MemoryError:
-        return {"error": _too_big(where, job)}, None
-    except OSError as e:
-        return {"error": f"{where}: {e.strerror or e}"}, None
-    return {"done": True}, snap
-
-
-def _identity(st: os.stat_result) -> list[int]:
-    """What tells one version of a file from another, as the cache keys it (a JSON list)."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
 def _changed(where: str, st: os.stat_result) -> bool:
     try:
-        return _identity(os.stat(where)) != _identity(st)
+        return identity(os.stat(where)) != identity(st)
     except OSError:
         return True
-
-
-def _too_big(where: str, job: dict[str, Any]) -> str:
-    return (
-        f"{where}: converting it needs more than {int(job['max_memory']) >> 20} MB of memory; "
-        "pass a larger max_memory to open it"
-    )
-
-
-def _checked(data: SnapshotData) -> bool:
-    """Whether `data` passes the checks the caller makes (views of it can be drawn)."""
-    from gpumem_widget.snapshot.validate import check_data
-
-    try:
-        check_data(data)
-    except SnapshotLoadError:
-        return False  # the caller refuses it with the reason
-    return True
-
-
-def _send_preview(data: SnapshotData, replayed: dict[int, DeviceReplay]) -> None:
-    """Send the caller the first view of `data`, whose stacks are not read yet (none where it
-    fails: the caller's own views then say why); `replayed` gets the devices it replayed."""
-    from gpumem_widget.snapshot.drilldown import preview
-
-    if not _checked(data):
-        return
-    snap = Snapshot(data)
-    try:
-        view = pickle.dumps(preview(snap, ""), protocol=5)
-    except Exception:
-        return
-    replayed.update(snap.replayed())
-    print(json.dumps({"preview": base64.b64encode(view).decode()}), flush=True)
-
-
-def _first_view(snap: Snapshot) -> Drilldown | None:
-    """The tab's first view of `snap`, to keep with its columns (None where it fails: the
-    caller then computes it)."""
-    from gpumem_widget.snapshot.drilldown import overview
-
-    if not _checked(snap.data):
-        return None
-    try:
-        return overview(snap, "", first_only=True)
-    except Exception:
-        return None
-
-
-def _peak_rss() -> int | None:
-    """This process's resident high-water mark (VmHWM), bytes."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _keep_peak_segments(snap: Snapshot, entry: Path) -> None:
-    """The segment map at the first device's peak (what the tab shows beside what is alive
-    there first), kept with the columns: replaying the allocator to it is the slowest view (a
-    Python loop over every entry), done here while the caller computes the others."""
-    from gpumem_widget.snapshot.drilldown import MAX_BLOCKS, MAX_SEGMENTS
-    from gpumem_widget.snapshot.segment_views import segment_map
-
-    if not snap.devices or not _checked(snap.data):
-        return
-    d = snap.devices[0]
-    rep = snap.replay(d)
-    event = int(np.argmax(rep.active)) if rep.n_events else -1
-    view = segment_map(
-        snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS
-    ).to_wire()
-    columnar.write_extra(entry, columnar.PEAK_SEGMENTS, {d: view})
-
-
-def main() -> None:
-    import importlib
-
-    for name in _CHILD_MODULES:
-        importlib.import_module(name)
-    line = sys.stdin.readline()
-    if not line:  # a spare no longer wanted, or its parent gone
-        os._exit(0)
-    job = json.loads(line)
-    result, snap = _child(job)
-    print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
-    if snap is not None and job.get("keep_segments"):
-        with contextlib.suppress(Exception):  # the caller computes it where it is missing
-            _keep_peak_segments(snap, Path(job["entry"]))
-    # Everything the caller needs is in the cache: skip freeing this process's objects.
-    sys.stderr.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpumem_widget.snapshot.replay import Oom, Snapshot
-from gpumem_widget.snapshot.segments import SMALL_BUFFER, Layout, event_at, timeline
+from gpumem_widget.snapshot.model.replay import Oom, Snapshot
+from gpumem_widget.snapshot.model.segments import SMALL_BUFFER, Layout, event_at, timeline
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
 

@@ -14,9 +14,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from gpumem_widget.snapshot.load import RECORDER_KEY, Source, read_snapshot
-from gpumem_widget.snapshot.model import Action, SnapshotData
-from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.snapshot.io.convert import RECORDER_KEY
+from gpumem_widget.snapshot.io.load import Source, read_snapshot
+from gpumem_widget.snapshot.model.data import Action, SnapshotData
+from gpumem_widget.snapshot.model.replay import Snapshot
 
 PROTOCOL = 4
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Literal
 
-from gpumem_widget.snapshot.model import Frame
+from gpumem_widget.snapshot.model.data import Frame
 
 SiteMode = Literal["user", "code", "leaf"]
 

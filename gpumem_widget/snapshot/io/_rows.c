@@ -15,6 +15,10 @@
  *
  * The input is untrusted: every read is bounds-checked, the stacks and the memo are checked,
  * and nothing the data names is ever called.
+ *
+ * One file of about 1,100 lines, past the package's 600: it is one machine (the opcode loop,
+ * its stack and memo, the row builder and the column table share its static state) compiled
+ * as one extension module, `_rows`, by hatch_build.py.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from gpumem_widget.snapshot.model import (
+from gpumem_widget.snapshot.model.data import (
     BLOCK_STATES,
     Action,
     Block,
@@ -41,7 +41,7 @@ from gpumem_widget.snapshot.model import (
     SnapshotData,
     StackTable,
 )
-from gpumem_widget.snapshot.replay import DeviceReplay, Intervals, Oom
+from gpumem_widget.snapshot.model.replay import DeviceReplay, Intervals, Oom
 
 if TYPE_CHECKING:
     from gpumem_widget.wire.payloads import Drilldown
@@ -112,9 +112,9 @@ def cache_root() -> Path:
 def _code_version() -> str:
     """A digest of the code that makes the columns, the replay and the first view kept with
     them (the snapshot package and the wire format): changed code, new entries."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the snapshot package, every stage
     digest = hashlib.sha256()
-    for path in sorted([*here.glob("*.py"), here.parent / "wire" / "protocol.py"]):
+    for path in sorted([*here.rglob("*.py"), here.parent / "wire" / "table.py"]):
         with contextlib.suppress(OSError):
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -251,7 +251,7 @@ def write_extra(entry: Path, name: str, value: Any) -> None:
 
 def read_extra(entry: Path, name: str) -> Any:
     """What `write_extra` kept as `name` in `entry`; None where it is absent or unreadable."""
-    from gpumem_widget.snapshot.load import _DataOnlyUnpickler
+    from gpumem_widget.snapshot.io.load import _DataOnlyUnpickler
 
     try:
         return _DataOnlyUnpickler(io.BytesIO((entry / name).read_bytes())).load()
@@ -281,7 +281,7 @@ def _trim(root: Path, keep: Path, limit: int = DEFAULT_CACHE_LIMIT) -> None:
 
 def read_index(entry: Path) -> dict[str, Any]:
     """The index of `entry` (small: no column is read); `CacheInvalid` if it is unreadable."""
-    from gpumem_widget.snapshot.load import _DataOnlyUnpickler
+    from gpumem_widget.snapshot.io.load import _DataOnlyUnpickler
 
     try:
         index_bytes = (entry / INDEX).read_bytes()
@@ -306,7 +306,7 @@ def read(
     """The snapshot in `entry`, its columns memory-mapped (and checked against `index`, read
     here when not given), the decompressed size of the pickle it came from, the devices'
     replays and the first view kept with it; `CacheInvalid` if it is not whole."""
-    from gpumem_widget.snapshot.load import SnapshotLoadError
+    from gpumem_widget.snapshot.io.load import SnapshotLoadError
 
     if index is None:
         index = read_index(entry)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpumem_widget.snapshot.model import NO_STACK, Action, DeviceTrace, SnapshotData
-from gpumem_widget.snapshot.replay import DeviceReplay, Snapshot
+from gpumem_widget.snapshot.model.data import NO_STACK, Action, DeviceTrace, SnapshotData
+from gpumem_widget.snapshot.model.replay import DeviceReplay, Snapshot
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: the largest request served from the small pool

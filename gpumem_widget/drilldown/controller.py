@@ -10,6 +10,9 @@ waiting to be asked. A click on a time asks for what is alive then
 
 Nothing here runs in the per-cell hooks: an OOM's snapshot is only kept (`offer`), and computed
 when the browser asks for it (`{"type": "load"}`) or the user shows it.
+
+The views are computed in `snapshot.views` (`panel` composes the tab's); this module holds the
+widget, answers its messages and sets its traits, so nothing in `snapshot` imports it.
 """
 
 from __future__ import annotations
@@ -23,44 +26,41 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from gpumem_widget.snapshot.tags import CELL_TAG_PREFIX
+from gpumem_widget.snapshot.views.panel import (
+    LARGEST,
+    MAX_BLOCKS,
+    MAX_SEGMENTS,
+    MAX_TREE_NODES,
+    WIDTH,
+    CellWindow,
+    overview,
+    range_view,
+)
 
 if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
-    from gpumem_widget.snapshot.aggregate import Axis, CellSlices
-    from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.snapshot.io.load import Source
+    from gpumem_widget.snapshot.views.grid import Axis
     from gpumem_widget.wire.payloads import (
         Alive,
         AliveError,
-        CellBand,
+        BrowserMessage,
         CompareView,
-        DeviceOverview,
         DrilldownAlive,
-        RangeView,
-        ReservedFigures,
         SearchAnswer,
         SearchError,
+        SearchRequest,
         SegmentMap,
+        ViewRequest,
     )
     from gpumem_widget.wire.payloads import Drilldown as DrilldownTrait
     from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
 
-# Screen columns and stacked sites: 15 float64 columns of 1,000 rows is 120 KB a device.
-WIDTH = 1000
-TOP_SITES = 10
-MAX_TREE_NODES = 400
-LARGEST = 30
-# The segment map beside each alive-at answer: about 180 bytes of JSON a block, so these keep it
-# near 250 KB at most (the largest segments are kept; sub-pixel runs of blocks merge).
-MAX_SEGMENTS = 200
-MAX_BLOCKS = 1200
 # How long to wait for the conversion child's segment map at the peak (it started before the
 # kernel's other views, so it is normally done or nearly).
 KEPT_SEGMENTS_WAIT_S = 120.0
-
-CellWindow = tuple[int, float, float]  # execution_count, start, end (unix seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None
 
     import numpy as np
 
-    from gpumem_widget.snapshot import columnar
+    from gpumem_widget.snapshot.io import columnar
 
     info = snap.load_info
     if info is None or not info.entry or device != snap.devices[0]:
@@ -104,7 +104,7 @@ def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None
 
 def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
-    from gpumem_widget.snapshot.segment_views import segment_map
+    from gpumem_widget.snapshot.views.segment_views import segment_map
 
     kept = _kept_segments(snap, device, event)
     if kept is not None:
@@ -123,7 +123,7 @@ def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None =
     with the segment map at the same entry (entries can share a timestamp, so the map follows
     the entry) and the entry's position on each x axis the tab draws (``x``)."""
     from gpumem_widget.snapshot import alive_at
-    from gpumem_widget.snapshot.aggregate import axis_x
+    from gpumem_widget.snapshot.views.grid import axis_x
 
     answer = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
     view = cast("Alive", answer)  # the same dict, its optional keys added below
@@ -140,125 +140,6 @@ def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None =
         "time": float(time_x[e]) if e >= 0 else (float(time_x[0]) if len(time_x) else 0.0),
     }
     return view
-
-
-def _cell_bands(snap: Snapshot, device: int, cells: CellSlices, axis: str) -> list[CellBand]:
-    """Each cell's span on `axis` (its first to its last entry), for bands on the chart."""
-    from gpumem_widget.snapshot.aggregate import axis_x
-
-    rep = snap.replay(device)
-    if not rep.n_events:
-        return []
-    x = axis_x(snap, rep, "event" if axis == "event" else "time", collapse_idle=True).x
-    n = rep.n_events
-    bands: list[CellBand] = []
-    for c in cells.cells:
-        first, last = c.first_event, c.last_event
-        if last < first or first >= n or last < 0:
-            continue
-        x0, x1 = float(x[max(first, 0)]), float(x[min(last, n - 1)])
-        bands.append({"execution_count": c.execution_count, "x0": x0, "x1": x1 + (axis == "event")})
-    return bands
-
-
-def range_view(
-    snap: Snapshot,
-    device: int,
-    *,
-    axis: str,
-    t0: float | None,
-    t1: float | None,
-    width: int,
-    cells: CellSlices | None = None,
-) -> RangeView:
-    """Sites and categories over [t0, t1] of `axis` ("event", or "time" with idle stretches
-    collapsed), re-aggregated at `width` columns: a zoomed range shows full detail."""
-    from gpumem_widget.snapshot import active_memory_view, categories
-
-    if axis not in ("event", "time"):
-        raise ValueError(f"no axis {axis!r}: event or time")
-    on: Axis = "event" if axis == "event" else "time"
-    width = max(50, min(int(width), 4000))
-    kw: dict[str, Any] = {"t0": t0, "t1": t1, "axis": on, "collapse_idle": True}
-    return {
-        "device": device,
-        "axis": on,
-        "t0": t0,
-        "t1": t1,
-        "sites": active_memory_view(snap, device, width, TOP_SITES, **kw),
-        "categories": categories(snap, device, width=width, full_columns=False, **kw),
-        "bands": _cell_bands(snap, device, cells, axis) if cells else [],
-    }
-
-
-def overview(
-    snap: Snapshot,
-    source: str,
-    ledger_cells: Sequence[CellWindow] = (),
-    *,
-    first_only: bool = False,
-) -> DrilldownTrait:
-    """Every device's views: active memory by site, categories, reserved beside active (the
-    cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
-    ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
-    memory alone, what the tab draws first (``"partial": true``) while the rest is computed."""
-    from gpumem_widget.snapshot import active_memory_view, categories
-    from gpumem_widget.snapshot.aggregate import cell_usage
-    from gpumem_widget.snapshot.segment_views import reserved_over_time_view
-
-    tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
-    devices: list[DeviceOverview] = []
-    for d in snap.devices:
-        view: DeviceOverview = {
-            "device": d,
-            "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
-        }
-        # Between views, the mapped columns' pages go back (each view reads what it needs).
-        snap.release_pages()
-        if not first_only:
-            cells = (
-                None if tagged or not snap.data.has_time else _overlapping(snap, d, ledger_cells)
-            )
-            slices = cell_usage(snap, d, cells)
-            snap.release_pages()
-            full = reserved_over_time_view(snap, d, WIDTH)
-            # Without its table: the active view carries reserved on its own columns.
-            reserved = cast("ReservedFigures", {k: v for k, v in full.items() if k != "table"})
-            snap.release_pages()
-            view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
-            snap.release_pages()
-            view["reserved"] = reserved
-            view["cells"] = slices.to_wire()
-            view["bands"] = _cell_bands(snap, d, slices, "event")
-        devices.append(view)
-    out: DrilldownTrait = {
-        "source": source,
-        "taken_at": snap.end_time,
-        "cells_by": "tag" if tagged else "time" if snap.data.has_time else "none",
-        "devices": devices,
-    }
-    if first_only:
-        out["partial"] = True
-    return out
-
-
-def preview(snap: Snapshot, source: str) -> DrilldownTrait:
-    """The first view of a file still being converted: each device's active memory over event
-    order as one series, with reserved memory beside it, computed before the stacks are read
-    (`active_total_view`); `overview`'s shape without ``cells_by`` (the tags are not read
-    yet), ``"partial"`` and ``"preview"`` set."""
-    from gpumem_widget.snapshot.aggregate import active_total_view
-
-    return {
-        "source": source,
-        "taken_at": snap.end_time,
-        "devices": [
-            {"device": d, "active": active_total_view(snap, d, WIDTH, axis="event")}
-            for d in snap.devices
-        ],
-        "partial": True,
-        "preview": True,
-    }
 
 
 class _LoadingBar:
@@ -284,15 +165,6 @@ class _LoadingBar:
         }
 
 
-def _overlapping(snap: Snapshot, device: int, windows: Sequence[CellWindow]) -> list[CellWindow]:
-    """The ledger's cells whose time window overlaps the snapshot's trace on `device`."""
-    rep = snap.replay(device)
-    if not rep.n_events:
-        return []
-    first, last = float(rep.time_us[0]) / 1e6, float(rep.time_us[-1]) / 1e6
-    return [(n, s, e) for n, s, e in windows if s <= last and e >= first]
-
-
 class Drilldown:
     """Holds the current snapshot and writes the ``drilldown``/``drilldown_alive`` traits."""
 
@@ -304,12 +176,12 @@ class Drilldown:
         self._lock = threading.Lock()
         self._current: _Current | None = None
         self._pending: tuple[Mapping[str, Any], str] | None = None
-        widget.on_msg(self._on_msg)
+        widget.messages.on(self._on_msg, "load", "alive_at", "view", "search")
 
     def retarget(self, widget: GpuMemWidget) -> None:
         """Publish to a new widget (the old one was closed), with the current views."""
         self.widget = widget
-        widget.on_msg(self._on_msg)
+        widget.messages.on(self._on_msg, "load", "alive_at", "view", "search")
         with self._lock:
             current, pending = self._current, self._pending
         if current is not None:
@@ -406,25 +278,21 @@ class Drilldown:
             self._pending = (raw, source)
         self.widget.drilldown = {"pending": source}
 
-    def _on_msg(self, widget: Any, content: Any, buffers: Sequence[Any]) -> None:
-        """Browser requests; a failure is shown in the panel, never raised into the kernel."""
-        if not isinstance(content, Mapping):
-            return
-        kind = content.get("type")
+    def _on_msg(self, widget: Any, msg: BrowserMessage) -> None:
+        """Browser requests (checked by `wire.messages`); a failure is shown in the panel, never
+        raised into the kernel."""
         try:
-            if kind == "alive_at":
-                answer = self._alive_at(
-                    content.get("device"), content.get("t"), content.get("event")
-                )
+            if msg["type"] == "alive_at":
+                answer = self._alive_at(msg["device"], msg.get("t"), msg.get("event"))
                 if answer is not None:
-                    if isinstance(content.get("id"), int):  # each answer differs, so each arrives
-                        answer["id"] = content["id"]
+                    if "id" in msg:  # each answer differs, so each arrives
+                        answer["id"] = msg["id"]
                     self.widget.drilldown_alive = answer
-            elif kind == "view":
-                self._range(content)
-            elif kind == "search":
-                self._search(content)
-            elif kind == "load":
+            elif msg["type"] == "view":
+                self._range(msg)
+            elif msg["type"] == "search":
+                self._search(msg)
+            elif msg["type"] == "load":
                 pending = self._pending
                 if pending is not None:
                     self.show(dict(pending[0]), pending[1])
@@ -457,47 +325,43 @@ class Drilldown:
             raise ValueError(f"not a time: {t!r}")
         return alive_view(snap, device, float(t))
 
-    def _range(self, msg: Mapping[str, Any]) -> None:
+    def _range(self, msg: ViewRequest) -> None:
         """`{"type": "view", "device", "axis", "t0", "t1", "width", "id"}`: a zoom or an axis."""
-        from gpumem_widget.snapshot.aggregate import cell_usage
+        from gpumem_widget.snapshot.views.cells import cell_usage
 
-        device = msg.get("device")
+        device = msg["device"]
         snap = self._device(device)
         if snap is None:
             return
-        assert isinstance(device, int)
-        t0, t1 = _finite_or_none(msg.get("t0")), _finite_or_none(msg.get("t1"))
-        width = msg.get("width")
-        width = width if isinstance(width, int) and not isinstance(width, bool) else WIDTH
+        t0, t1 = msg.get("t0"), msg.get("t1")
+        width = msg.get("width", WIDTH)
         cells = cell_usage(snap, device)
-        axis = str(msg.get("axis"))
+        axis = msg["axis"]
         view = range_view(snap, device, axis=axis, t0=t0, t1=t1, width=width, cells=cells)
-        asked = msg.get("id")
-        view["id"] = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+        view["id"] = msg.get("id")
         self.widget.drilldown_view = view
 
-    def _search(self, msg: Mapping[str, Any]) -> None:
-        """`{"type": "search", "device", "query", "axis", "t0", "t1", "width"}`."""
-        from gpumem_widget.snapshot.search import search
+    def _search(self, msg: SearchRequest) -> None:
+        """`{"type": "search", "device", "query", "axis", "t0", "t1"}`."""
+        from gpumem_widget.snapshot.views.search import search
 
-        device = msg.get("device")
+        device = msg["device"]
         snap = self._device(device)
         if snap is None:
             return
-        assert isinstance(device, int)
-        axis: Axis = "time" if msg.get("axis") == "time" else "event"
+        axis: Axis = msg.get("axis", "event")
         try:
             answer: SearchAnswer | SearchError = search(
                 snap,
                 device,
-                str(msg.get("query", "")),
+                msg["query"],
                 axis=axis,
                 collapse_idle=True,
-                t0=_finite_or_none(msg.get("t0")),
-                t1=_finite_or_none(msg.get("t1")),
+                t0=msg.get("t0"),
+                t1=msg.get("t1"),
             )
         except ValueError as e:
-            answer = {"error": str(e), "query": str(msg.get("query", ""))}
+            answer = {"error": str(e), "query": msg["query"]}
         self.widget.drilldown_search = answer
 
     def compare(
@@ -509,15 +373,9 @@ class Drilldown:
     ) -> CompareView:
         """Compare two snapshots (see `compare.compare_snapshots`) and show it in the tab."""
         from gpumem_widget.snapshot import open_snapshot
-        from gpumem_widget.snapshot.compare import compare_snapshots
+        from gpumem_widget.snapshot.views.compare import compare_snapshots
 
         names = labels or (describe_source(a), describe_source(b))
         view = compare_snapshots(open_snapshot(a), open_snapshot(b), labels=names, **kwargs)
         self.widget.drilldown_compare = view
         return view
-
-
-def _finite_or_none(v: object) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-        return float(v)
-    return None

@@ -11,18 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from gpumem_widget.snapshot.aggregate import (
-    BEFORE_RECORDING,
-    NO_PYTHON_STACK,
-    Axis,
-    _after,
-    _grid,
-    _sites,
-    axis_x,
-    category_memory,
-)
-from gpumem_widget.snapshot.attribution import SiteMode
-from gpumem_widget.snapshot.replay import Snapshot
+from gpumem_widget.snapshot.model.replay import Snapshot
+from gpumem_widget.snapshot.views.attribution import SiteMode
+from gpumem_widget.snapshot.views.categories import category_memory
+from gpumem_widget.snapshot.views.grid import BEFORE_RECORDING, NO_PYTHON_STACK, Axis, axis_x
+from gpumem_widget.snapshot.views.grid import screen_grid as _grid
+from gpumem_widget.snapshot.views.grid import sites_of as _sites
+from gpumem_widget.snapshot.views.grid import values_after as _after
 from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import pack_f8
 

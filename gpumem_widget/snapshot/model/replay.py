@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpumem_widget.snapshot.model import (
+from gpumem_widget.snapshot.model.data import (
     I8,
     I32,
     I64,
@@ -378,7 +378,7 @@ class Snapshot:
     def release_pages(self) -> None:
         """Give back the resident pages of the columns mapped from the cache (a view reads
         them in again as it needs them): the kernel holds only what it computes with."""
-        from gpumem_widget.snapshot.resident import drop
+        from gpumem_widget.snapshot.model.resident import drop
 
         arrays: list[Any] = []
         for t in self.data.traces.values():
