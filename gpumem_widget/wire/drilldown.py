@@ -90,12 +90,20 @@ class ViewFacts(TypedDict):
     warnings: list[str]
 
 
+# A series' bytes at each column's lowest instant: the table column named its column and this.
+FLOOR = "_floor"
+
+
 class StackedView(ViewFacts):
     t0: float
     t1: float
     range_events: list[int]  # [first entry inside, one past the last]
     width: int
-    table: PackedTable  # t, event, total[, time, min, reserved, reserved_max, reserved_min], series
+    ranged: bool  # each series' floor was computed (in the table where it differs from it)
+    # t, event, total[, time, min, reserved, reserved_max, reserved_min], each series at the
+    # column's highest instant, and at its lowest as the series' column + FLOOR where that
+    # differs (a series without one: its floor is itself)
+    table: PackedTable
 
 
 class SiteSeries(TypedDict):

@@ -137,6 +137,27 @@ describe("drill-down data", () => {
     expect(columnAt(s.t, s.t1)).toBe(s.t.length - 1);
   });
 
+  it("decodes each column's range: every series at its floor, summing to the column's lowest total", () => {
+    const state = parseDrilldown(received()["drilldown"]);
+    if (state.kind !== "ready") throw new Error(state.kind);
+    for (const d of state.overview.devices) {
+      for (const view of [d.sites, d.categories]) {
+        if (!view) continue;
+        expect(view.series.every((s) => s.floor !== null)).toBe(true);
+        const min = d.sites.min as Float64Array;
+        let rose = 0;
+        for (let k = 0; k < view.t.length; k++) {
+          const floor = view.series.reduce((sum, s) => sum + (s.floor?.[k] ?? 0), 0);
+          expect(floor).toBe(min[k]);
+          expect(floor).toBeLessThanOrEqual(view.total[k] as number);
+          for (const s of view.series) expect(s.floor?.[k] ?? 0).toBeGreaterThanOrEqual(0);
+          if ((view.total[k] as number) > floor) rose++;
+        }
+        expect(rose).toBeGreaterThan(0); // some column rises above its floor
+      }
+    }
+  });
+
   it("rejects a malformed table with one clear error", () => {
     expect(() => decodeColumns({ n: 2, columns: ["t"], dtypes: ["f8"], buffers: [new Uint8Array(8)] }, "x")).toThrow(/8 bytes for 2 rows/);
     expect(() => parseDrilldown({ devices: "no" })).toThrow(/drilldown\.devices/);

@@ -29,7 +29,8 @@ async function mount(page, scenario, theme) {
   await settle(page);
 }
 
-/** The topmost pixel of the stacked series (opaque, one of the series colours) in the plot. */
+/** The topmost pixel of the stacked series (opaque, one of the series colours or their lighter
+ * rise to a column's peak) in the plot. */
 async function tallest(page) {
   return page.evaluate((colors) => {
     const chart = document.querySelector(".gpumem-drilldown-chart");
@@ -37,7 +38,7 @@ async function tallest(page) {
     const [left, top, w, h] = chart.dataset.plot.split(",").map(Number);
     const ratio = canvas.width / canvas.clientWidth;
     const img = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
-    const rgb = colors.map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
+    const rgb = [...colors, ...JSON.parse(chart.dataset.riseColors || "[]")].map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
     const isSeries = (x, y) => {
       const i = (y * canvas.width + x) * 4;
       if (img[i + 3] !== 255) return false;
@@ -128,8 +129,10 @@ async function narrow(page) {
   });
 }
 
-/** Per pixel column of the plot: the topmost pixel of the stack (a series colour, or its
- * lighter rise) and the topmost of the solid floor (a series colour), in CSS px. */
+/** Per pixel column of the plot: the topmost pixel of the stack (the first opaque one that is
+ * not the reserved line: only the stack is opaque on the transparent canvas, and an edge pixel
+ * the stack covers in part is not) and the topmost of its solid floor (nearer a series colour
+ * than a lighter rise colour), in CSS px. */
 async function columnEdges(page) {
   return page.evaluate((colors) => {
     const chart = document.querySelector(".gpumem-drilldown-chart");
@@ -139,7 +142,15 @@ async function columnEdges(page) {
     const img = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
     const hex = (list) => list.map((c) => [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)));
     const solid = hex(colors);
+    const reserved = hex([getComputedStyle(chart).getPropertyValue("--gpumem-reserved").trim()].filter((c) => /^#[0-9a-f]{6}$/i.test(c)));
     const rise = hex(JSON.parse(chart.dataset.riseColors || "[]"));
+    // A solid series, or two meeting in a pixel, is nearer a solid colour than any lighter one.
+    const nearestIsSolid = (x, y) => {
+      const i = (y * canvas.width + x) * 4;
+      const d = (set) => Math.min(...set.map(([r, g, b]) => Math.abs(img[i] - r) + Math.abs(img[i + 1] - g) + Math.abs(img[i + 2] - b)));
+      return d(solid) < d(rise);
+    };
+    const opaque = (x, y) => img[(y * canvas.width + x) * 4 + 3] === 255 && !is(reserved, x, y);
     const is = (set, x, y) => {
       const i = (y * canvas.width + x) * 4;
       return img[i + 3] === 255 && set.some(([r, g, b]) => Math.abs(img[i] - r) <= 2 && Math.abs(img[i + 1] - g) <= 2 && Math.abs(img[i + 2] - b) <= 2);
@@ -150,8 +161,8 @@ async function columnEdges(page) {
       let ceil = null;
       let floor = null;
       for (let y = Math.floor(top * ratio); y < Math.ceil((top + h) * ratio); y++) {
-        if (ceil === null && (is(solid, x, y) || is(rise, x, y))) ceil = y / ratio;
-        if (floor === null && is(solid, x, y)) floor = y / ratio;
+        if (ceil === null && opaque(x, y)) ceil = y / ratio;
+        if (floor === null && opaque(x, y) && nearestIsSolid(x, y)) floor = y / ratio;
         if (ceil !== null && floor !== null) break;
       }
       columns.push({ px, ceil, floor });
@@ -278,6 +289,17 @@ try {
   for (const scenario of plan.columns ?? []) {
     await mount(page, scenario, "light");
     await fullZoom(page);
+    // The stack alone: the reserved band and line (drawn under it, but blending with its top
+    // edge where they meet) made transparent, then drawn again (a resize redraws the chart).
+    await page.evaluate(async () => {
+      document.querySelector(".gpumem-drilldown-chart").style.setProperty("--gpumem-reserved", "rgba(0, 0, 0, 0)");
+      const frames = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+      const stage = document.getElementById("stage");
+      stage.style.width = "1001px";
+      await frames();
+      stage.style.width = "";
+      await frames();
+    });
     result.columns[scenario] = await columnEdges(page);
   }
 

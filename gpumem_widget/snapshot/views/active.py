@@ -20,6 +20,7 @@ from gpumem_widget.snapshot.views.grid import (
     Axis,
     Site,
     axis_x,
+    group_floors,
     screen_grid,
     sites_of,
     top_groups,
@@ -40,7 +41,8 @@ class SiteGroup:
     peak_event: int  # the first entry where it is reached
     count: int  # allocations
     bytes_allocated: int
-    values: F64  # bytes at each screen column
+    values: F64  # bytes at each screen column's highest instant
+    floor: F64  # bytes at each screen column's lowest instant
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +52,15 @@ class ActiveMemory(StackedView):
 
     groups: tuple[SiteGroup, ...]
     other: F64 | None
+    other_floor: F64 | None = None  # the rest's floor, beside `other`
 
     def to_wire(self) -> payloads.ActiveMemoryView:
         """The browser's form (`aggregate`'s module docstring)."""
-        series = [(g.column, g.values) for g in self.groups]
+        series: list[tuple[str, F64, F64 | None]] = [
+            (g.column, g.values, g.floor) for g in self.groups
+        ]
         if self.other is not None:
-            series.append(("other", self.other))
+            series.append(("other", self.other, self.other_floor))
         return {
             "view": "active_memory",
             **self._wire(series),
@@ -90,11 +95,12 @@ def active_memory(
 ) -> ActiveMemory:
     """Active memory over time, stacked by allocation site: the `top` sites and "other".
 
-    Each of the `width` columns shows the instant of its highest total (``event``), so no spike
-    is lost; ``min`` holds the column's lowest total, ``reserved`` what the allocator held then,
-    ``reserved_max``/``reserved_min`` its range within the column. `t0`, `t1` zoom, on `axis`
-    (see `axis_x`). Each site's ``peak_bytes`` is its exact highest within the range, from the
-    replay, not from the columns; sites are ranked by it.
+    Each of the `width` columns shows its range: each group's bytes at the instant of its
+    highest total (``event``), so no spike is lost, and at its lowest (the group's column with
+    `FLOOR` after its name; they sum to ``min``, the column's lowest total); ``reserved`` what
+    the allocator held then, ``reserved_max``/``reserved_min`` its range within the column.
+    `t0`, `t1` zoom, on `axis` (see `axis_x`). Each site's ``peak_bytes`` is its exact highest
+    within the range, from the replay, not from the columns; sites are ranked by it.
     """
     rep = snap.replay(device)
     ax = axis_x(snap, rep, axis, collapse_idle)
@@ -103,9 +109,12 @@ def active_memory(
     chosen, series, other, peaks, peak_events = top_groups(
         rep.intervals, sites.of_interval, len(sites.keys), grid, top
     )
+    floors, other_floor = group_floors(
+        rep.intervals, sites.of_interval, len(sites.keys), grid, chosen
+    )
     columns = base_columns(snap, rep, ax, grid)
     groups = []
-    for i, (g, row) in enumerate(zip(chosen, series, strict=True)):
+    for i, (g, row, floor) in enumerate(zip(chosen, series, floors, strict=True)):
         mask = sites.of_interval == g
         groups.append(
             _site_group(
@@ -116,6 +125,7 @@ def active_memory(
                 count=int(mask.sum()),
                 bytes_allocated=int(rep.intervals.size[mask].sum()),
                 values=row,
+                floor=floor,
             )
         )
     return ActiveMemory(
@@ -126,6 +136,7 @@ def active_memory(
         columns,
         tuple(groups),
         other,
+        other_floor,
     )
 
 
@@ -138,6 +149,7 @@ def _site_group(
     count: int,
     bytes_allocated: int,
     values: F64,
+    floor: F64,
 ) -> SiteGroup:
     site = Site.of(key)
     return SiteGroup(
@@ -151,6 +163,7 @@ def _site_group(
         count=count,
         bytes_allocated=bytes_allocated,
         values=values,
+        floor=floor,
     )
 
 
@@ -181,6 +194,7 @@ def active_total(
         count=len(iv),
         bytes_allocated=int(iv.size.sum()),
         values=columns.total.astype(np.float64),
+        floor=grid.low,
     )
     return ActiveMemory(
         device_facts(snap, rep, ax), grid.t0, grid.t1, (grid.lo, grid.hi), columns, (group,), None

@@ -75,7 +75,8 @@ class CategoryGroup:
     peak_event: int  # the first entry where it is reached
     count: int  # allocations
     exact_count: int  # of them, classified by a live tensor's address
-    values: F64  # bytes at each screen column
+    values: F64  # bytes at each screen column's highest instant
+    floor: F64  # bytes at each screen column's lowest instant
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ class CategoryMemory(StackedView):
         """The browser's form (`aggregate`'s module docstring)."""
         return {
             "view": "categories",
-            **self._wire([(g.column, g.values) for g in self.groups]),
+            **self._wire([(g.column, g.values, g.floor) for g in self.groups]),
             "groups": [
                 {
                     "column": g.column,
@@ -156,6 +157,7 @@ def category_memory(
     ax = axis_x(snap, rep, axis, collapse_idle)
     grid = screen_grid(rep, ax.x, width, t0, t1)
     series = stacked_bytes(iv, category, len(CATEGORIES), grid.event)
+    floors = stacked_bytes(iv, category, len(CATEGORIES), grid.low_event)
     peaks, peak_events = group_peaks(iv, category, len(CATEGORIES), grid.lo, grid.hi)
     columns = base_columns(snap, rep, ax, grid, full_columns)
     groups = []
@@ -170,6 +172,7 @@ def category_memory(
                 count=int(mask.sum()),
                 exact_count=int((mask & exact).sum()),
                 values=series[i],
+                floor=floors[i],
             )
         )
     peak = int(np.argmax(rep.active)) if rep.n_events else -1

@@ -32,6 +32,7 @@ from gpumem_widget.snapshot.views.grid import (
     values_after,
 )
 from gpumem_widget.wire import payloads
+from gpumem_widget.wire.drilldown import FLOOR
 from gpumem_widget.wire.protocol import pack_f8
 
 
@@ -217,17 +218,29 @@ class StackedView:
     range_events: tuple[int, int]  # the entries inside [t0, t1]
     columns: ScreenColumns
 
-    def _wire(self, series: Iterable[tuple[str, F64]]) -> payloads.StackedView:
-        """The wire form's keys after ``view``, up to its table: the shared columns, then
-        `series` (by column name), every one float64 in one packed table."""
+    def _wire(self, series: Iterable[tuple[str, F64, F64 | None]]) -> payloads.StackedView:
+        """The wire form's keys after ``view``, up to its table: the shared columns, then each
+        of `series` (column name, bytes at each column's highest instant, at its lowest), every
+        one float64 in one packed table. A floor goes as the series' column + `FLOOR`, left out
+        where it equals the series (the browser then reads the series); ``ranged`` says floors
+        were computed."""
+        series = list(series)
         columns = self.columns.named()
-        columns.update(series)
+        ranged = True
+        for name, values, _ in series:
+            columns[name] = values
+        for name, values, floor in series:
+            if floor is None:
+                ranged = False
+            elif not np.array_equal(floor, values):
+                columns[name + FLOOR] = floor
         return {
             **self.facts.to_wire(),
             "t0": self.t0,
             "t1": self.t1,
             "range_events": list(self.range_events),
             "width": len(self.columns.t),
+            "ranged": ranged,
             "table": pack_f8(columns),
         }
 

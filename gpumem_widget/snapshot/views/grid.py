@@ -2,14 +2,16 @@
 
 Every view reduces the trace first, so its size depends on the screen, not on the file: the x
 axis (`axis_x`: entry numbers, or unix seconds with long idle stretches collapsed), the screen
-columns over a range (`screen_grid`: each column shown at its highest instant), bytes per group
-at those columns (`stacked_bytes`, `top_groups`, `group_peaks`), and which site each allocation
+columns over a range (`screen_grid`: each column shown as its range, at its highest instant and
+at its lowest), bytes per group at those instants (`stacked_bytes`, `top_groups`,
+`group_floors`, `group_peaks`), and which site each allocation
 is charged to (`sites_of`). Series go out as float64 so byte counts stay exact; times are unix
 seconds, or entry numbers where the snapshot has no times (`"x_unit": "entry"`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -94,6 +96,7 @@ class ScreenGrid:
     start: F64  # column start positions on the x axis
     event: I64  # per column: the entry whose aftermath is shown (-1: before the trace)
     low: F64  # per column: the lowest active total within it
+    low_event: I64  # per column: the entry after which it is that low (-1: before the trace)
     lo: int  # the first entry inside [t0, t1]
     hi: int  # one past the last
     bounds: I64  # column k holds entries bounds[k] to bounds[k + 1] - 1
@@ -120,6 +123,7 @@ def screen_grid(
     carry_val = values_after(rep.active, rep.active_before, carry)
     nonempty = bounds[1:] > bounds[:-1]
     best = carry.copy()
+    lowest = carry.copy()
     low = carry_val.astype(np.float64)
     if hi > lo:
         seg = rep.active[lo:hi]
@@ -128,16 +132,28 @@ def screen_grid(
         bottom = np.minimum.reduceat(seg, starts)
         top_of = np.zeros(width, np.int64)
         top_of[nonempty] = top
-        hits = np.flatnonzero(seg == top_of[col])
-        first = np.ones(len(hits), bool)
-        first[1:] = col[hits][1:] != col[hits][:-1]
-        argmax = np.zeros(width, np.int64)
-        argmax[col[hits[first]]] = lo + hits[first]
+        argmax = _first_at(seg, col, top_of, lo, width)
         take = nonempty & (top_of >= carry_val)
         best[take] = argmax[take]
+        bottom_of = np.zeros(width, np.int64)
+        bottom_of[nonempty] = bottom
+        argmin = _first_at(seg, col, bottom_of, lo, width)
+        under = nonempty & (bottom_of < carry_val)  # else the column's start is its floor
+        lowest[under] = argmin[under]
         low[nonempty] = np.minimum(low[nonempty], bottom)
     start = lo_t + np.arange(width, dtype=np.float64) * (span / width)
-    return ScreenGrid(lo_t, lo_t + span, start, best, low, lo, hi, bounds)
+    return ScreenGrid(lo_t, lo_t + span, start, best, low, lowest, lo, hi, bounds)
+
+
+def _first_at(seg: I64, col: I64, target: I64, lo: int, width: int) -> I64:
+    """Per column, the first entry (numbered from `lo`) whose value in `seg` is the column's
+    `target`; 0 where none is."""
+    hits = np.flatnonzero(seg == target[col])
+    first = np.ones(len(hits), bool)
+    first[1:] = col[hits][1:] != col[hits][:-1]
+    out = np.zeros(width, np.int64)
+    out[col[hits[first]]] = lo + hits[first]
+    return out
 
 
 def column_range(grid: ScreenGrid, values: I64, before: int) -> tuple[F64, F64]:
@@ -270,10 +286,28 @@ def top_groups(
     peaks, where = group_peaks(iv, group, n_groups, grid.lo, grid.hi)
     order = np.argsort(-peaks, kind="stable")[:top]
     chosen = [int(i) for i in order if peaks[i] > 0]
-    remap = np.full(n_groups, len(chosen), np.int64)
-    remap[chosen] = np.arange(len(chosen))
-    series = stacked_bytes(iv, remap[group], len(chosen) + 1, grid.event)
+    series = stacked_bytes(iv, _remap(chosen, n_groups)[group], len(chosen) + 1, grid.event)
     return chosen, series[:-1], series[-1], peaks[chosen], where[chosen]
+
+
+def _remap(chosen: Sequence[int], n_groups: int) -> I64:
+    """Group -> its place among `chosen`; every other group -> one more (the summed rest)."""
+    remap = np.full(n_groups, len(chosen), np.int64)
+    remap[list(chosen)] = np.arange(len(chosen))
+    return remap
+
+
+def group_floors(
+    iv: Intervals,
+    group: npt.NDArray[np.int64],
+    n_groups: int,
+    grid: ScreenGrid,
+    chosen: Sequence[int],
+) -> tuple[F64, F64]:
+    """`top_groups`' series at each column's lowest instant (its floor) rather than its
+    highest: the chosen groups', then the rest summed. They sum to the column's lowest total."""
+    floor = stacked_bytes(iv, _remap(chosen, n_groups)[group], len(chosen) + 1, grid.low_event)
+    return floor[:-1], floor[-1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,16 @@ function rgbOf(ctx: CanvasRenderingContext2D, color: string): [number, number, n
   return [r, g, b];
 }
 
+/** The widget's background colour (behind the chart). */
+function backgroundOf(el: HTMLElement): string {
+  return getComputedStyle(el).getPropertyValue("--gpumem-bg").trim() || "#ffffff";
+}
+
 /** Each series' lighter tone: its colour mixed, opaque, with the widget's background. */
 export function riseColors(v: Stacked, el: HTMLElement): string[] {
   const ctx = document.createElement("canvas").getContext("2d");
   if (!ctx) return v.series.map((s, i) => seriesColor(s.column, i));
-  const bg = rgbOf(ctx, getComputedStyle(el).getPropertyValue("--gpumem-bg").trim() || "#ffffff");
+  const bg = rgbOf(ctx, backgroundOf(el));
   return v.series.map((s, i) => {
     const c = rgbOf(ctx, seriesColor(s.column, i));
     return `#${c.map((ch, j) => Math.round(RISE_SHARE * ch + (1 - RISE_SHARE) * (bg[j] as number)).toString(16).padStart(2, "0")).join("")}`;
@@ -306,8 +311,21 @@ export class StackedChart {
     const ranged = v.series.length > 0 && v.series.every((s) => s.floor !== null);
     const rise = ranged ? riseColors(v, this.el) : null;
     this.el.dataset["riseColors"] = JSON.stringify(rise ?? []);
-    this.stack(ctx, v, lo, hi, x, y, right, (s) => s.values, (i) => rise?.[i] ?? seriesColor(v.series[i]?.column ?? "", i));
-    if (ranged) this.stack(ctx, v, lo, hi, x, y, right, (s) => s.floor ?? s.values, (i) => seriesColor(v.series[i]?.column ?? "", i));
+    // Each stack's outline first, as one shape: where two series meet inside a pixel, the edge
+    // blends with it (the background under the peaks, a solid colour under the floors), not
+    // with what lies behind.
+    const outline = (of: (s: Series) => Float64Array, color: string): void => {
+      const sum = new Float64Array(v.t.length);
+      for (const s of v.series) for (let k = lo; k < hi; k++) sum[k] = (sum[k] as number) + (of(s)[k] ?? 0);
+      this.stack(ctx, { ...v, series: [{ column: "", label: "", detail: "", peak: 0, values: sum, floor: null }] }, lo, hi, x, y, right, (s) => s.values, () => color);
+    };
+    const solid = (i: number): string => seriesColor(v.series[i]?.column ?? "", i);
+    outline((s) => s.values, backgroundOf(this.el));
+    this.stack(ctx, v, lo, hi, x, y, right, (s) => s.values, (i) => rise?.[i] ?? solid(i));
+    if (ranged) {
+      outline((s) => s.floor ?? s.values, solid(0));
+      this.stack(ctx, v, lo, hi, x, y, right, (s) => s.floor ?? s.values, solid);
+    }
     const found = this.search;
     if (found && found.t.length === v.t.length) this.steps(ctx, palette.fg, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(found.values[k] ?? 0), []);
     // Vertical lines over the stack (OOMs, the instant answered): where they are, in the DOM.

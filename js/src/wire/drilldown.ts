@@ -26,7 +26,7 @@ export interface Series {
   detail: string; // file:line, or the same as label
   peak: number; // exact, from the replay; for the summed rest, its highest on screen
   values: Float64Array; // at each column's highest instant (the column's peak)
-  floor: Float64Array | null; // at each column's lowest instant (its floor); null: not sent
+  floor: Float64Array | null; // at each column's lowest instant (its floor); null: not computed
   summed?: boolean; // the sites not shown one by one, summed ("other")
 }
 
@@ -77,17 +77,21 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
   if (!isObject(raw)) throw new ProtocolError(`${what}: expected a view, got ${describe(raw)}`);
   const { columns } = decodeF64Columns(raw["table"], `${what}.table`);
   const groups = field(raw, "groups", what, isArray, "a list");
+  // Floors computed: a series without its floor column never moved within a column.
+  const ranged = optional(raw, "ranged", isBool, false);
+  const floorOf = (col: string, values: Float64Array): Float64Array | null => columns.get(`${col}${FLOOR}`) ?? (ranged ? values : null);
   const series: Series[] = groups.map((g, i) => {
     if (!isObject(g)) throw new ProtocolError(`${what}.groups[${i}]: expected an object`);
     const col = field(g, "column", `${what}.groups[${i}]`, isString, "a column name");
     const label = field(g, "label", `${what}.groups[${i}]`, isString, "a label");
     const file = optional(g, "filename", isStringOrNull, null);
     const line = optional(g, "line", isNumberOrNull, null);
-    return { column: col, label, detail: file ? `${file}:${line ?? "?"}` : label, peak: optional(g, "peak_bytes", isNumber, 0), values: column(columns, col, what), floor: columns.get(`${col}${FLOOR}`) ?? null };
+    const values = column(columns, col, what);
+    return { column: col, label, detail: file ? `${file}:${line ?? "?"}` : label, peak: optional(g, "peak_bytes", isNumber, 0), values, floor: floorOf(col, values) };
   });
   if (withOther && columns.has("other")) {
     const values = column(columns, "other", what);
-    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values, floor: columns.get(`other${FLOOR}`) ?? null, summed: true });
+    series.push({ column: "other", label: "other", detail: "every smaller site, summed", peak: values.reduce((a, b) => Math.max(a, b), 0), values, floor: floorOf("other", values), summed: true });
   }
   const peak = field(raw, "peak", what, isObj, "an object");
   const ooms = optional(raw, "ooms", isArray, []);
