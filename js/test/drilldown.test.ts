@@ -388,6 +388,9 @@ describe("the chart's axis and labels", () => {
     expect(columnText(view, 2)).toBe("in entries 43,000\u201343,001"); // the last holds its end
     const one = { unit: "entry", t: Float64Array.from([7, 8]), t0: 7, t1: 9 } as unknown as Parameters<typeof columnText>[0];
     expect(columnText(one, 0)).toBe("at entry 7"); // a column holding one entry
+    const none = { unit: "entry", t: Float64Array.from([7.2, 7.6]), t0: 7.2, t1: 8.5 } as unknown as Parameters<typeof columnText>[0];
+    expect(columnText(none, 0)).toBe("after entry 7"); // none inside: the one before it shows
+    expect(rangeText(770 * MiB, 770 * MiB + 5)).toBe("770 MiB"); // the same figure once
   });
 
   it("labels an OOM with the request, the free memory and the cell", () => {

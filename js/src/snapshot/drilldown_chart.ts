@@ -1,10 +1,12 @@
 // A stacked area chart on one canvas: the kernel already reduced the snapshot to one column per
-// screen pixel, each shown at its highest instant (the trace entry in `event`), so drawing is a
+// screen pixel, each shown as its range: the stack at the column's lowest instant (its floor,
+// solid) under the stack at its highest (the rise to its peak, lighter; the trace entry in
+// `event`), so what stays shows apart from what comes and goes at any zoom, and drawing is a
 // polygon per series whatever the file's size. The y axis always holds what is drawn (active and
-// reserved, with headroom above the peak). A click asks about the tallest column under the
+// reserved, with room above for the labels). A click asks about the tallest column under the
 // pointer at its own peak entry; a drag selects a range to zoom, which the owner has the kernel
-// re-aggregate. OOMs and collapsed idle stretches are labelled in HTML over the canvas; cell
-// bands lie behind the stack; a search's matched bytes run over it as a line.
+// re-aggregate. OOM, peak and reserved labels sit in HTML over the canvas, clear of each other and
+// of the data; cell bands lie behind the stack; a search's matched bytes run over it as a line.
 
 import { byteTicks, formatBytes, formatDuration, formatTick } from "../common/format";
 import type { Band, Oom, Series, Stacked } from "../wire/drilldown";
@@ -550,15 +552,16 @@ export function columnText(v: Stacked, k: number): string {
   if (v.unit === "s") return `in +${formatDuration(a - v.t0)}\u2013+${formatDuration(b - v.t0)}`;
   // Entry i sits at x = i: the column holds the entries from ceil(a) to below b.
   const first = Math.ceil(a);
-  const last = Math.max(first, k + 1 < v.t.length ? Math.ceil(b) - 1 : Math.floor(b)); // the last column holds its end
+  const last = k + 1 < v.t.length ? Math.ceil(b) - 1 : Math.floor(b); // the last column holds its end
   const n = (i: number): string => i.toLocaleString("en-US");
+  if (last < first) return `after entry ${n(first - 1)}`; // none inside: what that one left
   return first === last ? `at entry ${n(first)}` : `in entries ${n(first)}\u2013${n(last)}`;
 }
 
 /** "118–324 MiB" (floor to peak), one unit where both share it; the peak alone without a floor. */
 export function rangeText(floor: number | null, peak: number): string {
-  if (floor === null || floor === peak) return formatBytes(peak);
   const [lo, hi] = [formatBytes(floor), formatBytes(peak)];
+  if (floor === null || lo === hi) return hi;
   const unit = (s: string): string => s.slice(s.indexOf(" "));
   return unit(lo) === unit(hi) ? `${lo.slice(0, lo.indexOf(" "))}\u2013${hi}` : `${lo}\u2013${hi}`;
 }
