@@ -654,10 +654,10 @@ export class DrilldownPanel {
 /** Why an allocation in a tagged snapshot has no tag, in a cell's words and a tooltip's. A tag
  * belongs to the thread that set it, so autograd's backward thread (and any other) has none. */
 export function untagged(stack: readonly string[]): { short: string; long: string } {
-  const backward = stack.some((f) => /backward|autograd|torch::autograd::Engine/i.test(f));
-  return backward
-    ? { short: "\u2014 (backward thread)", long: "No tag: made on autograd's backward thread; tags are per thread, set on the thread that ran the cell" }
-    : { short: "\u2014 (no tag)", long: "No tag: made on a thread that had none set (tags are per thread), or before the first tag" };
+  // Autograd's backward thread runs no Python: its allocations have no Python stack.
+  if (stack.length === 0) return { short: "\u2014 (backward thread)", long: "No tag: made with no Python stack, as on autograd's backward thread; tags are per thread, set on the thread that ran the cell" };
+  if (stack.some((f) => /backward|autograd/i.test(f))) return { short: "\u2014 (backward thread)", long: "No tag: made under autograd's backward pass; tags are per thread, set on the thread that ran the cell" };
+  return { short: "\u2014 (no tag)", long: "No tag: made on a thread that had none set (tags are per thread), or before the first tag" };
 }
 
 /** What the empty tab says: how to get a snapshot here (recording one needs CUDA). */
