@@ -80,7 +80,7 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
     widget = GpuMemWidget()
     drilldown = Drilldown(widget)  # a session has it from `%load_ext` on
     if mode in ("first", "first_unpickler"):
-        from gpumem_widget.snapshot.io.isolate import warm
+        from gpumem_widget.snapshot import warm
 
         warm()  # as a session does once it is up: a conversion child waits
         time.sleep(1.0)
