@@ -10,7 +10,7 @@ import type { AnyModel } from "@anywidget/types";
 import { mountSnapshotTab } from "../src/snapshot/tab";
 import { axisTop, columnAt, columnText, HEADROOM, oomText, rangeText } from "../src/snapshot/drilldown_chart";
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/wire/drilldown";
-import type { Traits } from "../src/wire/protocol";
+import { parseStatus, type Traits } from "../src/wire/protocol";
 import { decodeColumns } from "../src/wire/table";
 
 interface Fixture {
@@ -77,13 +77,18 @@ class FakeModel {
   }
 }
 
-function mount(state: Record<string, unknown>): { el: HTMLElement; model: FakeModel; stop: () => void } {
+function mount(state: Record<string, unknown>, host: { kernelGone: boolean } = { kernelGone: false }): { el: HTMLElement; model: FakeModel; stop: () => void; update: () => void } {
   const el = document.createElement("div");
   el.className = "gpumem-drilldown";
   document.body.append(el);
   const model = new FakeModel(state);
-  const { dispose: stop } = mountSnapshotTab(el, { model: model as unknown as AnyModel<Traits> });
-  return { el, model, stop };
+  const tab = mountSnapshotTab(el, {
+    model: model as unknown as AnyModel<Traits>,
+    get kernelGone() {
+      return host.kernelGone;
+    },
+  });
+  return { el, model, stop: tab.dispose, update: () => tab.update?.({ stale: new Set(), devices: [], status: parseStatus(undefined, []) }) };
 }
 
 describe("drill-down data", () => {
@@ -231,6 +236,30 @@ describe("drill-down panel", () => {
     const sizes = [...el.querySelectorAll<HTMLTableRowElement>(".gpumem-drilldown-largest tbody tr")].map((r) => r.cells[0]);
     expect(sizes.length).toBeGreaterThan(0);
     expect(sizes.every((c) => c?.classList.contains("gpumem-figure"))).toBe(true);
+    stop();
+  });
+
+  it("with no kernel behind it, asks nothing and says why; a live session turns it back on", () => {
+    const host = { kernelGone: true };
+    const { el, model, stop, update } = mount(received(), host);
+    const note = el.querySelector<HTMLElement>(".gpumem-drilldown-offline");
+    expect(note?.hidden).toBe(false);
+    expect(note?.textContent).toContain("need a live session");
+    el.querySelector<HTMLElement>(`tr[data-cell='${fixture.expected.cells[0]}']`)?.click();
+    el.querySelector<HTMLButtonElement>(".gpumem-drilldown-step[data-step='-1']")?.click();
+    expect(model.sent).toEqual([]);
+    expect(el.dataset["pending"] ?? el.querySelector<HTMLElement>(".gpumem-drilldown-body")?.dataset["pending"]).toBeUndefined();
+    expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-axis[data-axis='time']")?.disabled).toBe(true);
+    expect(el.querySelector<HTMLInputElement>(".gpumem-drilldown-query")?.disabled).toBe(true);
+    expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-step[data-step='-1']")?.disabled).toBe(true);
+    // What needs no kernel still works: the stacking.
+    el.querySelector<HTMLButtonElement>("button[data-mode='categories']")?.click();
+    expect(el.querySelector<HTMLButtonElement>("button[data-mode='categories']")?.getAttribute("aria-pressed")).toBe("true");
+    host.kernelGone = false;
+    update();
+    expect(note?.hidden).toBe(true);
+    el.querySelector<HTMLElement>(`tr[data-cell='${fixture.expected.cells[0]}']`)?.click();
+    expect(model.sent.map((m) => m["type"]).sort()).toEqual(["alive_at", "view"]);
     stop();
   });
 

@@ -111,6 +111,7 @@ export class StackedChart {
   private range: [number, number] | null = null; // a zoom drawn from these columns until the kernel answers
   private marker: number | null = null;
   private press: number | null = null;
+  private interactive = true; // clicks and drags ask the kernel: off without one
 
   constructor(
     private readonly onPick: (pick: Pick) => void,
@@ -133,6 +134,7 @@ export class StackedChart {
     this.readout.className = "gpumem-drilldown-readout";
     this.el.append(stage, this.readout);
     this.canvas.addEventListener("mousedown", (e) => {
+      if (!this.interactive) return;
       this.press = e.offsetX;
       e.preventDefault();
     });
@@ -162,6 +164,14 @@ export class StackedChart {
       this.press = null;
       this.selection.hidden = true;
     });
+  }
+
+  /** Whether clicks and drags ask the kernel (the readout under the pointer works either way). */
+  setInteractive(on: boolean): void {
+    this.interactive = on;
+    this.press = null;
+    this.canvas.style.cursor = on ? "" : "default";
+    this.canvas.title = on ? "Click a column to see what was alive at its peak; drag to zoom" : "No kernel: hover to read a column";
   }
 
   set(view: Stacked, base: Stacked, bands: Band[]): void {

@@ -84,15 +84,35 @@ export class DrilldownPanel {
   private aliveTab: AliveTab = "allocations"; // kept across answers: a new click stays on it
   private disposeSegments: (() => void) | null = null;
 
-  constructor(private readonly send: (msg: BrowserMessage) => void) {
+  // No kernel behind the widget (saved state, or gone): what asks it is off, the rest works.
+  private offline = false;
+  private readonly offlineNote = el("p", "gpumem-drilldown-offline", "No kernel behind this widget: the chart is its saved state. Another axis, a zoom, a search and what was alive at a click need a live session.");
+
+  constructor(private readonly sendToKernel: (msg: BrowserMessage) => void) {
     this.el = el("div", "gpumem-drilldown-body");
     this.chart = new StackedChart(
       (p) => this.pickColumn(p),
       (r) => this.zoom(r),
     );
-    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.stage, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
+    this.offlineNote.hidden = true;
+    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.offlineNote, this.stage, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
     this.compare.hidden = true;
     this.showBody(false);
+  }
+
+  private send(msg: BrowserMessage): void {
+    if (!this.offline) this.sendToKernel(msg);
+  }
+
+  /** Whether a kernel answers: without one, the controls that ask it are off and say why. */
+  setOffline(offline: boolean): void {
+    if (offline === this.offline) return;
+    this.offline = offline;
+    this.el.dataset["offline"] = String(offline);
+    this.offlineNote.hidden = !offline;
+    this.chart.setInteractive(!offline);
+    if (this.overview) this.drawControls(this.overview);
+    if (this.lastAlive) this.setAlive(this.lastAlive);
   }
 
   private showBody(visible: boolean): void {
@@ -154,7 +174,7 @@ export class DrilldownPanel {
         this.message.textContent = `Computing the snapshot (${state.source})\u2026`;
         this.showBody(false);
       }
-      if (this.requested !== state.source) {
+      if (this.requested !== state.source && !this.offline) {
         this.requested = state.source;
         this.send({ type: "load" }); // the kernel answers once no cell runs
       }
@@ -259,7 +279,10 @@ export class DrilldownPanel {
     const axisButtons = axes.map(([axis, label]) => {
       const b = this.button(label, "gpumem-drilldown-axis", axis === this.axis, () => this.setAxis(axis));
       b.dataset["axis"] = axis;
-      if (axis === "time" && !hasTime) {
+      if (axis === "time" && this.offline) {
+        b.disabled = true;
+        b.title = "Needs a live session";
+      } else if (axis === "time" && !hasTime) {
         b.disabled = true;
         b.title = "This snapshot has no times";
       }
@@ -288,6 +311,7 @@ export class DrilldownPanel {
     input.value = this.query;
     const go = el("button", "gpumem-drilldown-go", "Search");
     go.type = "submit";
+    input.disabled = go.disabled = this.offline;
     form.append(input, go);
     form.addEventListener("submit", (e) => {
       e.preventDefault();
@@ -321,6 +345,7 @@ export class DrilldownPanel {
       this.drawChart();
       return;
     }
+    if (this.offline) return; // nothing would answer
     const id = this.nextId++;
     this.wanted = { id, axis, zoom };
     this.el.dataset["pending"] = String(id);
@@ -437,10 +462,10 @@ export class DrilldownPanel {
     const last = (s?.entries ?? 0) - 1;
     const prev = this.button("\u25c2 previous event", "gpumem-drilldown-step", null, () => this.ask(alive.event - 1, "step"));
     prev.dataset["step"] = "-1";
-    prev.disabled = alive.event < 0;
+    prev.disabled = alive.event < 0 || this.offline;
     const next = this.button("next event \u25b8", "gpumem-drilldown-step", null, () => this.ask(alive.event + 1, "step"));
     next.dataset["step"] = "1";
-    next.disabled = alive.event >= last;
+    next.disabled = alive.event >= last || this.offline;
     const e = alive.entry;
     const what = e ? `entry ${alive.event.toLocaleString("en-US")}: ${e.action.replace(/_/g, " ")} ${formatBytes(e.size)}${e.action === "oom" ? "" : ` at 0x${e.addr.toString(16)}`}${e.site ? ` (${e.site})` : ""}` : "before the first entry";
     steps.append(prev, next, el("span", "gpumem-drilldown-entry", what));
@@ -669,8 +694,10 @@ export function emptySnapshotText(mode: Mode): string {
 }
 
 /** The tab mounted in `el`: it watches the drilldown traits itself (the host mounts it when first shown). */
-export function mountSnapshotTab(el: HTMLElement, { model }: { model: TabHost["model"] }): Tab {
+export function mountSnapshotTab(el: HTMLElement, host: { model: TabHost["model"]; readonly kernelGone?: boolean }): Tab {
+  const { model } = host;
   const panel = new DrilldownPanel((msg) => sendToKernel(model, msg));
+  panel.setOffline(host.kernelGone === true);
   el.append(panel.el);
   // The mode only changes what the empty tab says; a status update then redraws nothing else.
   let mode: Mode = parseStatus(model.get("status"), []).mode;
@@ -733,5 +760,6 @@ export function mountSnapshotTab(el: HTMLElement, { model }: { model: TabHost["m
     resize?.disconnect();
     panel.dispose();
   };
-  return { dispose };
+  // Every frame: a saved widget taken over by a live session, or a kernel gone, shows at once.
+  return { dispose, update: () => panel.setOffline(host.kernelGone === true) };
 }
