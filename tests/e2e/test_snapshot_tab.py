@@ -6,6 +6,11 @@ the tallest drawn column sits inside the plot, at the peak's height; clicking it
 peak total ("peak within this column"); stepping moves one event; the legend's per-site maxima
 are the independent replay's; the OOM label states the request, the free memory and the cell;
 every text and enabled button has a contrast of at least 4.5:1 in the light and dark themes.
+At full zoom (a drag across the whole plot: one column per pixel) each column's drawn floor and
+peak are an independent replay's lowest and highest active bytes in it, to a pixel; replaying a
+first open's real stages (progress, preview, "writing", "mapping", first view, whole view) never
+removes or hides the chart once drawn; the peak, reserved and OOM labels cover neither each other
+nor a pixel of the data; at 700 px every figure stays on one line and no name is cut.
 Screenshots of each view go to `artifacts/` (those in docs/screenshots/ are copies).
 """
 
