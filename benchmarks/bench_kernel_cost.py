@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
@@ -55,6 +56,7 @@ SETUP = {
     "none": [],
     "gpumem_widget": ["%load_ext gpumem_widget"],
     "paused": ["%load_ext gpumem_widget", "%gpumem pause"],
+    "compare": ["%load_ext gpumem_widget", "import gpumem_widget; print(gpumem_widget.__file__)"],
 }
 TORCH = """
 try:
@@ -83,6 +85,9 @@ class Kernel:
         self.kc.wait_for_ready(timeout=TIMEOUT_S)
         self.kernel_ms: list[float] = []
         self.client_ms: list[float] = []
+        self.block_medians: list[float] = []  # per round: this kernel's block's median
+        self.cpu_s = 0.0  # the kernel process's CPU time over the timed blocks
+        self.process = psutil.Process(self.km.provisioner.process.pid)  # type: ignore[union-attr]
 
     def run(self, code: str) -> tuple[float, float, list[str]]:
         """Run one cell: (kernel ms, client ms, its stream text); raise if it failed."""
@@ -123,10 +128,16 @@ class Kernel:
                 return
 
     def timed(self, n: int) -> None:
+        block = []
+        cpu = self.process.cpu_times()
         for _ in range(n):
             kernel, client, _ = self.run(TRIVIAL)
-            self.kernel_ms.append(kernel)
+            block.append(kernel)
             self.client_ms.append(client)
+        self.kernel_ms += block
+        self.block_medians.append(median(block))
+        now = self.process.cpu_times()
+        self.cpu_s += now.user + now.system - cpu.user - cpu.system  # in ticks: sum, not median
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -134,12 +145,16 @@ class Kernel:
         self.km.shutdown_kernel(now=False)
 
 
-def kernel_specs(folder: str) -> KernelSpecManager:
-    """A kernel spec of this interpreter's own (the checkout's package, whatever is installed)."""
+def kernel_specs(folder: str, ipython_history: bool = False) -> KernelSpecManager:
+    """A kernel spec of this interpreter's own (the checkout's package, whatever is installed).
+    IPython's input history in memory unless `ipython_history`: its SQLite commit (1-2 ms a
+    cell on a shared disk) is the same with or without the extension, and only adds noise."""
     spec = os.path.join(folder, "kernels", "gpumem-bench")
     os.makedirs(spec)
     with open(os.path.join(spec, "kernel.json"), "w") as f:
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        if not ipython_history:
+            argv.append("--HistoryManager.hist_file=:memory:")
         json.dump({"argv": argv, "display_name": "gpumem bench", "language": "python"}, f)
     return KernelSpecManager(kernel_dirs=[os.path.join(folder, "kernels")])
 
@@ -165,14 +180,25 @@ def main() -> None:
     ap.add_argument("--tail", type=int, default=500, help="last cells the growth is taken over")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    ap.add_argument(
+        "--compare",
+        metavar="CHECKOUT",
+        help="add a configuration `compare`: `%%load_ext gpumem_widget` from another checkout "
+        "(before/after a change, in one run)",
+    )
     ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument(
+        "--ipython-history",
+        action="store_true",
+        help="keep IPython's input history on disk (default: in memory, see kernel_specs)",
+    )
     ap.add_argument("--out", help="write every figure here as JSON")
     args = ap.parse_args()
     wanted = {"none", *args.configs.split(",")}
     unknown = wanted - set(CONFIGS)
     if unknown:
         ap.error(f"unknown configurations: {', '.join(sorted(unknown))}")
-    configs = [c for c in CONFIGS if c in wanted]
+    configs = [c for c in CONFIGS if c in wanted] + (["compare"] if args.compare else [])
     rounds = -(-args.cells // args.block) if args.cells else args.rounds
     rng = random.Random(args.seed)
 
@@ -190,9 +216,13 @@ def main() -> None:
     setup_text: dict[str, str] = {}
     started = time.time()
     try:
-        specs = kernel_specs(folder)
+        specs = kernel_specs(folder, args.ipython_history)
         for c in configs:
-            kernels[c] = k = Kernel(c, specs, env)
+            kernel_env = env
+            if c == "compare":
+                path = os.path.abspath(args.compare)
+                kernel_env = {**env, "PYTHONPATH": os.pathsep.join([path, env["PYTHONPATH"]])}
+            kernels[c] = k = Kernel(c, specs, kernel_env)
             text = []
             for code in [TORCH, *SETUP[c]]:
                 text += k.run(code)[2]
@@ -213,12 +243,22 @@ def main() -> None:
     base = median(kernels["none"].kernel_ms)
     base_client = median(kernels["none"].client_ms)
     results: dict[str, Any] = {}
+    base_blocks = kernels["none"].block_medians
+    base_cpu = kernels["none"].cpu_s / len(kernels["none"].kernel_ms)
     for c in configs:
         k = kernels[c]
-        g = growth(k.kernel_ms, args.tail)
-        g_none = growth(kernels["none"].kernel_ms, args.tail)
+        g = growth(k.kernel_ms, args.tail) if args.cells else None
+        g_none = growth(kernels["none"].kernel_ms, args.tail) if args.cells else None
+        # Each round's block against the baseline's block of the same round, then the median
+        # over rounds: what the machine's load did between rounds cancels out.
+        paired = [a - b for a, b in zip(k.block_medians, base_blocks, strict=True)]
         results[c] = {
             "cells": len(k.kernel_ms),
+            "paired_added_ms": median(paired),
+            # The kernel process's CPU time (every thread: the sampler's, IOPub's too) per cell,
+            # less the baseline's: what the load of others' work changes least.
+            "cpu_ms": k.cpu_s / len(k.kernel_ms) * 1e3,
+            "cpu_added_ms": (k.cpu_s / len(k.kernel_ms) - base_cpu) * 1e3,
             "kernel_ms": median(k.kernel_ms),
             "added_ms": median(k.kernel_ms) - base,
             "ratio": median(k.kernel_ms) / base,
@@ -240,11 +280,13 @@ def main() -> None:
         "load_average": load,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
         "python": sys.version.split()[0],
+        "ipython_history": "disk" if args.ipython_history else "memory",
         "configs": results,
     }
     print(f"setup: {setup_text['none'] or '(no output)'}")
     print(
-        f"{'config':<15}{'cells':>7}{'kernel ms':>11}{'added':>9}{'ratio':>8}{'p90':>8}"
+        f"{'config':<15}{'cells':>7}{'kernel ms':>11}{'added':>9}{'paired':>8}{'ratio':>7}"
+        f"{'cpu+':>8}"
         f"{'client ms':>11}{'added':>9}{'growth':>8}{'vs none':>9}"
     )
     for c, r in results.items():
@@ -252,12 +294,18 @@ def main() -> None:
         gn = f"{r['growth_vs_none']:>9.3f}" if r["growth_vs_none"] is not None else f"{'':>9}"
         print(
             f"{c:<15}{r['cells']:>7}{r['kernel_ms']:>11.3f}{r['added_ms']:>+9.3f}"
-            f"{r['ratio']:>8.3f}{r['kernel_p90_ms']:>8.3f}{r['client_ms']:>11.3f}"
+            f"{r['paired_added_ms']:>+8.3f}{r['ratio']:>7.3f}{r['cpu_added_ms']:>+8.3f}"
+            f"{r['client_ms']:>11.3f}"
             f"{r['client_added_ms']:>+9.3f}{g}{gn}"
         )
     summary = ", ".join(
         f"{c} {r['kernel_ms']:.3f} ms"
-        + ("" if c == "none" else f" ({r['added_ms']:+.3f} ms, x{r['ratio']:.3f})")
+        + (
+            ""
+            if c == "none"
+            else f" ({r['added_ms']:+.3f} ms, x{r['ratio']:.3f}, "
+            f"paired {r['paired_added_ms']:+.3f} ms, cpu {r['cpu_added_ms']:+.3f} ms)"
+        )
         + ("" if r["growth"] is None else f" growth x{r['growth']:.3f}")
         for c, r in results.items()
     )
