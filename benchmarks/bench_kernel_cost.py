@@ -8,6 +8,8 @@ of a machine that others share:
   gpumem_widget   `%load_ext gpumem_widget`
   paused          `%load_ext gpumem_widget` then `%gpumem pause` (the sampler stopped: what is
                   left is the cell hooks, the comm message and whatever the kernel adds)
+  no_history      `%load_ext gpumem_widget` with GPUMEM_WIDGET_HISTORY=off (no on-disk
+                  history: its writer thread's share); not run unless asked for (--configs)
 
     python benchmarks/bench_kernel_cost.py [--rounds 10] [--block 100] [--out result.json]
     python benchmarks/bench_kernel_cost.py --cells 20000 --configs none,gpumem_widget
@@ -51,11 +53,12 @@ import psutil
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-CONFIGS = ("none", "gpumem_widget", "paused")
+CONFIGS = ("none", "gpumem_widget", "paused", "no_history")
 SETUP = {
     "none": [],
     "gpumem_widget": ["%load_ext gpumem_widget"],
     "paused": ["%load_ext gpumem_widget", "%gpumem pause"],
+    "no_history": ["%load_ext gpumem_widget"],  # GPUMEM_WIDGET_HISTORY=off (see main)
     "compare": ["%load_ext gpumem_widget", "import gpumem_widget; print(gpumem_widget.__file__)"],
 }
 TORCH = """
@@ -68,6 +71,7 @@ except ImportError:
     print('no torch')
 """
 TRIVIAL = "x = 1"
+MAIN_CPU = "import time as _t; print(repr(_t.thread_time()))"
 EARLY = (100, 600)  # the early block the session's growth is measured against
 TIMEOUT_S = 60.0
 
@@ -87,6 +91,7 @@ class Kernel:
         self.client_ms: list[float] = []
         self.block_medians: list[float] = []  # per round: this kernel's block's median
         self.cpu_s = 0.0  # the kernel process's CPU time over the timed blocks
+        self.main_cpu_s = 0.0  # the kernel's main thread's (the cells' and the hooks')
         self.process = psutil.Process(self.km.provisioner.process.pid)  # type: ignore[union-attr]
 
     def run(self, code: str) -> tuple[float, float, list[str]]:
@@ -129,6 +134,7 @@ class Kernel:
 
     def timed(self, n: int) -> None:
         block = []
+        main_cpu = self.main_thread_cpu()
         cpu = self.process.cpu_times()
         for _ in range(n):
             kernel, client, _ = self.run(TRIVIAL)
@@ -138,6 +144,11 @@ class Kernel:
         self.block_medians.append(median(block))
         now = self.process.cpu_times()
         self.cpu_s += now.user + now.system - cpu.user - cpu.system  # in ticks: sum, not median
+        self.main_cpu_s += self.main_thread_cpu() - main_cpu
+
+    def main_thread_cpu(self) -> float:
+        """The kernel's main thread's CPU seconds so far (read by a cell, itself not timed)."""
+        return float("".join(self.run(MAIN_CPU)[2]))
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -179,7 +190,11 @@ def main() -> None:
     ap.add_argument("--cells", type=int, help="cells per kernel (sets the rounds): growth mode")
     ap.add_argument("--tail", type=int, default=500, help="last cells the growth is taken over")
     ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    ap.add_argument(
+        "--configs",
+        default="none,gpumem_widget,paused",
+        help="comma-separated, of: " + ", ".join(CONFIGS),
+    )
     ap.add_argument(
         "--compare",
         metavar="CHECKOUT",
@@ -219,6 +234,8 @@ def main() -> None:
         specs = kernel_specs(folder, args.ipython_history)
         for c in configs:
             kernel_env = env
+            if c == "no_history":
+                kernel_env = {**env, "GPUMEM_WIDGET_HISTORY": "off"}
             if c == "compare":
                 path = os.path.abspath(args.compare)
                 kernel_env = {**env, "PYTHONPATH": os.pathsep.join([path, env["PYTHONPATH"]])}
@@ -245,6 +262,7 @@ def main() -> None:
     results: dict[str, Any] = {}
     base_blocks = kernels["none"].block_medians
     base_cpu = kernels["none"].cpu_s / len(kernels["none"].kernel_ms)
+    base_main_cpu = kernels["none"].main_cpu_s / len(kernels["none"].kernel_ms)
     for c in configs:
         k = kernels[c]
         g = growth(k.kernel_ms, args.tail) if args.cells else None
@@ -259,6 +277,9 @@ def main() -> None:
             # less the baseline's: what the load of others' work changes least.
             "cpu_ms": k.cpu_s / len(k.kernel_ms) * 1e3,
             "cpu_added_ms": (k.cpu_s / len(k.kernel_ms) - base_cpu) * 1e3,
+            # The main thread's alone: the hooks' own work and the comm message's, no threads.
+            "main_cpu_ms": k.main_cpu_s / len(k.kernel_ms) * 1e3,
+            "main_cpu_added_ms": (k.main_cpu_s / len(k.kernel_ms) - base_main_cpu) * 1e3,
             "kernel_ms": median(k.kernel_ms),
             "added_ms": median(k.kernel_ms) - base,
             "ratio": median(k.kernel_ms) / base,
@@ -286,7 +307,7 @@ def main() -> None:
     print(f"setup: {setup_text['none'] or '(no output)'}")
     print(
         f"{'config':<15}{'cells':>7}{'kernel ms':>11}{'added':>9}{'paired':>8}{'ratio':>7}"
-        f"{'cpu+':>8}"
+        f"{'cpu+':>8}{'main+':>8}"
         f"{'client ms':>11}{'added':>9}{'growth':>8}{'vs none':>9}"
     )
     for c, r in results.items():
@@ -295,6 +316,7 @@ def main() -> None:
         print(
             f"{c:<15}{r['cells']:>7}{r['kernel_ms']:>11.3f}{r['added_ms']:>+9.3f}"
             f"{r['paired_added_ms']:>+8.3f}{r['ratio']:>7.3f}{r['cpu_added_ms']:>+8.3f}"
+            f"{r['main_cpu_added_ms']:>+8.3f}"
             f"{r['client_ms']:>11.3f}"
             f"{r['client_added_ms']:>+9.3f}{g}{gn}"
         )
@@ -304,7 +326,8 @@ def main() -> None:
             ""
             if c == "none"
             else f" ({r['added_ms']:+.3f} ms, x{r['ratio']:.3f}, "
-            f"paired {r['paired_added_ms']:+.3f} ms, cpu {r['cpu_added_ms']:+.3f} ms)"
+            f"paired {r['paired_added_ms']:+.3f} ms, cpu {r['cpu_added_ms']:+.3f} ms, "
+            f"main thread cpu {r['main_cpu_added_ms']:+.3f} ms)"
         )
         + ("" if r["growth"] is None else f" growth x{r['growth']:.3f}")
         for c, r in results.items()
