@@ -1,18 +1,23 @@
 """What the cell hooks do per cell, counted rather than timed, in a real IPython shell.
 
-A trivial cell costs about +0.3 ms with the extension on the 2-core machine (README, "Per-cell
-and training-loop overhead"); these counts keep it there whatever the machine's load: one comm
-message per cell, one record encoded per cell, a send that does not grow with the session, no
-thread woken by back-to-back cells, no per-cell file opens or enum-converting signal calls
-(and, in test_ledger_window.py, the containers the ledger keeps per record).
+A trivial cell's cost in a real kernel is measured by benchmarks/bench_kernel_cost.py; these
+counts keep it down whatever the machine's load: one comm message per cell, one record encoded
+per cell, a send that does not grow with the session (in bytes, and in the Python calls the hooks
+make: the same 128 cells cost the same after thousands more), no thread woken by back-to-back
+cells, no per-cell file opens, no read that lets the GIL go (a waiting thread would take it
+mid-hook), no enum-converting signal calls (and, in test_ledger_window.py, the containers the
+ledger keeps per record).
 """
 
 from __future__ import annotations
 
 import builtins
+import cProfile
 import json
 import os
+import pstats
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +27,13 @@ import pytest
 
 import gpumem_widget
 from gpumem_widget.live import history as history_module
-from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
+from gpumem_widget.live.ledger import (
+    BAND_BLOCK,
+    MAX_BANDS,
+    WINDOW_BYTES,
+    WINDOW_RECORDS,
+    WIRE_BLOCK,
+)
 from gpumem_widget.live.session import Session
 from gpumem_widget.wire import record_json
 
@@ -116,9 +127,81 @@ def test_the_hooks_open_no_file_and_leave_the_signal_module_alone(
     opened: list[Any] = []
     monkeypatch.setattr(builtins, "open", counting(opened, builtins.open))
     monkeypatch.setattr(os, "open", counting(opened, os.open))
+    # os.pread lets the GIL go for the read: in a kernel the IOPub thread, woken by the cell's
+    # messages, takes it, and the hook waits for it back (30-150 us where the read takes 2).
+    reads: list[Any] = []
+    monkeypatch.setattr(os, "pread", counting(reads, os.pread))
     run_trivial_cells(ip, 50)
     assert calls == []
     assert [args for thread, args in opened if thread is threading.main_thread()] == []
+    assert [args for thread, args in reads if thread is threading.main_thread()] == []
     rss = session().readers.host.rss()
     assert rss is not None
     assert rss > 10 * 2**20
+
+
+def message_bytes(message: dict[str, Any], buffers: Any) -> int:
+    return len(json.dumps(message)) + sum(len(b) for b in buffers or ())
+
+
+def measure_block(ip: Any, s: Session) -> tuple[list[int], int]:
+    """Run `BAND_BLOCK` trivial cells from a ledger length that is a multiple of it (so each
+    block holds the same once-a-block sends): each cell's message size, and the Python calls
+    the two hooks made in all."""
+    while len(s.ledger) % BAND_BLOCK:
+        run_trivial_cells(ip, 1)
+    sizes: list[int] = []
+    send = s.widget._send
+
+    def measured(message: dict[str, Any], buffers: Any = None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            sizes.append(message_bytes(message, buffers))
+        send(message, buffers)
+
+    profile = cProfile.Profile()
+    starting = gpumem_widget.extension._starting
+    assert starting is not None
+    hooks = {"pre_run_cell": starting.pre_run_cell, "post_run_cell": starting.post_run_cell}
+
+    def profiled(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+        def wrapper(info: Any) -> None:
+            profile.runcall(hook, info)
+
+        return wrapper
+
+    s.widget._send = measured
+    wrapped = {event: profiled(hook) for event, hook in hooks.items()}
+    for event, hook in hooks.items():
+        callbacks = ip.events.callbacks[event]
+        callbacks[callbacks.index(hook)] = wrapped[event]
+    try:
+        run_trivial_cells(ip, BAND_BLOCK)
+    finally:
+        for event, hook in hooks.items():
+            callbacks = ip.events.callbacks[event]
+            callbacks[callbacks.index(wrapped[event])] = hook
+        del s.widget._send
+    calls = sum(nc for _, nc, _, _, _ in pstats.Stats(profile).stats.values())  # type: ignore[attr-defined]
+    return sizes, calls
+
+
+def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
+    """The same 128 trivial cells early in a session and after 2,500 more: the messages the
+    hooks send are no bigger (the figures' digits aside) and the hooks make no more Python
+    calls, so nothing they do grows with the ledger, the timeline or the history."""
+    s = session()
+    run_trivial_cells(ip, 2 * BAND_BLOCK)
+    early_sizes, early_calls = measure_block(ip, s)
+    run_trivial_cells(ip, 2500)
+    late_sizes, late_calls = measure_block(ip, s)
+    print(f"bytes a cell (median, max): early {statistics.median(early_sizes)}, "
+          f"{max(early_sizes)}; late {statistics.median(late_sizes)}, {max(late_sizes)}; "
+          f"Python calls in the hooks a block: early {early_calls}, late {late_calls}")  # fmt: skip
+    assert len(early_sizes) == len(late_sizes) == BAND_BLOCK  # one message a cell
+    early, late = statistics.median(early_sizes), statistics.median(late_sizes)
+    # A record's numbers grow a digit or two (the execution count, the RSS): tens of bytes.
+    assert late <= early * 1.05 + 200, (early, late)
+    # The band table (once a block: 20 bytes a band) is bounded by MAX_BANDS, the window's
+    # base (once every WIRE_BLOCK cells) by WINDOW_BYTES.
+    assert max(late_sizes) < 20 * MAX_BANDS + WINDOW_BYTES + 2**16, max(late_sizes)
+    assert late_calls <= early_calls * 1.05, (early_calls, late_calls)
