@@ -13,20 +13,26 @@ of a machine that others share:
 
     python benchmarks/bench_kernel_cost.py [--rounds 10] [--block 100] [--out result.json]
     python benchmarks/bench_kernel_cost.py --cells 20000 --configs none,gpumem_widget
+    python benchmarks/bench_kernel_cost.py --compare /path/to/other/checkout   # before/after
 
 A cell's cost is the time between the kernel's `execute_input` and its `execute_reply`, from
 the two messages' header dates: both are stamped by the kernel when it makes them, so the
 figure holds the cell hooks, the comm message sent inside the cell and the kernel's own work,
 and none of the client's polling or the sockets' latency (the issue's nbclient figures are the
-same two stamps). The client's round trip (request sent to reply received) is reported beside
-it. Every kernel first runs a setup cell (torch imported when it can be, a tensor on the GPU
+same two stamps). Beside each median: `added`, its difference to the baseline's; `paired`, the
+median over rounds of each round's block against the baseline's block of that round; `cpu+`,
+the kernel process's CPU time a cell (every thread) less the baseline's; `main+`, the same for
+its main thread alone (read by an untimed cell around each block); the client's round trip
+(request sent to reply received). On a machine others load, wall-clock medians move with their
+load (a kernel whose IOPub thread is already awake even flushes sooner); the CPU figures move
+least. Every kernel first runs a setup cell (torch imported when it can be, a tensor on the GPU
 when there is one, so the allocator's counters are read per cell as in a real notebook) and
 warm-up cells.
 
 `--cells N` runs N cells in each kernel (the rounds follow from it) and reports the growth over
 the session: the median of the last `--tail` cells over the median of cells 100-600 (target:
-at most x1.05 after 20,000 cells), and that growth relative to the baseline's over the same
-rounds (the machine's own drift taken out).
+at most x1.05 after 20,000 cells), that growth relative to the baseline's over the same
+rounds (the machine's own drift taken out), and the growth of the main thread's CPU a cell.
 
 Prints one `RESULT` line and writes every figure as JSON to `--out`.
 """
@@ -92,6 +98,7 @@ class Kernel:
         self.block_medians: list[float] = []  # per round: this kernel's block's median
         self.cpu_s = 0.0  # the kernel process's CPU time over the timed blocks
         self.main_cpu_s = 0.0  # the kernel's main thread's (the cells' and the hooks')
+        self.main_cpu_blocks: list[float] = []  # per round: its ms a cell
         self.process = psutil.Process(self.km.provisioner.process.pid)  # type: ignore[union-attr]
 
     def run(self, code: str) -> tuple[float, float, list[str]]:
@@ -144,7 +151,9 @@ class Kernel:
         self.block_medians.append(median(block))
         now = self.process.cpu_times()
         self.cpu_s += now.user + now.system - cpu.user - cpu.system  # in ticks: sum, not median
-        self.main_cpu_s += self.main_thread_cpu() - main_cpu
+        spent = self.main_thread_cpu() - main_cpu
+        self.main_cpu_s += spent
+        self.main_cpu_blocks.append(spent / n * 1e3)
 
     def main_thread_cpu(self) -> float:
         """The kernel's main thread's CPU seconds so far (read by a cell, itself not timed)."""
@@ -179,6 +188,16 @@ def growth(samples: list[float], tail: int) -> float | None:
     if len(samples) < EARLY[1] + tail:
         return None
     return median(samples[-tail:]) / median(samples[EARLY[0] : EARLY[1]])
+
+
+def cpu_growth(blocks: list[float], block: int, tail: int) -> float | None:
+    """The same for the main thread's CPU a cell, by whole blocks: the blocks over the last
+    `tail` cells against those over the early block."""
+    early = blocks[EARLY[0] // block : -(-EARLY[1] // block)]
+    late = blocks[-(-tail // block) :]
+    if not early or len(blocks) * block < EARLY[1] + tail:
+        return None
+    return statistics.fmean(late) / statistics.fmean(early)
 
 
 def main() -> None:
@@ -288,6 +307,12 @@ def main() -> None:
             "kernel_p90_ms": statistics.quantiles(k.kernel_ms, n=10)[-1],
             "growth": g,
             "growth_vs_none": g / g_none if g is not None and g_none else None,
+            # The main thread's CPU a cell, late over early: the load of others' work changes it
+            # least (on a shared machine the wall-clock growth above drifts with their load).
+            "cpu_growth": cpu_growth(k.main_cpu_blocks, args.block, args.tail)
+            if args.cells
+            else None,
+            "main_cpu_blocks_ms": k.main_cpu_blocks,
             "setup": setup_text[c],
         }
     load = os.getloadavg()
@@ -308,17 +333,18 @@ def main() -> None:
     print(
         f"{'config':<15}{'cells':>7}{'kernel ms':>11}{'added':>9}{'paired':>8}{'ratio':>7}"
         f"{'cpu+':>8}{'main+':>8}"
-        f"{'client ms':>11}{'added':>9}{'growth':>8}{'vs none':>9}"
+        f"{'client ms':>11}{'added':>9}{'growth':>8}{'vs none':>9}{'cpu gr':>8}"
     )
     for c, r in results.items():
         g = f"{r['growth']:>8.3f}" if r["growth"] is not None else f"{'':>8}"
         gn = f"{r['growth_vs_none']:>9.3f}" if r["growth_vs_none"] is not None else f"{'':>9}"
+        gc = f"{r['cpu_growth']:>8.3f}" if r["cpu_growth"] is not None else f"{'':>8}"
         print(
             f"{c:<15}{r['cells']:>7}{r['kernel_ms']:>11.3f}{r['added_ms']:>+9.3f}"
             f"{r['paired_added_ms']:>+8.3f}{r['ratio']:>7.3f}{r['cpu_added_ms']:>+8.3f}"
             f"{r['main_cpu_added_ms']:>+8.3f}"
             f"{r['client_ms']:>11.3f}"
-            f"{r['client_added_ms']:>+9.3f}{g}{gn}"
+            f"{r['client_added_ms']:>+9.3f}{g}{gn}{gc}"
         )
     summary = ", ".join(
         f"{c} {r['kernel_ms']:.3f} ms"
@@ -330,6 +356,7 @@ def main() -> None:
             f"main thread cpu {r['main_cpu_added_ms']:+.3f} ms)"
         )
         + ("" if r["growth"] is None else f" growth x{r['growth']:.3f}")
+        + ("" if r["cpu_growth"] is None else f" main-thread cpu growth x{r['cpu_growth']:.3f}")
         for c, r in results.items()
     )
     print(
