@@ -205,3 +205,33 @@ def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
     # base (once every WIRE_BLOCK cells) by WINDOW_BYTES.
     assert max(late_sizes) < 20 * MAX_BANDS + WINDOW_BYTES + 2**16, max(late_sizes)
     assert late_calls <= early_calls * 1.05, (early_calls, late_calls)
+
+
+def test_the_rss_read_keeps_following_a_forked_child() -> None:
+    """The hooks' RSS read has no per-read `getpid`: a forked child reopens its own file at the
+    fork, so it reads its own RSS, and the parent still reads the parent's."""
+    import psutil  # before the fork: the child imports nothing
+
+    from gpumem_widget.live.readers.host import HostReader
+
+    reader = HostReader()
+    held = b"\x01" * (64 * 2**20)  # the parent's: the child drops its copy
+    parent_before = reader.rss()
+    assert parent_before is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its own reading, and psutil's, through the pipe
+        try:
+            del held
+            mine = reader.rss()
+            os.write(write, f"{mine} {psutil.Process().memory_info().rss}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child, truth = map(int, os.read(read, 100).split())
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert abs(child - truth) < 8 * 2**20, (child, truth)
+    assert child < parent_before - 32 * 2**20, (child, parent_before)
+    assert reader.rss() is not None
+    assert len(held) == 64 * 2**20
