@@ -143,7 +143,7 @@ class _Waiter:
     def _run(self) -> None:
         global _waiter
         delay = WAIT_FIRST_S
-        while not self._stop.wait(delay):
+        while not self._stop.wait(delay) and _waiter is self:  # replaced: the newer one waits
             if _listening(self.address.samples):
                 with _agent_lock:
                     here = self.address.samples in LISTENING_HERE  # the kernel itself listens
