@@ -140,6 +140,7 @@ def test_messages_round_trip_exactly() -> None:
         control_seq=4,
         born=123.5,
         history=((1.5, 10, 20, None), (1.55, 11, 21, 5)),
+        waited=1.25,
     )
     assert decode_worker(m.encode()) == m
     c = Control(3, 7, 1e9, "passive", 0.05, 1.0, RecordRequest("python", 1000), "/tmp/snaps")
@@ -160,6 +161,7 @@ def test_messages_round_trip_exactly() -> None:
         message(1).encode().replace(b'"seq":1', b'"seq":-1'),
         message(1).encode().replace(b'"seq":1', b'"seq":1e400'),
         message(1).encode().replace(b'"rss":104857600', b'"rss":"lots"'),
+        message(1, waited=1.0).encode().replace(b'"wait":1.0', b'"wait":-1.0'),
         message(1).encode().replace(b'"id":["node-a",', b'"id":['),
         b"\xff\xfe" * 10,
         b"{" * 100_000,
