@@ -134,7 +134,10 @@ def _show(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 
 def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from gpumem_widget.snapshot import rows
+
     print(format_status(session.status()))
+    print("\n".join(rows.describe()))  # which wheel, and what the C reader adds
 
 
 def format_status(status: Status) -> str:
