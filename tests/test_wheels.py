@@ -7,6 +7,7 @@ and snapshots pickled with protocol 5 (Python 3.14's default) open."""
 from __future__ import annotations
 
 import gzip
+import importlib.metadata
 import json
 import os
 import pickle
@@ -22,6 +23,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from test_snapshot_rows import assert_same
 
 from gpumem_widget.snapshot import read_snapshot, rows
@@ -76,15 +79,39 @@ def test_the_wheels_are_tagged_for_where_they_install(wheels: dict[str, Path]) -
     assert not [n for n in zipfile.ZipFile(wheels["pure"]).namelist() if n.endswith(".so")]
 
 
-def _fresh_venv(where: Path, wheel: Path) -> Path:
-    """A venv with only the wheel and what it asks for, and this interpreter's torch through a
-    .pth file (as the Makefile does: nothing downloaded for it)."""
-    import torch
+def _torch_alone(into: Path) -> Path:
+    """This interpreter's torch and what it requires, linked into a folder of their own: the
+    fresh venv gets them through a .pth file (as the Makefile does: nothing is downloaded for
+    torch) and sees nothing else of this environment's, pandas included."""
+    seen: set[str] = set()
+    todo = ["torch"]
+    into.mkdir()
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an optional one, or one for another platform
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            link = into / top
+            if not link.exists():
+                link.symlink_to(Path(str(dist.locate_file(top))))
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return into
 
+
+def _fresh_venv(where: Path, wheel: Path) -> Path:
+    """A venv with torch (`_torch_alone`), then the wheel and what it asks for."""
     venv.EnvBuilder(with_pip=True).create(where)
     python = where / "bin" / "python"
     site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-    torch_site = Path(torch.__file__).resolve().parents[1]
+    torch_site = _torch_alone(where.parent / "torch_alone")
     (Path(site.stdout.strip()) / "reuse_torch.pth").write_text(f"{torch_site}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     _run([str(python), "-m", "pip", "install", "-q", str(wheel)], env=env)
@@ -138,6 +165,8 @@ def test_the_quick_start_runs_on_a_plain_install_of_each_wheel(
     kernel = {"argv": argv, "display_name": "wheel", "language": "python", "env": env}
     (spec / "kernel.json").write_text(json.dumps(kernel))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    for name in ("PYTHONPATH", "VIRTUAL_ENV", "GPUMEM_WIDGET_C_READER"):  # the kernel's env
+        monkeypatch.delenv(name, raising=False)  # is this one's, updated by the spec's
     nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(CHECK))
     client = NotebookClient(
