@@ -64,7 +64,7 @@ setup: $(STAMPS)/installed $(BUNDLE) $(STAMPS)/reader
 # JupyterLab runs headless; its log goes to $(STAMPS)/jupyter.log and the last line printed is
 # the address to open, token included, once the server answers (Ctrl-C stops it).
 demo: setup
-	@log=$(STAMPS)/jupyter.log; \
+	@log=$(STAMPS)/jupyter.log; : >$$log; \
 	$(BIN)/jupyter lab --no-browser --port=$(DEMO_PORT) \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) >$$log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid' INT TERM EXIT; \
@@ -104,6 +104,34 @@ pytest:
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: setup buildvenv browser lint typecheck js-test pytest
+
+# Every other CPython here: each python3.1X on PATH and in pyenv (TEST_PYTHONS=... names others), in
+# a venv of its own (.venv-3.X), with the package (its C reader built for that version) and its
+# dependencies but no torch: PyPI has only CUDA builds of torch for those (several GB each), and
+# this machine's CPU build is for 3.11. So they run the tests that need no torch: the C reader
+# against the unpickler, loading (pickle protocol 5 too) and the command line.
+ifndef TEST_PYTHONS
+TEST_PYTHONS := $(foreach v,10 11 12 13 14,$(shell command -v python3.$(v))) \
+	$(wildcard $(HOME)/.pyenv/versions/3.1*/bin/python3.1?)
+endif
+VERSION_TESTS ?= tests/test_snapshot_rows.py tests/test_snapshot_load.py tests/test_cli.py \
+	tests/test_wheels.py::test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2
+
+test-pythons:
+	@mkdir -p .stamps && $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  test = [r for r in p["optional-dependencies"]["test"] if r.split(">")[0] in \
+	          ("pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "jupyter_client")]; \
+	  print(*[r for r in p["dependencies"] if not r.startswith("torch")], *test, sep="\n")' \
+	  > .stamps/requirements-without-torch.txt
+	@done=""; for py in $(TEST_PYTHONS); do \
+	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue; \
+	  case " $$done " in *" $$v "*) continue;; esac; done="$$done $$v"; \
+	  echo "make: Python $$v ($$py): $(VERSION_TESTS)"; \
+	  { [ -x .venv-$$v/bin/python ] || $$py -m venv .venv-$$v; } \
+	  && .venv-$$v/bin/pip install -q -r .stamps/requirements-without-torch.txt \
+	  && .venv-$$v/bin/pip install -q --no-deps -e . \
+	  && .venv-$$v/bin/python -m pytest -q -p no:cacheprovider $(VERSION_TESTS) || exit 1; \
+	done; echo "make: tested on Python$$done"
 
 # Wheels into dist/: the sdist, the pure wheel, manylinux binary wheels for x86_64 and aarch64
 # (scripts/build_wheels.py; tests/test_wheels.py builds and installs them in `make test`).
