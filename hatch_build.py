@@ -13,6 +13,7 @@ compiled by $LDSHARED (zig cc for that glibc and CPU) and tagged for that platfo
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import re
 import shlex
@@ -127,6 +128,20 @@ def wheel_names(built: Path, platform: str) -> tuple[str, str]:
     return f"cp{version}-cp{version}-{platforms}", f"_rows.cpython-{version}-{machine}-linux-gnu.so"
 
 
+def build_for_wheel() -> Path:
+    """The reader for a binary wheel: under the limited API (abi3) where build() offers that
+    and the source compiles so, else against this CPython's full API; an error if neither."""
+    if "limited" in inspect.signature(build).parameters:
+        built = build(limited=True)  # type: ignore[call-arg,unused-ignore]
+        if built is not None:
+            return built
+        print("gpumem_widget: no limited-API reader; building one for this CPython only")
+    os.environ["GPUMEM_WIDGET_NATIVE"] = "required"
+    built = build()
+    assert built is not None  # required: build() raised otherwise
+    return built
+
+
 if __name__ == "__main__":
     sys.exit(0 if build() else 1)
 else:  # loaded by hatchling, which is installed only in the build's environment
@@ -145,9 +160,7 @@ else:  # loaded by hatchling, which is installed only in the build's environment
                 raise ValueError(f"GPUMEM_WIDGET_WHEEL={kind}: expected pure or manylinux_...")
             if kind == "pure" and version != "editable":
                 return  # py3-none-any: snapshots are read with the unpickler
-            if manylinux:
-                os.environ["GPUMEM_WIDGET_NATIVE"] = "required"  # a binary wheel without it: no
-            built = build()
+            built = build_for_wheel() if manylinux else build()
             if built is None:
                 return
             build_data["pure_python"] = False

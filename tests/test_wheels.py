@@ -43,14 +43,19 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The pure wheel and the binary wheels, built as `make wheels` builds them."""
-    if shutil.which("make") is None or shutil.which("npm") is None:
-        pytest.skip("building the wheels needs make (for .buildvenv) and npm (for the bundle)")
+def build_python() -> Path:
+    """.buildvenv's Python, with build, hatchling, ziglang and auditwheel (`make buildvenv`)."""
+    if shutil.which("make") is None:
+        pytest.skip("needs make (for .buildvenv)")
     _run(["make", "-C", str(ROOT), "buildvenv"])
+    return BUILDVENV / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def wheels(build_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The pure wheel and the binary wheels, built as `make wheels` builds them."""
     out = tmp_path_factory.mktemp("dist")
-    made = _run([str(BUILDVENV / "bin" / "python"), str(ROOT / "scripts" / "build_wheels.py"),
-                 "-o", str(out)])  # fmt: skip
+    made = _run([str(build_python), str(ROOT / "scripts" / "build_wheels.py"), "-o", str(out)])
     found = {"pure": next(out.glob("*-py3-none-any.whl"))}
     for name in PLATFORMS:
         (found[name],) = out.glob(f"*-{name}.*.whl")
@@ -104,6 +109,41 @@ def _torch_alone(into: Path) -> Path:
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(req.name)
     return into
+
+
+# Run by .buildvenv's Python (hatch_build.py imports hatchling): the compile command build() runs.
+COMMAND = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import hatch_build
+seen = []
+def compile(cmd, **kwargs):
+    seen.append(cmd)
+    raise OSError("not compiled: only the command is wanted")
+hatch_build.subprocess.run = compile
+hatch_build.build()
+if "limited" in hatch_build.inspect.signature(hatch_build.build).parameters:
+    hatch_build.build(limited=True)
+print(json.dumps({"commands": seen, "source": str(hatch_build.SOURCE)}))
+"""
+
+
+def test_the_reader_is_named_abi3_exactly_when_it_is_built_under_the_limited_api(
+    build_python: Path,
+) -> None:
+    """hatch_build.py tags a binary wheel abi3 by the reader's name (`_rows.abi3.so`, what
+    every CPython from this one on imports): that name and Py_LIMITED_API go together."""
+    env = {**os.environ, "GPUMEM_WIDGET_NATIVE": ""}
+    made = _run([str(build_python), "-c", COMMAND, str(ROOT)], env=env)
+    found = json.loads(made.stdout.splitlines()[-1])
+    source = Path(found["source"])
+    for command in found["commands"]:
+        limited = any(a.startswith("-DPy_LIMITED_API") for a in command) or (
+            "#define Py_LIMITED_API" in source.read_text()
+        )
+        out = Path(command[command.index("-o") + 1])
+        assert out.name.endswith(".abi3.so") == limited, (out.name, command)
+        assert out.parent == source.parent
 
 
 def _fresh_venv(where: Path, wheel: Path) -> Path:
