@@ -64,7 +64,7 @@ setup: $(STAMPS)/installed $(BUNDLE) $(STAMPS)/reader
 # JupyterLab runs headless; its log goes to $(STAMPS)/jupyter.log and the last line printed is
 # the address to open, token included, once the server answers (Ctrl-C stops it).
 demo: setup
-	@log=$(STAMPS)/jupyter.log; : >$$log; \
+	@mkdir -p $(STAMPS); log=$(STAMPS)/jupyter.log; : >$$log; \
 	$(BIN)/jupyter lab --no-browser --port=$(DEMO_PORT) \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) >$$log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid' INT TERM EXIT; \

@@ -272,3 +272,53 @@ def test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2(
     if reader == "c":
         assert rows.read(files[5].read_bytes()) is not None  # not handed to the unpickler
     assert_same(read_snapshot(files[5]), read_snapshot(files[2]))
+
+
+# Run by .buildvenv's Python: hatch_build.py's bundle step on a js/ folder of the test's own,
+# whose `npm run build` writes the bundle (node_modules newer than the lock: no npm ci).
+BUNDLE = """
+import json, os, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import hatch_build
+root = Path(sys.argv[2])
+hatch_build.ROOT = root
+hatch_build.JS = js = root / "js"
+hatch_build.BUNDLE = bundle = root / "static" / "widget.js"
+(js / "src").mkdir(parents=True)
+bundle.parent.mkdir()
+(js / "package-lock.json").write_text("{}")
+(js / "node_modules").mkdir()
+build = "require('fs').writeFileSync('../static/widget.js', 'built ' + Date.now())"
+(js / "package.json").write_text(json.dumps({"scripts": {"build": f'node -e "{build}"'}}))
+src = js / "src" / "widget.ts"
+src.write_text("v1")
+seen = {"missing": hatch_build.bundle_is_stale()}
+hatch_build.ensure_bundle()
+first = bundle.read_text()
+seen["built"] = first.startswith("built ") and not hatch_build.bundle_is_stale()
+hatch_build.ensure_bundle()
+seen["kept"] = bundle.read_text() == first
+later = time.time() + 5
+os.utime(src, (later, later))  # js/src edited after the bundle was made
+seen["stale"] = hatch_build.bundle_is_stale()
+os.environ["PATH"] = ""
+try:
+    hatch_build.ensure_bundle()
+    seen["without npm"] = "no error"
+except RuntimeError as e:
+    seen["without npm"] = str(e)
+print(json.dumps(seen))
+"""
+
+
+def test_the_bundle_is_rebuilt_whenever_js_src_is_newer(build_python: Path, tmp_path: Path) -> None:
+    if shutil.which("npm") is None:
+        pytest.skip("needs npm")
+    made = _run([str(build_python), "-c", BUNDLE, str(ROOT), str(tmp_path)])
+    seen = json.loads(made.stdout.splitlines()[-1])
+    assert seen["missing"] is True
+    assert seen["built"] is True
+    assert seen["kept"] is True  # up to date: npm is not run again
+    assert seen["stale"] is True
+    assert "is older than js/src and there is no npm to build it" in seen["without npm"]
