@@ -226,7 +226,7 @@ def test_the_quick_start_runs_on_a_plain_install_of_each_wheel(
     if kind == "pure":
         assert check["c_reader_read"] is False
         assert "package: gpumem-widget 0.1.0, the pure wheel (py3-none-any)" in printed
-        assert "snapshot reader: the unpickler; the C reader is not built" in printed
+        assert "snapshot reader: the unpickler (the pure wheel has no C reader)" in printed
         assert "it comes with the binary wheels (Linux x86_64, aarch64)" in printed
     else:
         assert check["c_reader_read"] is True
@@ -249,7 +249,7 @@ def test_version_names_a_source_tree_and_what_the_c_reader_adds() -> None:
     out = _run([sys.executable, "-m", "gpumem_widget.cli", "--version"], env=env).stdout
     assert out.splitlines()[0] == f"package: gpumem-widget 0.1.0, from source ({ROOT})"
     assert out.splitlines()[1].startswith(
-        "snapshot reader: the unpickler; GPUMEM_WIDGET_C_READER=0"
+        "snapshot reader: the unpickler (GPUMEM_WIDGET_C_READER=0)"
     )
     assert "twice as fast" in out
 

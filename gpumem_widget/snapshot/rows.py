@@ -80,12 +80,14 @@ def describe() -> list[str]:
     """The package's build and the snapshot reader it uses, one line each."""
     from gpumem_widget.version import __version__
 
-    lines = [f"package: gpumem-widget {__version__}, {installed_as()}"]
+    build = installed_as()
+    lines = [f"package: gpumem-widget {__version__}, {build}"]
     if available():
         lines.append(f"snapshot reader: the C reader, which {GAIN}")
     else:
+        why = "the pure wheel has no C reader" if build.startswith("the pure") else why_not
         lines.append(
-            f"snapshot reader: the unpickler; {why_not}. The C reader {GAIN}: it comes with "
+            f"snapshot reader: the unpickler ({why}). The C reader {GAIN}: it comes with "
             "the binary wheels (Linux x86_64, aarch64) and with an install from source where "
             "a C compiler is found"
         )
