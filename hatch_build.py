@@ -1,4 +1,4 @@
-"""Builds the C reader of trace entries (gpumem_widget/snapshot/_rows.c) with the package, and
+"""Builds the C reader of trace entries (gpumem_widget/snapshot/io/_rows.c) with the package, and
 the browser bundle (js/ into gpumem_widget/static/) whenever its sources are newer than it.
 
 Run by hatchling for wheels, sdists and editable installs; `python hatch_build.py` builds the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).parent
-SOURCE = ROOT / "gpumem_widget" / "snapshot" / "_rows.c"
+SOURCE = ROOT / "gpumem_widget" / "snapshot" / "io" / "_rows.c"
 
 
 def target() -> Path:

@@ -16,7 +16,7 @@ const esbuild = require("esbuild");
 const fixture = readFileSync(process.argv[2], "utf8");
 const bundle = await esbuild.build({
   stdin: {
-    contents: 'import { renderDrilldown } from "./src/drilldown"; window.renderDrilldown = renderDrilldown;',
+    contents: 'import { mountSnapshotTab } from "./src/snapshot/tab"; window.mountSnapshotTab = mountSnapshotTab;',
     resolveDir: here("../js"),
     loader: "ts",
   },
@@ -45,7 +45,7 @@ try {
     });
     const t1 = performance.now();
     const model = { get: (n) => state[n], on() {}, off() {}, send() {} };
-    window.renderDrilldown(document.querySelector(".gpumem-drilldown"), model);
+    window.mountSnapshotTab(document.querySelector(".gpumem-drilldown"), { model });
     const canvas = document.querySelector(".gpumem-drilldown-chart canvas");
     canvas.getContext("2d").getImageData(0, 0, 1, 1);
     await new Promise((r) => requestAnimationFrame(() => r()));

@@ -72,13 +72,13 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
     # imports it in the first cell's hooks), so no mode pays for importing it.
     import numpy  # noqa: F401
 
-    from gpumem_widget.snapshot.drilldown import Drilldown, alive_view, overview
+    from gpumem_widget.drilldown.controller import Drilldown, alive_view, overview
     from gpumem_widget.wire.widget import GpuMemWidget
 
     widget = GpuMemWidget()
     drilldown = Drilldown(widget)  # a session has it from `%load_ext` on
     if mode in ("first", "first_unpickler"):
-        from gpumem_widget.snapshot.isolate import warm
+        from gpumem_widget.snapshot.io.isolate import warm
 
         warm()  # as a session does once it is up: a conversion child waits
         time.sleep(1.0)
@@ -102,8 +102,8 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
     widget.observe(published, names="drilldown")
     out: dict[str, Any] = {}
     if mode == "baseline":
-        from gpumem_widget.snapshot.load import read_snapshot
-        from gpumem_widget.snapshot.replay import Snapshot
+        from gpumem_widget.snapshot.io.load import read_snapshot
+        from gpumem_widget.snapshot.model.replay import Snapshot
 
         snap = Snapshot(read_snapshot(path))
         with widget.hold_sync():

@@ -25,7 +25,8 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpumem_widget.live.history import History, HistorySettings  # noqa: E402
+from gpumem_widget.live.history.settings import HistorySettings  # noqa: E402
+from gpumem_widget.live.history.writer import History  # noqa: E402
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage  # noqa: E402
 
 GiB = 2**30

@@ -3,7 +3,7 @@
     python benchmarks/bench_reader.py [--file PATH] [--entries N] [--rounds R]
 
 Four ways to read the same uncompressed file, interleaved R times (best and median reported):
-- reader: `rows.read` on the mapped file (the C reader: entries into columns, the objects
+- reader: `c_reader.read` on the mapped file (the C reader: entries into columns, the objects
   around them built as the unpickler builds them);
 - pickle.loads: CPython's unpickler on the same mapped bytes (no safety checks: the floor
   for any reader that builds the objects);
@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 
-from gpumem_widget.snapshot import load, rows  # noqa: E402
+from gpumem_widget.snapshot.io import c_reader as rows  # noqa: E402
+from gpumem_widget.snapshot.io import load  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any]) -> float:

@@ -23,8 +23,9 @@ from big_snapshot import big_snapshot
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpumem_widget.snapshot import open_snapshot, segment_views  # noqa: E402
-from gpumem_widget.snapshot import segments as seg  # noqa: E402
+from gpumem_widget.snapshot import open_snapshot  # noqa: E402
+from gpumem_widget.snapshot.model import segments as seg  # noqa: E402
+from gpumem_widget.snapshot.views import segment_views  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -52,17 +52,23 @@ def main() -> None:
 
     import numpy as np
 
+    from gpumem_widget.drilldown.controller import range_view
     from gpumem_widget.snapshot import active_memory_view, categories, open_snapshot
-    from gpumem_widget.snapshot.aggregate import _grid, _sites, _stacked, axis_x, group_peaks
-    from gpumem_widget.snapshot.compare import compare_snapshots
-    from gpumem_widget.snapshot.drilldown import range_view
-    from gpumem_widget.snapshot.search import search
+    from gpumem_widget.snapshot.views.compare import compare_snapshots
+    from gpumem_widget.snapshot.views.grid import (
+        axis_x,
+        group_peaks,
+        screen_grid,
+        sites_of,
+        stacked_bytes,
+    )
+    from gpumem_widget.snapshot.views.search import search
 
     snap = open_snapshot(path)
     rep = snap.replay(0)
     iv = rep.intervals
     n = rep.n_events
-    sites = _sites(snap, iv, "user")
+    sites = sites_of(snap, iv, "user")
     k = len(sites.keys)
 
     def overview() -> None:
@@ -70,8 +76,8 @@ def main() -> None:
         categories(snap, 0, width=1000, axis="event", full_columns=False)
 
     def grid_maxima() -> None:
-        grid = _grid(rep, axis_x(snap, rep, "event").x, 1000, None, None)
-        _stacked(iv, sites.of_interval, k, grid.event).max(axis=1)
+        grid = screen_grid(rep, axis_x(snap, rep, "event").x, 1000, None, None)
+        stacked_bytes(iv, sites.of_interval, k, grid.event).max(axis=1)
 
     addr = hex(int(iv.addr[int(np.argmax(iv.size))]) + 4096)
     cases: dict[str, Callable[[], Any]] = {
@@ -93,8 +99,8 @@ def main() -> None:
         base = base or s
         print(f"  {name:<22} {s * 1000:8.0f} ms   x{s / base:5.2f} of the overview")
     exact, _ = group_peaks(iv, sites.of_interval, k)
-    grid = _grid(rep, axis_x(snap, rep, "event").x, 1000, None, None)
-    read = _stacked(iv, sites.of_interval, k, grid.event).max(axis=1)
+    grid = screen_grid(rep, axis_x(snap, rep, "event").x, 1000, None, None)
+    read = stacked_bytes(iv, sites.of_interval, k, grid.event).max(axis=1)
     low = exact > 0
     worst = float(((exact[low] - read[low]) / exact[low]).max())
     print(f"  grid maxima fall short of exact ones by up to {worst:.1%} ({int(low.sum())} sites)")

@@ -23,13 +23,13 @@ from gpumem_widget.version import __version__
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
     from gpumem_widget.live.export import Format
-    from gpumem_widget.live.history import PastSession, PastSessions
+    from gpumem_widget.live.history.past_sessions import PastSession, PastSessions
     from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
     from gpumem_widget.live.session import Session
     from gpumem_widget.reporting import SnapshotSource
     from gpumem_widget.reporting.page import Progress
     from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
-    from gpumem_widget.snapshot.load import Source
+    from gpumem_widget.snapshot.io.load import Source
     from gpumem_widget.wire.payloads import CompareView
     from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
@@ -40,8 +40,8 @@ _LAZY = {
     "CellRecord": "live.ledger",
     "DeviceCellUsage": "live.ledger",
     "LedgerRecords": "live.ledger",
-    "PastSession": "live.history",
-    "PastSessions": "live.history",
+    "PastSession": "live.history.past_sessions",
+    "PastSessions": "live.history.past_sessions",
     "WorkerCellUsage": "workers",
     "attach": "workers",
     "detach": "workers",
@@ -115,7 +115,9 @@ def history(
     sessions, newest first (`.to_pandas()`: one row each); with one (an id prefix, or -1 the
     newest, -2 the one before), that session's cell records. `notebook`: this one by default,
     ``"*"`` for every notebook. Raises FileNotFoundError when there is no history file."""
-    from gpumem_widget.live.history import HistorySettings, notebook_key, open_store
+    from gpumem_widget.live.history.identity import notebook_key
+    from gpumem_widget.live.history.settings import HistorySettings
+    from gpumem_widget.live.history.store import open_store
 
     live = current_session()
     if live is not None:
@@ -163,10 +165,10 @@ def compare_snapshots(
     """Compare two snapshots (before/after a change, or two ranks): the peaks, the bytes alive
     at each one's peak by allocation site and by category (``delta`` is b - a), and both
     timelines on one axis; shown in the widget's Snapshot tab when the extension is loaded.
-    Keyword arguments go to `snapshot.compare.compare_snapshots` (devices, axis, top)."""
+    Keyword arguments go to `snapshot.views.compare.compare_snapshots` (devices, axis, top)."""
+    from gpumem_widget.drilldown.controller import describe_source
     from gpumem_widget.snapshot import open_snapshot
-    from gpumem_widget.snapshot.compare import compare_snapshots as compare
-    from gpumem_widget.snapshot.drilldown import describe_source
+    from gpumem_widget.snapshot.views.compare import compare_snapshots as compare
 
     session = current_session()
     if session is not None:

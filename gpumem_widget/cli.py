@@ -88,9 +88,9 @@ class _Version(argparse.Action):
     """`--version`: the package, its build (pure or binary wheel, or source) and its reader."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        from gpumem_widget.snapshot import rows
+        from gpumem_widget.snapshot.io import c_reader
 
-        print("\n".join(rows.describe()))
+        print("\n".join(c_reader.describe()))
         parser.exit()
 
 
@@ -129,8 +129,8 @@ def _load(
     from concurrent.futures import ThreadPoolExecutor
 
     from gpumem_widget.snapshot import open_snapshot
-    from gpumem_widget.snapshot.isolate import default_max_memory
-    from gpumem_widget.snapshot.load import DEFAULT_MAX_BYTES
+    from gpumem_widget.snapshot.io.isolate import default_max_memory
+    from gpumem_widget.snapshot.io.load import DEFAULT_MAX_BYTES
 
     workers = max(1, min(len(paths), os.cpu_count() or 1))
     max_memory = args.max_memory or default_max_memory() // workers

@@ -71,7 +71,7 @@ class Starting:
         if self.session is not None and _starting is self:
             # A conversion child waiting: the first snapshot opened starts converting at once.
             try:
-                from gpumem_widget.snapshot.isolate import warm
+                from gpumem_widget.snapshot import warm
 
                 warm()
             except Exception as e:  # files then start their own child, a quarter second later
@@ -178,7 +178,7 @@ def unload_ipython_extension(ip: Any) -> None:
     session = starting.wait()
     if session is not None:
         session.stop()
-        from gpumem_widget.snapshot.isolate import stop_warm
+        from gpumem_widget.snapshot.io.isolate import stop_warm
 
         stop_warm()
     else:

@@ -40,7 +40,8 @@ for wheel in "$here"/dist/*.whl; do .buildvenv/bin/python -m zipfile -e "$wheel"
 qemu-aarch64-static -L "$here/root" "$here/root/usr/bin/python3.11" - "$here/site" <<'EOF'
 import gzip, pickle, platform, sys
 sys.path.insert(0, sys.argv[1])
-from gpumem_widget.snapshot import read_snapshot, rows
+from gpumem_widget.snapshot import read_snapshot
+from gpumem_widget.snapshot.io import c_reader as rows
 
 assert platform.machine() == "aarch64", platform.machine()
 assert rows.available(), rows.why_not

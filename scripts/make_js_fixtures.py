@@ -52,14 +52,16 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from allocator_sim import AllocatorSim, SimulatedOOM  # noqa: E402
 
+from gpumem_widget.drilldown import controller as drilldown  # noqa: E402
 from gpumem_widget.estimator import Estimate, estimate  # noqa: E402
 from gpumem_widget.holders.leaks import leak_hints  # noqa: E402
 from gpumem_widget.holders.postmortem import OomEvent, build_postmortem  # noqa: E402
-from gpumem_widget.holders.variables import Holder, HoldersReport, TensorSummary  # noqa: E402
+from gpumem_widget.holders.report import Holder, HoldersReport, TensorSummary  # noqa: E402
 from gpumem_widget.live import notes  # noqa: E402
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, Ledger  # noqa: E402
-from gpumem_widget.snapshot import drilldown, open_snapshot  # noqa: E402
-from gpumem_widget.snapshot.segment_views import segment_map  # noqa: E402
+from gpumem_widget.snapshot import open_snapshot  # noqa: E402
+from gpumem_widget.snapshot.views import panel  # noqa: E402
+from gpumem_widget.snapshot.views.segment_views import segment_map  # noqa: E402
 from gpumem_widget.wire import payloads, protocol  # noqa: E402
 from gpumem_widget.wire.widget import GpuMemWidget  # noqa: E402
 
@@ -408,8 +410,8 @@ def recorded(name: str) -> dict[str, Any]:
 
 
 def drilldown_fixture() -> dict[str, Any]:
-    width = drilldown.WIDTH
-    drilldown.WIDTH = 240
+    width = panel.WIDTH
+    panel.WIDTH = 240
     try:
         widget = GpuMemWidget()
         glue = drilldown.Drilldown(widget)
@@ -422,7 +424,7 @@ def drilldown_fixture() -> dict[str, Any]:
             width=120,
         )
     finally:
-        drilldown.WIDTH = width
+        panel.WIDTH = width
     widget.drilldown = {**widget.drilldown, "compute_s": 0.05}  # measured: fixed here
     fixture = sent(widget, ["drilldown", "drilldown_alive", "drilldown_compare"])
     over = widget.drilldown["devices"][0]

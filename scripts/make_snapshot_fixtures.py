@@ -20,7 +20,7 @@ Scenarios (all with Python stacks unless said):
   expandable      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segment_map/segment_unmap).
   oom             an allocation that cannot fit, with the OOM observer's arguments.
   overflow        a ring buffer of 64 entries overrun by 400 events (the recorder's metadata says
-                  max_entries, as gpumem_widget.snapshot.record.take_snapshot adds it).
+                  max_entries, as gpumem_widget.snapshot.io.record.take_snapshot adds it).
   stacks_all      a few allocations recorded with C++ frames too.
   fragmentation_oom  an OOM caused by fragmentation: under a 16 GiB per-process limit, seven
                   2 GiB segments are cached, fourteen 1 GiB tensors fill them two by two, every
@@ -57,7 +57,7 @@ SCENARIOS = (
     "stacks_all",
     "fragmentation_oom",
 )
-RECORDER_KEY = "gpumem_widget"  # as gpumem_widget.snapshot.load.RECORDER_KEY
+RECORDER_KEY = "gpumem_widget"  # as gpumem_widget.snapshot.io.convert.RECORDER_KEY
 
 
 def _torch() -> Any:

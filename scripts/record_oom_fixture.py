@@ -8,7 +8,7 @@ The scenario: one 16 GiB segment is split into sixteen 1 GiB tensors and every o
 freed (8 GiB reserved but unallocated, in gaps nothing larger fits in); a filler tensor leaves
 about 4 GiB free on the device; then a 6 GiB request fails. Recorded: the error's type and
 message, the OOM observer's arguments with ``memory_stats`` read inside the observer, and
-``memory_stats`` / ``mem_get_info`` before and after. The CPU tests of ``postmortem.py`` read it.
+``memory_stats`` / ``mem_get_info`` before and after. The CPU tests of ``postmortem/`` read it.
 """
 
 from __future__ import annotations

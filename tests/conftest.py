@@ -12,7 +12,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import RecordedAllocator, recorded_readers
 
-from gpumem_widget.live.history import ENV_PATH as HISTORY_ENV
+from gpumem_widget.live.history.settings import ENV_PATH as HISTORY_ENV
 from gpumem_widget.live.session import Session
 
 # Converted snapshots are cached in a directory of the test run's own, never the user's.

@@ -10,9 +10,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpumem_widget.snapshot.aggregate import BEFORE_RECORDING, NO_PYTHON_STACK
-from gpumem_widget.snapshot.attribution import site_of
-from gpumem_widget.snapshot.model import Frame
+from gpumem_widget.snapshot.model.data import Frame
+from gpumem_widget.snapshot.views.attribution import site_of
+from gpumem_widget.snapshot.views.grid import BEFORE_RECORDING, NO_PYTHON_STACK
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 

@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 import gpumem_widget
 from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
 from gpumem_widget.live.session import Session
-from gpumem_widget.snapshot import isolate
+from gpumem_widget.snapshot.io import isolate
 from gpumem_widget.wire import protocol
 
 host_only = pytest.mark.skipif(

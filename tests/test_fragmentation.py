@@ -1,5 +1,5 @@
-"""Fragmentation figures and allocator advice (snapshot.fragmentation, snapshot.advice): from a
-real OOM's memory_stats on an H200, real snapshots, and a simulated fragmentation OOM."""
+"""Fragmentation figures and allocator advice (snapshot.views.fragmentation, .advice): from
+a real OOM's memory_stats on an H200, real snapshots, and a simulated fragmentation OOM."""
 
 from __future__ import annotations
 
@@ -11,12 +11,8 @@ import pytest
 from allocator_sim import AllocatorSim, SimulatedOOM
 
 from gpumem_widget.snapshot import open_snapshot
-from gpumem_widget.snapshot.advice import advise, settings_from_conf
-from gpumem_widget.snapshot.fragmentation import (
-    MEANINGS,
-    fragmentation,
-    from_memory_stats,
-)
+from gpumem_widget.snapshot.views.advice import advise, settings_from_conf
+from gpumem_widget.snapshot.views.fragmentation import MEANINGS, fragmentation, from_memory_stats
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB, GiB = 1 << 20, 1 << 30

@@ -1,4 +1,4 @@
-"""The on-disk ledger (`live/history.py`, `%gpumem history`) in a real IPython shell.
+"""The on-disk ledger (`live/history/`, `%gpumem history`) in a real IPython shell.
 
 Cells run through the real hooks; what they leave is read back from the SQLite file, by the
 magic, by `gpumem_widget.history()`, and by plain sqlite3. The file's faults are real too: a
@@ -32,8 +32,22 @@ from IPython.core.interactiveshell import InteractiveShell
 from recorded_cuda import recorded_readers
 
 import gpumem_widget
-from gpumem_widget.live import history as history_mod
-from gpumem_widget.live.history import History, HistorySettings, Store, notebook_key
+from gpumem_widget.live.history.identity import notebook_key
+from gpumem_widget.live.history.past_sessions import PastSession, RunningCell
+from gpumem_widget.live.history.records import (
+    CELL_FIELDS,
+    DEVICE_FIELDS,
+    record_from,
+    record_json,
+)
+from gpumem_widget.live.history.settings import (
+    ENV_MAX_MB,
+    ENV_PATH,
+    ENV_REGRESSION_PCT,
+    HistorySettings,
+)
+from gpumem_widget.live.history.store import Store
+from gpumem_widget.live.history.writer import FIRST_COMPARE_WAIT_S, History
 from gpumem_widget.live.session import Session
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -45,7 +59,7 @@ MiB = 2**20
 def db(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
     """This test's own history file (through the environment, as users set it)."""
     path = tmp_path / "data" / "history.sqlite3"
-    monkeypatch.setenv(history_mod.ENV_PATH, str(path))
+    monkeypatch.setenv(ENV_PATH, str(path))
     monkeypatch.setenv("JPY_SESSION_NAME", f"nb-{tmp_path.name}.ipynb")
     return path
 
@@ -165,7 +179,7 @@ def test_the_magic_lists_sessions_and_shows_one(db: pathlib.Path, ip: Any) -> No
 
 
 def test_a_past_session_opens_read_only_in_a_widget_of_its_own(db: pathlib.Path) -> None:
-    from gpumem_widget.live.history_view import past_session_widget
+    from gpumem_widget.live.history.view import past_session_widget
 
     shell = InteractiveShell.instance()
     s = cuda_session(shell)
@@ -217,7 +231,7 @@ def test_every_option_answers_help(db: pathlib.Path, ip: Any) -> None:
     out = run(ip, "%gpumem history --help")
     for option in ("--all", "--clear", "--off", "--on", "--threshold", "--min-mib", "--widget"):
         assert option in out
-    assert history_mod.ENV_PATH in out.replace("\n", " ")
+    assert ENV_PATH in out.replace("\n", " ")
 
 
 def test_clear_deletes_this_notebooks_history_and_writing_goes_on(
@@ -269,7 +283,7 @@ def test_off_and_on(db: pathlib.Path, ip: Any) -> None:
 def test_env_off_writes_nothing(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, ip: Any
 ) -> None:
-    monkeypatch.setenv(history_mod.ENV_PATH, "off")
+    monkeypatch.setenv(ENV_PATH, "off")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter"))
     writers = set(_history_threads())
@@ -280,7 +294,7 @@ def test_env_off_writes_nothing(
     assert s.status()["history"] == {
         "on": False,
         "path": None,
-        "reason": f"turned off ({history_mod.ENV_PATH}=off)",
+        "reason": f"turned off ({ENV_PATH}=off)",
         "message": None,
         "session": s.history.identity.id,
     }
@@ -292,9 +306,9 @@ def test_default_path_is_jupyters_data_dir(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("JUPYTER_DATA_DIR", "/somewhere/jupyter")
     settings = HistorySettings.from_env({})
     assert settings.path == pathlib.Path("/somewhere/jupyter/gpumem_widget/history.sqlite3")
-    bad = HistorySettings.from_env({history_mod.ENV_MAX_MB: "lots"})
+    bad = HistorySettings.from_env({ENV_MAX_MB: "lots"})
     assert bad.max_bytes == 256 * MiB
-    assert bad.problems == (f"{history_mod.ENV_MAX_MB}='lots' is not a number >= 0; using 256",)
+    assert bad.problems == (f"{ENV_MAX_MB}='lots' is not a number >= 0; using 256",)
 
 
 def test_notebook_key(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -359,7 +373,7 @@ def test_regression_threshold_is_a_setting(db: pathlib.Path) -> None:
         run(shell, cell)
         assert second.records()[0].notes["history"]["regression"] is False
         second.history.settings = HistorySettings.from_env(
-            {history_mod.ENV_PATH: str(db), history_mod.ENV_REGRESSION_PCT: "1"}
+            {ENV_PATH: str(db), ENV_REGRESSION_PCT: "1"}
         )
         run(shell, cell)
         note = second.records()[1].notes["history"]
@@ -380,7 +394,7 @@ def test_torch_imported_mid_session_switches_the_checkpoint_to_cuda(db: pathlib.
         host_row = np.array([time.time(), 300.0 * MiB])
         h.checkpoint(host_row)
         assert h.wait_written()
-        seen = history_mod.RunningCell.from_json(rows(db, "SELECT running FROM sessions")[0][0])
+        seen = RunningCell.from_json(rows(db, "SELECT running FROM sessions")[0][0])
         assert seen is not None
         assert (seen.allocated, seen.rss) == ((), 300 * MiB)
         h.relayout("cuda", [{"index": 0, "name": "H200", "total": 140 * GiB}])
@@ -392,7 +406,7 @@ def test_torch_imported_mid_session_switches_the_checkpoint_to_cuda(db: pathlib.
         h.checkpoint(row)
         assert h.wait_written()
         (running, mode, devices), *_ = rows(db, "SELECT running, mode, devices FROM sessions")
-        seen = history_mod.RunningCell.from_json(running)
+        seen = RunningCell.from_json(running)
         assert seen is not None
         assert (seen.allocated, seen.reserved, seen.rss) == ((2 * GiB,), (None,), 400 * MiB)
         assert mode == "cuda"
@@ -474,7 +488,7 @@ def test_a_lock_held_too_long_turns_history_off_and_cells_run(db: pathlib.Path) 
             out = run(shell, "print('the cell ran')")
             assert out == "the cell ran\n"
             # It did not wait for the lock (only, once, for the previous run's peaks).
-            assert time.monotonic() - t0 < history_mod.FIRST_COMPARE_WAIT_S + 0.5
+            assert time.monotonic() - t0 < FIRST_COMPARE_WAIT_S + 0.5
             deadline = time.monotonic() + 10
             while s.history.on and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -523,7 +537,7 @@ def test_a_read_only_directory_turns_history_off_and_cells_run(tmp_path: pathlib
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
-        history_mod.ENV_PATH: str(folder / "history.sqlite3"),
+        ENV_PATH: str(folder / "history.sqlite3"),
     }
     try:
         done = subprocess.run(
@@ -555,25 +569,25 @@ def test_a_record_with_devices_and_workers_reads_back_equal() -> None:
     record = dataclasses.replace(
         _record("a = 1\n" * 3), devices=(device, device), workers=(worker,), notes={"k": [1]}
     )
-    text = history_mod.record_json(record)
-    assert history_mod.record_from(record.source, text) == record
+    text = record_json(record)
+    assert record_from(record.source, text) == record
     plain = dataclasses.replace(record, workers=())
-    assert history_mod.record_from(plain.source, history_mod.record_json(plain)) == plain
+    assert record_from(plain.source, record_json(plain)) == plain
     # A file written by a version with one more cell field, and one fewer device field.
     fields = {
-        "cell": [*history_mod.CELL_FIELDS, "added_later"],
-        "device": list(history_mod.DEVICE_FIELDS[:-1]),
+        "cell": [*CELL_FIELDS, "added_later"],
+        "device": list(DEVICE_FIELDS[:-1]),
     }
-    cells, devices, notes = json.loads(history_mod.record_json(plain))
+    cells, devices, notes = json.loads(record_json(plain))
     later = json.dumps([[*cells, 42], [d[:-1] for d in devices], notes])
-    back = history_mod.record_from(plain.source, later, fields)
+    back = record_from(plain.source, later, fields)
     assert back.devices[0].others_used_after is None  # its default
     assert dataclasses.replace(back, devices=plain.devices) == plain
 
 
 def test_how_a_session_ended_reads_as_the_issue_words_it() -> None:
     t0 = time.mktime((2026, 12, 1, 9, 40, 2, 0, 0, -1))
-    died = history_mod.PastSession(
+    died = PastSession(
         id="c681029c910e4aec8e8b04d9cdce744f",
         notebook="train.ipynb",
         host="gpu-box",
@@ -585,7 +599,7 @@ def test_how_a_session_ended_reads_as_the_issue_words_it() -> None:
         cells=56,
         peak=139 * GiB,
         last_seen=t0 + 71,
-        running=history_mod.RunningCell(
+        running=RunningCell(
             execution_count=57,
             source="train()",
             started=t0,
@@ -647,7 +661,7 @@ print(json.dumps({"printed": out.getvalue().split(), "status": s.status()["histo
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX resource limits")
 def test_a_full_disk_turns_history_off_and_cells_run(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "history.sqlite3"
-    env = {**os.environ, "PYTHONPATH": str(REPO), history_mod.ENV_PATH: str(path)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), ENV_PATH: str(path)}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(FULL_DISK_SCRIPT)],
         env=env,

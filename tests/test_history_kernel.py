@@ -19,7 +19,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from test_kernel import REPO, Kernel, kernel_specs
 
-from gpumem_widget.live.history import ENV_PATH
+from gpumem_widget.live.history.settings import ENV_PATH
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 __all__ = ["kernel_specs"]  # the fixture, shared with test_kernel.py

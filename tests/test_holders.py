@@ -14,13 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from gpumem_widget.holders.variables import (
-    DEFAULT_MAX_DEPTH,
-    HoldersReport,
-    bytes_held,
-    find_holders,
-    format_bytes,
-)
+from gpumem_widget.holders.report import HoldersReport
+from gpumem_widget.holders.variables import DEFAULT_MAX_DEPTH, bytes_held, find_holders
+from gpumem_widget.units import format_bytes
 
 KiB = 2**10
 

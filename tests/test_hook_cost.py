@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import gpumem_widget
-from gpumem_widget.live import history as history_module
+from gpumem_widget.live.history import writer as history_writer
 from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
 from gpumem_widget.live.session import Session
 from gpumem_widget.wire import record_json
@@ -100,7 +100,7 @@ def test_back_to_back_cells_wake_no_thread(ip: Any, monkeypatch: pytest.MonkeyPa
     took = time.monotonic() - started
     assert len(wakes) <= 1, wakes  # at most the first cell's, if the thread had gone idle
     if s.history.on:
-        assert len(batches) <= 2 + took / history_module.BATCH_S, (len(batches), took)
+        assert len(batches) <= 2 + took / history_writer.BATCH_S, (len(batches), took)
 
 
 def test_the_hooks_open_no_file_and_leave_the_signal_module_alone(

@@ -26,6 +26,7 @@ from gpumem_widget.live.ledger import (
 from gpumem_widget.live.publisher import LedgerPages, Publisher
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.wire import protocol
+from gpumem_widget.wire.messages import parse_message
 from gpumem_widget.wire.widget import GpuMemWidget, saved_state_bytes
 
 
@@ -140,19 +141,17 @@ def test_pages_answer_by_index_and_by_cell_and_refuse_bad_requests() -> None:
     page = pages.answer({"type": "cells_page", "execution_count": 7, "limit": 3})
     assert (page["first"], [c["execution_count"] for c in page["records"]]) == (4, [5, 6, 7])
     for bad in ({"before": "x"}, {"execution_count": 10_000}, {"before": 3, "limit": None}):
-        with pytest.raises(ValueError):
-            pages.answer({"type": "cells_page", **bad})
+        with pytest.raises(ValueError):  # refused by the door, or no such cell
+            pages.answer(parse_message({"type": "cells_page", **bad}))  # type: ignore[arg-type]
     replies: list[dict[str, Any]] = []
 
     class Widget:
         def send(self, content: dict[str, Any]) -> None:
             replies.append(content)
 
-    pages(Widget(), {"type": "cells_page", "before": True}, [])
-    pages(Widget(), {"type": "alive_at"}, [])  # another feature's message: not ours
-    assert replies == [
-        {"type": "cells_page", "error": "ValueError: before must be a record index, got True"}
-    ]
+    pages(Widget(), parse_message({"type": "cells_page", "execution_count": 10_000}))
+    pages(Widget(), parse_message({"type": "load"}))  # another feature's message: not ours
+    assert replies == [{"type": "cells_page", "error": "ValueError: no cell [10000] in the ledger"}]
 
 
 def test_bands_mark_outcomes() -> None:

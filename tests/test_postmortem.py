@@ -22,7 +22,7 @@ from gpumem_widget.holders.postmortem import (
     build_postmortem,
     parse_oom_message,
 )
-from gpumem_widget.holders.variables import Holder, HoldersReport
+from gpumem_widget.holders.report import Holder, HoldersReport
 from gpumem_widget.oom import is_cuda_oom
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "oom_h200.json"

@@ -14,7 +14,7 @@ from bokeh.resources import INLINE
 
 from gpumem_widget.reporting.segments import MIN_BAR, bokeh_reserved_over_time, bokeh_segment_map
 from gpumem_widget.snapshot import open_snapshot
-from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map
+from gpumem_widget.snapshot.views.segment_views import reserved_over_time, segment_map
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 HOSTILE = "<img src=x onerror=alert(1)>$$x$$"

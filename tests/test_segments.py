@@ -1,4 +1,4 @@
-"""The seekable segment/block layout (snapshot.segments): replayed layouts checked against
+"""The seekable segment/block layout (snapshot.model.segments): replayed layouts checked against
 snapshots' own segments, recorded on an H200 (tests/fixtures/snapshots) and simulated."""
 
 from __future__ import annotations
@@ -15,14 +15,9 @@ import pytest
 from allocator_sim import AllocatorSim, frame
 
 from gpumem_widget.snapshot import Snapshot, open_snapshot
-from gpumem_widget.snapshot import segments as seg
-from gpumem_widget.snapshot.segment_views import reserved_over_time_view, segment_map
-from gpumem_widget.snapshot.segments import (
-    Layout,
-    Rules,
-    SegmentTimeline,
-    timeline,
-)
+from gpumem_widget.snapshot.model import segments as seg
+from gpumem_widget.snapshot.model.segments import Layout, Rules, SegmentTimeline, timeline
+from gpumem_widget.snapshot.views.segment_views import reserved_over_time_view, segment_map
 from gpumem_widget.wire.protocol import unpack_table
 
 HERE = Path(__file__).parent / "fixtures" / "snapshots"

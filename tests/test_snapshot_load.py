@@ -328,8 +328,9 @@ def test_arbitrary_entries_replay_without_crashing(
 def _totals_preview(raw: dict[str, Any]) -> tuple[Any, Any]:
     """The preview drawn from what `read_snapshot` hands `early` (the snapshot before its
     stacks are read), and the snapshot it then returns."""
-    from gpumem_widget.snapshot.drilldown import WIDTH, preview
-    from gpumem_widget.snapshot.replay import Snapshot
+    from gpumem_widget.snapshot.model.replay import Snapshot
+    from gpumem_widget.snapshot.views.first import preview
+    from gpumem_widget.snapshot.views.panel import WIDTH
 
     seen: list[dict[str, Any]] = []
     data = read_snapshot(raw, early=lambda lite: seen.append(preview(Snapshot(lite), "x")))
@@ -343,7 +344,7 @@ def _totals_preview(raw: dict[str, Any]) -> tuple[Any, Any]:
 def _same_totals(view: dict[str, Any], snap: Any) -> None:
     """The preview's figures are the full active view's: every base column, the peak, the OOMs
     (with their tags), the warnings; its one series is the sum of the full view's series."""
-    from gpumem_widget.snapshot.drilldown import TOP_SITES, WIDTH
+    from gpumem_widget.snapshot.views.panel import TOP_SITES, WIDTH
     from gpumem_widget.wire.protocol import unpack_table
 
     for d in view["devices"]:
@@ -416,7 +417,7 @@ def test_the_previews_replay_with_stacks_filled_in_is_the_full_replay(
 ) -> None:
     """The conversion child replays the preview's snapshot (stacks, tags and streams not read
     yet) and fills those in rather than replaying the full one again: the same replay."""
-    from gpumem_widget.snapshot.replay import Snapshot, replay_device, with_stacks
+    from gpumem_widget.snapshot.model.replay import Snapshot, replay_device, with_stacks
 
     early: list[Any] = []
     raw = {"segments": SNAP["segments"], "device_traces": [entries]}
@@ -459,7 +460,7 @@ def test_stacks_are_the_entries_frames_however_they_are_shared(
     lists, or hold equal copies; each entry's stack is its frames' content. `collide`: the
     grouping by hash is made to report a collision, so the exact fallback runs; rows are
     hashed `rows_at_a_time`; `from_file`: read from a pickle file, by the C reader."""
-    from gpumem_widget.snapshot import load
+    from gpumem_widget.snapshot.io import convert as load
 
     shared = [POOL[:2]] * 3  # one list object in several entries
     lists = [[POOL[k] for k in s] if s and isinstance(s[0], int) else s for s in stacks]

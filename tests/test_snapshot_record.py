@@ -18,7 +18,7 @@ from gpumem_widget.snapshot import (
     stop_recording,
     take_snapshot,
 )
-from gpumem_widget.snapshot.record import DEFAULT_MAX_ENTRIES, recording_state
+from gpumem_widget.snapshot.io.record import DEFAULT_MAX_ENTRIES, recording_state
 
 torch = pytest.importorskip("torch")
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA errors")

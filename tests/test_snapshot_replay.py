@@ -257,7 +257,7 @@ def test_end_time_prefers_the_recorders_clock() -> None:
 def test_address_order_is_the_stable_argsort(addrs: list[int], align: int) -> None:
     # The fast path (addresses and positions as one int64) and the fallback (wide spans) must
     # both give the stable order: repeated addresses in trace order.
-    from gpumem_widget.snapshot.replay import _address_order
+    from gpumem_widget.snapshot.model.replay import _address_order
 
     a = np.array([x >> align << align for x in addrs], np.int64)
     assert _address_order(a).tolist() == np.argsort(a, kind="stable").tolist()
@@ -268,7 +268,7 @@ def test_address_order_is_the_stable_argsort(addrs: list[int], align: int) -> No
     st.lists(st.integers(-60, 60), max_size=20),
 )
 def test_found_in_sorted_is_isin(haystack: list[int], needles: list[int]) -> None:
-    from gpumem_widget.snapshot.replay import _found_in_sorted
+    from gpumem_widget.snapshot.model.replay import _found_in_sorted
 
     h, n = np.array(haystack, np.int64), np.array(needles, np.int64)
     assert _found_in_sorted(h, n).tolist() == np.isin(n, h).tolist()

@@ -1,5 +1,5 @@
-"""The C reader of trace entries (`snapshot/rows.py`, `_rows.c`) reads every pickle exactly as
-the unpickler's path does, or declines it; bad bytes never crash it."""
+"""The C reader of trace entries (`snapshot/io/c_reader.py`, `_rows.c`) reads every pickle
+exactly as the unpickler's path does, or declines it; bad bytes never crash it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_snapshot_load import SNAP
 
-from gpumem_widget.snapshot import SnapshotLoadError, load, read_snapshot, rows
-from gpumem_widget.snapshot.model import SnapshotData
+from gpumem_widget.snapshot import SnapshotLoadError, read_snapshot
+from gpumem_widget.snapshot.io import c_reader as rows
+from gpumem_widget.snapshot.io import load
+from gpumem_widget.snapshot.model.data import SnapshotData
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 

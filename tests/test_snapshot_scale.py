@@ -24,7 +24,9 @@ import numpy as np
 import pytest
 from allocator_sim import AllocatorSim, frame
 
-from gpumem_widget.snapshot import SnapshotLoadError, isolate, open_snapshot, resident
+from gpumem_widget.snapshot import CHILD_VIEWS, SnapshotLoadError, open_snapshot
+from gpumem_widget.snapshot.io import isolate
+from gpumem_widget.snapshot.model import resident
 
 MB = 1 << 20
 LIMIT = 64 * MB  # the byte limit the bombs are opened with
@@ -280,7 +282,7 @@ def test_a_waiting_child_converts_the_next_file_and_another_takes_its_place(
     good = tmp_path / "good.pickle"
     good.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
     expected = open_snapshot(good, cache=False)  # no child waiting: one is started for it
-    isolate.warm()
+    isolate.warm(CHILD_VIEWS)
     try:
         spare = isolate._spare._child
         assert spare is not None
@@ -309,7 +311,7 @@ def test_a_forked_process_leaves_its_parents_waiting_child_alone(tmp_path: Path)
     # Popen and its stdin: writing a job there would hand the parent's child a second job.
     good = tmp_path / "good.pickle"
     good.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
-    isolate.warm()
+    isolate.warm(CHILD_VIEWS)
     try:
         spare = isolate._spare._child
         assert spare is not None
@@ -438,7 +440,7 @@ def test_the_kernel_survives_every_bomb_keeps_its_variables_and_shows_progress(
         )
         # Left: only the conversion child the session readies, waiting for its next file.
         children = (
-            "import os; from gpumem_widget.snapshot import isolate; me = str(os.getpid()); "
+            "import os; from gpumem_widget.snapshot.io import isolate; me = str(os.getpid()); "
             "kids = [int(p) for p in os.listdir('/proc') "
             "if p.isdigit() and open(f'/proc/{p}/stat').read().split()[3] == me]; "
             "spare = isolate._spare._child; print(kids == [spare.pid] if spare else kids)"
@@ -454,7 +456,7 @@ def test_a_file_is_previewed_while_converted_and_its_first_view_kept(tmp_path: P
     """The child sends a preview (active memory as one series) before it reads the stacks; the
     first view it computes is kept with the columns and handed over before they are checked on
     a reopen: exactly what the kernel computes from the mapped columns."""
-    from gpumem_widget.snapshot.drilldown import overview
+    from gpumem_widget.snapshot.views.panel import overview
     from gpumem_widget.wire.protocol import unpack_table
 
     path = tmp_path / "s.pickle"
@@ -515,8 +517,9 @@ def vars_of(obj: Any) -> list[np.ndarray[Any, Any]]:
 def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     """After the columns, the child replays the allocator to the first device's peak and keeps
     that segment map (the slowest view) with them: the same map the kernel computes."""
-    from gpumem_widget.snapshot import columnar, drilldown
-    from gpumem_widget.snapshot.segment_views import segment_map
+    from gpumem_widget.drilldown import controller as drilldown
+    from gpumem_widget.snapshot.io import columnar
+    from gpumem_widget.snapshot.views.segment_views import segment_map
 
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
@@ -541,19 +544,20 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
 ) -> None:
     """The child's preview is optional: where computing it fails, nothing is sent and the
     conversion goes on (the kernel's own views then say what is wrong)."""
-    from gpumem_widget.snapshot import drilldown, load
+    from gpumem_widget.snapshot.io import child, load
+    from gpumem_widget.snapshot.views import first
 
     data = load.read_snapshot(small_snapshot())
     replayed: dict[int, Any] = {}
-    isolate._send_preview(data, replayed)
+    child._send_preview(first, data, replayed)
     assert json.loads(capsys.readouterr().out)["preview"]
     assert list(replayed) == [0]  # kept for the conversion, which fills in the stacks
 
     def broken(*args: Any) -> dict[str, Any]:
         raise RuntimeError("view lost")
 
-    monkeypatch.setattr(drilldown, "preview", broken)
+    monkeypatch.setattr(first, "preview", broken)
     replayed.clear()
-    isolate._send_preview(data, replayed)
+    child._send_preview(first, data, replayed)
     assert capsys.readouterr().out == ""
     assert replayed == {}  # nothing sent, nothing kept: the conversion replays it itself

@@ -20,10 +20,10 @@ from gpumem_widget.snapshot import (
     categories,
     open_snapshot,
 )
-from gpumem_widget.snapshot.attribution import site_of
-from gpumem_widget.snapshot.compare import compare_snapshots
-from gpumem_widget.snapshot.model import Frame
-from gpumem_widget.snapshot.search import search
+from gpumem_widget.snapshot.model.data import Frame
+from gpumem_widget.snapshot.views.attribution import site_of
+from gpumem_widget.snapshot.views.compare import compare_snapshots
+from gpumem_widget.snapshot.views.search import search
 from gpumem_widget.wire.protocol import unpack_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"

@@ -26,8 +26,8 @@ from gpumem_widget.snapshot import (
     known_pointers,
     open_snapshot,
 )
-from gpumem_widget.snapshot.attribution import Kind, folded_path, kind_of, phase_of, site_of
-from gpumem_widget.snapshot.model import Frame
+from gpumem_widget.snapshot.model.data import Frame
+from gpumem_widget.snapshot.views.attribution import Kind, folded_path, kind_of, phase_of, site_of
 from gpumem_widget.wire.protocol import unpack_table
 
 
@@ -398,8 +398,8 @@ def _brute_group_peaks(  # noqa: PLR0917
 def test_group_peaks_in_passes_match_entry_by_entry(seed: int) -> None:
     """Peaks computed in passes of a few entries (as a 12M-entry trace is, to bound memory) are
     exactly those of one pass and of a replay entry by entry, ties at their first entry."""
-    from gpumem_widget.snapshot.aggregate import group_peaks
-    from gpumem_widget.snapshot.replay import Intervals
+    from gpumem_widget.snapshot.model.replay import Intervals
+    from gpumem_widget.snapshot.views.grid import group_peaks
 
     rng = np.random.default_rng(seed)
     n, k = 60, 40
@@ -432,15 +432,15 @@ def test_cell_slices_match_a_pass_per_cell() -> None:
     """Every cell's figures (computed from sorted intervals and one sweep, so hundreds of cells
     stay fast) equal those of masks over all allocations, cell by cell: for the tags' windows and
     for ledger windows that overlap, are empty or lie outside the trace."""
-    from gpumem_widget.snapshot.aggregate import Site, _sites
-    from gpumem_widget.snapshot.tags import cell_of_tag
+    from gpumem_widget.snapshot.model.tags import cell_of_tag
+    from gpumem_widget.snapshot.views.grid import Site, sites_of
 
     snap = open_snapshot(big_snapshot(40_000, seed=3))
     d = snap.devices[0]
     rep = snap.replay(d)
     iv, n = rep.intervals, rep.n_events
     t = rep.time_us / 1e6
-    sites = _sites(snap, iv, "user")
+    sites = sites_of(snap, iv, "user")
     cell_ids = np.array([cell_of_tag(snap.string(int(g))) or -1 for g in iv.tag])
 
     def top(mask: np.ndarray) -> list[Any]:

@@ -27,7 +27,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from test_snapshot_rows import assert_same
 
-from gpumem_widget.snapshot import read_snapshot, rows
+from gpumem_widget.snapshot import read_snapshot
+from gpumem_widget.snapshot.io import c_reader
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "snapshots" / "toy_linear.pickle.gz"
@@ -170,15 +171,16 @@ def _bare_env(python: Path) -> dict[str, str]:
 CHECK = f"""
 import gzip, importlib.util, json, shutil
 import gpumem_widget
-from gpumem_widget.snapshot import rows
+from gpumem_widget.snapshot.io import c_reader
 try:
     gpumem_widget.ledger().to_pandas()
     to_pandas = "ran"
 except ImportError as e:
     to_pandas = str(e)
+snapshot = gzip.decompress(open({str(FIXTURE)!r}, "rb").read())
 print("CHECK " + json.dumps({{
     "package": gpumem_widget.__file__,
-    "c_reader_read": rows.read(gzip.decompress(open({str(FIXTURE)!r}, "rb").read())) is not None,
+    "c_reader_read": c_reader.read(snapshot) is not None,
     "tools": [t for t in ("cc", "gcc", "clang", "node", "npm") if shutil.which(t)],
     "pandas": importlib.util.find_spec("pandas") is not None,
     "to_pandas": to_pandas,
@@ -259,10 +261,10 @@ def test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2(
     reader: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Python 3.14 pickles with protocol 5 by default (PyTorch's own viewer cannot read it)."""
-    if reader == "c" and not rows.available():
-        pytest.skip(f"the C reader is not built here: {rows.why_not}")
+    if reader == "c" and not c_reader.available():
+        pytest.skip(f"the C reader is not built here: {c_reader.why_not}")
     if reader == "unpickler":
-        monkeypatch.setattr(rows, "_reader", None)
+        monkeypatch.setattr(c_reader, "_reader", None)
     data = pickle.loads(gzip.decompress(FIXTURE.read_bytes()))
     files = {}
     for protocol in (2, 5):
@@ -270,7 +272,7 @@ def test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2(
         files[protocol].write_bytes(pickle.dumps(data, protocol=protocol))
     assert files[5].read_bytes()[:2] == b"\x80\x05"  # PROTO 5
     if reader == "c":
-        assert rows.read(files[5].read_bytes()) is not None  # not handed to the unpickler
+        assert c_reader.read(files[5].read_bytes()) is not None  # not handed to the unpickler
     assert_same(read_snapshot(files[5]), read_snapshot(files[2]))
 
 

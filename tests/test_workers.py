@@ -694,7 +694,7 @@ def test_unloading_stops_listening_and_withdraws_the_environment() -> None:
 
 
 def test_a_rows_worker_figures_survive_the_on_disk_history() -> None:
-    from gpumem_widget.live.history import record_from, record_json
+    from gpumem_widget.live.history.records import record_from, record_json
     from gpumem_widget.live.workers import WorkerCellUsage
 
     row = WorkerCellUsage(
@@ -780,9 +780,9 @@ def test_the_workers_tab_opens_a_ranks_reported_snapshot_and_nothing_else(ip: An
         {"type": "worker_snapshot", "key": WHO.key, "path": "/etc/passwd"},
         {"type": "cells_page", "before": 3, "limit": 1},
     ):
-        session._on_worker_message(widget, bad, [])
+        widget._handle_custom_msg(bad, [])
         assert widget.drilldown == {}
-    session._on_worker_message(widget, {"type": "worker_snapshot", "key": WHO.key, "index": 0}, [])
+    widget._handle_custom_msg({"type": "worker_snapshot", "key": WHO.key, "index": 0}, [])
     assert widget.drilldown["source"] == "rank 1 on node-a (pid 4242): oom.pickle.gz"
     assert widget.drilldown["devices"]
 
@@ -813,9 +813,9 @@ def test_the_workers_tab_compares_two_ranks_snapshots_and_nothing_else(ip: Any) 
         {"type": "worker_compare", "a": good_a},
         {"type": "worker_compare", "a": "/etc/passwd", "b": good_b},
     ):
-        session._on_worker_message(widget, bad, [])
+        widget._handle_custom_msg(bad, [])
         assert widget.drilldown_compare == {}
-    session._on_worker_message(widget, {"type": "worker_compare", "a": good_a, "b": good_b}, [])
+    widget._handle_custom_msg({"type": "worker_compare", "a": good_a, "b": good_b}, [])
     view = widget.drilldown_compare
     assert view["labels"] == [
         "rank 0 on node-a (pid 4241): two_snapshots_first.pickle.gz",

@@ -12,10 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from typing import Final, Literal, Protocol
 
-if TYPE_CHECKING:  # variables imports torch, which a leak check must never load
-    from gpumem_widget.holders.variables import HoldersReport
+from gpumem_widget.holders.report import HoldersReport  # no torch: a leak check never loads it
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
 

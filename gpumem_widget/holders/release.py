@@ -22,13 +22,8 @@ from typing import Any
 
 import torch
 
-from gpumem_widget.holders.variables import (
-    OUTPUT_UNDERSCORES,
-    DeviceFilter,
-    bytes_held,
-    has_type,
-    holders_for_shell,
-)
+from gpumem_widget.holders.variables import OUTPUT_UNDERSCORES, bytes_held, holders_for_shell
+from gpumem_widget.holders.walk import DeviceFilter, has_type
 from gpumem_widget.units import format_bytes
 
 _CO_OPTIMIZED = 0x0001  # a function frame: its fast locals are what a traceback keeps alive

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpumem_widget.live.rows import Rows
+from gpumem_widget.live.record_rows import Rows
 from gpumem_widget.live.workers import WorkerCellUsage
 from gpumem_widget.wire import payloads, protocol
 from gpumem_widget.wire.record_json import Records, record_text

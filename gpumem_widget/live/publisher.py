@@ -9,7 +9,7 @@ window (`Ledger.window`): the browser asks for older records by page (`LedgerPag
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from gpumem_widget.live.ledger import Ledger
@@ -120,33 +120,27 @@ class LedgerPages:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
-    def __call__(self, widget: Any, content: Any, buffers: Sequence[Any]) -> None:
-        if not isinstance(content, Mapping) or content.get("type") != "cells_page":
+    def __call__(self, widget: Any, msg: payloads.BrowserMessage) -> None:
+        if msg["type"] != "cells_page":
             return
         try:
-            reply = self.answer(content)
+            reply = self.answer(msg)
         except Exception as e:  # a bad request costs its own reply, never the kernel
             log.warning("gpumem_widget ledger page: %s", e, exc_info=True)
             reply = {"type": "cells_page", "error": f"{type(e).__name__}: {e}"}
         widget.send(reply)
 
-    def answer(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def answer(self, request: payloads.CellsPageRequest) -> dict[str, Any]:
+        """The page a request asks for (checked by `wire.messages`: its fields are typed)."""
         limit = request.get("limit", 100)
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            raise ValueError(f"limit must be an integer, got {limit!r}")
         count = request.get("execution_count")
         if count is not None:
-            if not isinstance(count, int) or isinstance(count, bool):
-                raise ValueError(f"execution_count must be an integer, got {count!r}")
             index = self.ledger.find(count)
             if index is None:
                 raise ValueError(f"no cell [{count}] in the ledger")
             before = index + 1
         else:
-            asked = request.get("before")
-            if not isinstance(asked, int) or isinstance(asked, bool):
-                raise ValueError(f"before must be a record index, got {asked!r}")
-            before = asked
+            before = request["before"]
         first, records = self.ledger.page(before, limit)
         return {
             "type": "cells_page",

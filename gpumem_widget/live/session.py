@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import IPython
 
+from gpumem_widget.drilldown.controller import Drilldown
 from gpumem_widget.live import notes
-from gpumem_widget.live.history import History, start_history
+from gpumem_widget.live.history.writer import History, start_history
 from gpumem_widget.live.interrupts import InterruptGuard, RaiseInterrupt
 from gpumem_widget.live.ledger import CellRecord, Ledger, LedgerRecords
 from gpumem_widget.live.publisher import LedgerPages, Publisher
@@ -26,7 +27,7 @@ from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
 from gpumem_widget.live.tracker import CellTracker, PeakMode
 from gpumem_widget.live.workers import WorkerHubLike
-from gpumem_widget.snapshot.drilldown import CellWindow, Drilldown
+from gpumem_widget.snapshot.views.panel import CellWindow
 from gpumem_widget.wire import payloads, protocol
 from gpumem_widget.wire.widget import GpuMemWidget
 
@@ -159,17 +160,17 @@ class Session:
                     widget.devices = self.devices()
                     widget.timeline_base = empty
                     widget.timeline_tail = empty
-        widget.on_msg(self.pages)
-        widget.on_msg(self._on_worker_message)
+        widget.messages.on(self.pages, "cells_page")
+        widget.messages.on(self._on_worker_message, "worker_snapshot", "worker_compare")
         return widget
 
-    def _on_worker_message(self, widget: Any, content: Any, buffers: Any) -> None:
+    def _on_worker_message(self, widget: Any, msg: payloads.BrowserMessage) -> None:
         """The Workers tab asks to open a snapshot a worker reported (by its index: a path
         from the browser is never opened)."""
         if self.workers is None:
             return
         try:
-            self.workers.on_browser_message(content, self.drilldown.show, self.drilldown.compare)
+            self.workers.on_browser_message(msg, self.drilldown.show, self.drilldown.compare)
         except Exception as e:  # a bad file: said in the header, the tab stays as it was
             self.report_error(f"worker snapshot: {type(e).__name__}: {e}")
 

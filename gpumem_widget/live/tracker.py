@@ -22,7 +22,7 @@ from gpumem_widget.live.readers import AllocatorStats, Readers
 from gpumem_widget.live.readers.torch_cuda import ZERO_STATS
 from gpumem_widget.live.sampler import Sampler, read_row
 from gpumem_widget.oom import is_cuda_oom
-from gpumem_widget.snapshot.tags import cell_tag
+from gpumem_widget.snapshot.model.tags import cell_tag
 from gpumem_widget.wire import protocol
 
 PeakMode = Literal["exact", "passive"]

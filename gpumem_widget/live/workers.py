@@ -7,7 +7,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from gpumem_widget.wire.messages import BrowserMessage
+    from gpumem_widget.wire.workers import WorkersTrait
 
 WorkerState = Literal["live", "exited", "gone"]
 
@@ -70,13 +74,13 @@ class WorkerHubLike(Protocol):
         """Whether the browser's copy of the workers is stale."""
         ...
 
-    def wire(self) -> dict[str, Any]: ...
+    def wire(self) -> WorkersTrait: ...
 
     def stop(self) -> None: ...
 
     def on_browser_message(
         self,
-        content: Any,
+        msg: BrowserMessage,
         show: Callable[[str, str], object],
         compare: Callable[[str, str, tuple[str, str]], object],
     ) -> None:

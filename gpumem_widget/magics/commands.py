@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 
 from gpumem_widget.live.session import Session
 from gpumem_widget.magics.core import Command
-from gpumem_widget.snapshot.drilldown import CellWindow
+from gpumem_widget.snapshot.views.panel import CellWindow
 
 
 def _configure_estimate(p: argparse.ArgumentParser) -> None:
@@ -364,8 +364,8 @@ def _fragmentation(session: Session, args: argparse.Namespace, cell: str | None)
 
     import torch
 
-    from gpumem_widget.snapshot.advice import advise, settings_from_conf
-    from gpumem_widget.snapshot.fragmentation import from_memory_stats
+    from gpumem_widget.snapshot.views.advice import advise, settings_from_conf
+    from gpumem_widget.snapshot.views.fragmentation import from_memory_stats
 
     if not torch.cuda.is_available():
         print(

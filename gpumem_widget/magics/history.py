@@ -1,5 +1,5 @@
 """`%gpumem history`: this notebook's past kernel sessions from the on-disk ledger, one session's
-cells, clearing, and the settings of this kernel's history (see `live/history.py`)."""
+cells, clearing, and the settings of this kernel's history (see `live/history/`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,10 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from gpumem_widget.live.history import (
-    ENV_PATH,
-    PastSession,
-    PastSessions,
-    Store,
-    open_store,
-    start_history,
-)
+from gpumem_widget.live.history.past_sessions import PastSession, PastSessions
+from gpumem_widget.live.history.settings import ENV_PATH
+from gpumem_widget.live.history.store import Store, open_store
+from gpumem_widget.live.history.writer import start_history
 from gpumem_widget.live.ledger import CellRecord, LedgerRecords
 from gpumem_widget.live.session import Session
 from gpumem_widget.magics.core import Command
@@ -152,7 +148,7 @@ def _run(session: Session, store: Store, args: argparse.Namespace) -> Any:
         if args.widget:
             from IPython.display import display
 
-            from gpumem_widget.live.history_view import past_session_widget
+            from gpumem_widget.live.history.view import past_session_widget
 
             display(past_session_widget(past, records, h.settings))
         return None

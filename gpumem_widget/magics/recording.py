@@ -1,11 +1,11 @@
 """The arguments of the recording subcommands (`%gpumem record`, `snapshot`, `%%gpumem`),
-each saying what it costs; `snapshot.record` does the recording."""
+each saying what it costs; `snapshot.io.record` does the recording."""
 
 from __future__ import annotations
 
 import argparse
 
-from gpumem_widget.snapshot.record import DEFAULT_MAX_ENTRIES
+from gpumem_widget.snapshot.io.record import DEFAULT_MAX_ENTRIES
 
 
 def _positive_int(text: str) -> int:

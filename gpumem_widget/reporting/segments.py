@@ -1,7 +1,7 @@
 """Bokeh figures of the allocator's segments, for the standalone report (offline, no CDN):
 the segment map with fragmentation figures and advice, and reserved beside active over time.
 
-Both take the domain objects the widget's views are made from (`snapshot.segment_views`'s
+Both take the domain objects the widget's views are made from (`snapshot.views.segment_views`'s
 `segment_map` and `reserved_over_time`), so the report draws exactly what the widget draws.
 Text goes into Divs escaped and with TeX off, so file paths and tags print as written.
 """
@@ -18,8 +18,8 @@ from bokeh.models.widgets.markups import Div
 from bokeh.plotting import figure
 
 from gpumem_widget.reporting.style import binary_ticker, bytes_ticks
-from gpumem_widget.snapshot.fragmentation import Figure
-from gpumem_widget.snapshot.segment_views import (
+from gpumem_widget.snapshot.views.fragmentation import Figure
+from gpumem_widget.snapshot.views.segment_views import (
     BlockRun,
     ReservedOverTime,
     SegmentMap,

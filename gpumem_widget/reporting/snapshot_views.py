@@ -30,17 +30,13 @@ from gpumem_widget.reporting.style import (
 )
 from gpumem_widget.reporting.summary import DeviceSummary
 from gpumem_widget.snapshot import Snapshot, alive_memory, category_memory, cell_usage
-from gpumem_widget.snapshot.aggregate import (
-    F64,
-    ActiveMemory,
-    AliveMemory,
-    Allocation,
-    CallTree,
-    CategoryMemory,
-    CellSlice,
-    DeviceFacts,
-)
-from gpumem_widget.snapshot.segment_views import reserved_over_time, segment_map
+from gpumem_widget.snapshot.views.active import ActiveMemory
+from gpumem_widget.snapshot.views.alive import AliveMemory, Allocation, CallTree
+from gpumem_widget.snapshot.views.categories import CategoryMemory
+from gpumem_widget.snapshot.views.cells import CellSlice
+from gpumem_widget.snapshot.views.facts import DeviceFacts
+from gpumem_widget.snapshot.views.grid import F64
+from gpumem_widget.snapshot.views.segment_views import reserved_over_time, segment_map
 from gpumem_widget.units import format_bytes
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,9 @@ MAX_VISIBLE_ROWS = 20
 
 
 # Tick positions on a bytes axis at round steps of one binary unit (0, 50, 100 MiB...; 0, 1,
-# 2 GiB), as the widget's axis (`byteTicks` in js/src/format.ts); Bokeh's own ticker picks decimal
-# ones, which read 47.68 MiB, 95.37 MiB... once formatted. At most six over the visible range.
+# 2 GiB), as the widget's axis (`byteTicks` in js/src/common/format.ts); Bokeh's own ticker
+# picks decimal ones, which read 47.68 MiB, 95.37 MiB... once formatted. At most six over the
+# visible range.
 BINARY_TICKS_JS = """
 const lo = Math.min(cb_data.start, cb_data.end), hi = Math.max(cb_data.start, cb_data.end);
 const span = Math.max(hi - lo, 1);

@@ -10,7 +10,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from gpumem_widget.snapshot import Snapshot, active_memory
-from gpumem_widget.snapshot.aggregate import ActiveMemory
+from gpumem_widget.snapshot.views.active import ActiveMemory
 from gpumem_widget.units import format_bytes
 
 DEFAULT_WIDTH = 1200

@@ -1,89 +1,50 @@
-"""The contract between the kernel and the browser: trait names and the packed-table format.
+"""The contract between the kernel and the browser: every synced trait, the live chart's columns.
 
 Everything the browser draws arrives through the widget's synced traits (so a saved notebook
 reopens showing the last state) and is computed in the kernel; the browser only decodes and draws.
-`js/src/protocol.ts` mirrors this module; change both together.
+`TRAITS` below is the one description of the traits (name, payload type, who writes it, what it
+means), and `messages.MESSAGES` that of the custom messages; `scripts/make_wire_docs.py` writes
+both into docs/ARCHITECTURE.md, and tests/test_wire_contract.py checks that the doc, the widget
+(`widget.GpuMemWidget`) and `js/src/wire/` name the same ones. This module also holds the shapes
+of the JSON traits outside the Snapshot tab (`devices`, `status`, the ledger's); the others are in
+the modules named in `TRAITS`, and packed tables in `table.py`. `js/src/wire/protocol.ts` mirrors
+this module; change both together.
 
-Traits (all written by the kernel; the browser never writes them):
-
-``devices``  list of ``{"index", "name", "uuid", "total", "nvml"}``: one per visible CUDA device
-             (``total`` in bytes; ``nvml`` is false when NVML could not be matched to it).
-``status``   ``{"mode": "cuda"|"host", "sampler": "running"|"paused"|"stopped",
-             "busy_interval", "idle_interval" (seconds), "peak_mode": "exact"|"passive",
-             "readers": {name: {"ok": bool, "reason": str|None}}, "error": str|None,
-             "running_cell": int|None, "running_started": unix seconds|None,
-             "session_peak": [{"device", "allocated", "reserved"}],
-             "processes": {"<device>": [{"pid", "used", "self", "name"}]}}`` (``processes``: every
-             process NVML lists per device, largest first; ``self`` marks this kernel;
-             ``"hints"``: sentences worth the user's attention, e.g. a stray CUDA context)
-``cells`` + ``cells_tail``  the newest ledger records (a window, not the whole ledger), oldest
-             first: ``cells`` holds whole blocks of ``ledger.WIRE_BLOCK`` records (at most
-             ``ledger.WINDOW_RECORDS``, ``ledger.WINDOW_BYTES`` of JSON) and changes once a
-             block, ``cells_tail`` the newest few (see ``ledger.CellRecord.to_wire``); the browser
-             shows both, in order. Each has ``notes``: what features add (``notes.py``).
-``ledger_extent``  ``{"total", "first", "bands_first", "epoch"}``: the kernel's ledger holds
-             ``total`` records; ``cells[0]`` is record ``first`` (the ``first`` older ones are
-             not in the widget state: the browser asks for pages, below); ``cell_bands`` starts
-             at record ``bands_first``; ``epoch`` bumps when the ledger is cleared.
-``cell_bands``  packed table (below) with one row per record from ``bands_first`` on, in whole
-             blocks of ``ledger.BAND_BLOCK`` (at most ``ledger.MAX_BANDS``): ``t`` (the cell's
-             start), ``duration`` (s), ``execution_count``, ``outcome`` (0 ok, 1 error, 2 out of
-             memory, 3 interrupted). The chart's bands; records after the table's last row come
-             from ``cells``/``cells_tail``.
-Custom messages (browser → kernel, answered once no cell runs): ``{"type": "cells_page",
-             "before": index, "limit": n}`` or ``{"type": "cells_page", "execution_count": n}``;
-             the kernel answers ``{"type": "cells_page", "epoch", "first", "records"}`` or
-             ``{"type": "cells_page", "error"}`` (`publisher.LedgerPages`).
-``timeline_base`` / ``timeline_tail``  packed tables (below) with the same columns. The base holds
-             older, possibly decimated samples and changes rarely; the tail holds the samples since
-             and changes up to ``MAX_PUBLISH_HZ`` times a second. The chart is base + tail.
-``drilldown``  the current snapshot's overview (``drilldown.py``): ``{}`` when none; ``{"pending":
-             label}`` when one waits to be computed (the browser then sends ``{"type": "load"}``);
-             else ``{"source", "taken_at", "cells_by": "tag"|"time"|"none", "compute_s",
-             "devices": [{"device", "active", "categories", "reserved", "cells", "bands"}]}``
-             where ``active``, ``categories`` and ``cells`` are `snapshot.aggregate`'s
-             `active_memory_view` and `categories` in event order (each column's ``event`` is
-             its peak entry) and `cell_slices` (tables packed, every column float64);
-             ``reserved`` is `reserved_over_time_view`'s figures without its table; ``bands``
-             each cell's span on the event axis. ``"partial": true``: only ``active`` so far (the
-             rest follows); ``"preview": true`` too while a file is still being converted: its
-             ``active`` is `active_total_view` (one series, all allocations; sites follow).
-``drilldown_alive``  `snapshot.aggregate.alive_at` for one device and instant (the peak at
-             first; the browser sends ``{"type": "alive_at", "t", "device", "id"}``), with
-             ``segments`` (the segment map) where that view exists; ``{"error": str}`` when a
-             request failed. ``{"type": "alive_at", "event", "device"}`` asks about one trace
-             entry: a column's peak instant, or a step from the entry shown.
-``drilldown_view``  a zoomed range or another x axis, re-aggregated at screen resolution
-             (`snapshot.drilldown.range_view`), answering ``{"type": "view", "device", "axis":
-             "event"|"time", "t0", "t1", "width", "id"}``.
-``drilldown_search``  `snapshot.search.search`'s answer to ``{"type": "search", "device",
-             "query", "axis", "t0", "t1"}`` (frame text or an address).
-``drilldown_compare``  `snapshot.compare.compare_snapshots` of two snapshots
-             (`gpumem_widget.compare_snapshots`); ``{}`` when none.
-
-Packed table: ``{"n": rows, "columns": [name, ...], "dtypes": ["f8"|"f4", ...],
-"buffers": [bytes, ...]}`` with one little-endian buffer per column (ipywidgets sends each as a
-binary frame, so no per-sample JSON). Column ``t`` is float64 unix seconds; value columns are
-float32 bytes (NaN where a reader had nothing), named ``"cuda:{i}/{field}"`` for ``DEVICE_FIELDS``
-and ``"host/rss"``.
+Bump `PROTOCOL_VERSION` when a change breaks a reader of the previous shapes (a key renamed or
+removed, a meaning changed); adding a key does not need it. The browser names a mismatch in its
+header (`status.protocol`).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypedDict
 
-from gpumem_widget.wire.payloads import PackedTable
+from gpumem_widget.wire.cell_usage import DeviceCellUsage
+from gpumem_widget.wire.table import (
+    TIME_COLUMN,
+    Dtype,
+    PackedTable,
+    empty_table,
+    pack_columns,
+    pack_f8,
+    pack_table,
+    unpack_table,
+)
 
-if TYPE_CHECKING:
-    import numpy.typing as npt
+# The packed-table names live in `table.py`; the live chart's builders reach them here too.
+__all__ = [
+    "TIME_COLUMN",
+    "Dtype",
+    "empty_table",
+    "pack_columns",
+    "pack_f8",
+    "pack_table",
+    "unpack_table",
+]
 
-# numpy is imported where a table is packed, not here: the widget is made and shown with empty
-# tables before anything imports numpy (`extension.py`: `%load_ext` returns sooner).
-
+PROTOCOL_VERSION: Final = 1
 MAX_PUBLISH_HZ: Final = 4.0
-TIME_COLUMN: Final = "t"
 HOST_RSS_COLUMN: Final = "host/rss"
 # allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
 # (every other process NVML lists) and device_used (the whole device) from NVML.
@@ -97,7 +58,6 @@ DEVICE_FIELDS: Final = (
 )
 
 Table = PackedTable
-Dtype = Literal["f8", "f4"]
 BAND_COLUMNS: Final = (TIME_COLUMN, "duration", "execution_count", "outcome")
 
 
@@ -106,6 +66,8 @@ def device_column(device: int, field: str) -> str:
 
 
 def timeline_columns(num_devices: int) -> list[str]:
+    """The live chart's columns: ``t`` (float64 unix seconds), then float32 bytes (NaN where a
+    reader had nothing), ``"cuda:{i}/{field}"`` for each `DEVICE_FIELDS`, and ``"host/rss"``."""
     cols = [TIME_COLUMN]
     for d in range(num_devices):
         cols.extend(device_column(d, f) for f in DEVICE_FIELDS)
@@ -113,46 +75,219 @@ def timeline_columns(num_devices: int) -> list[str]:
     return cols
 
 
-def pack_columns(
-    columns: Sequence[str], data: Mapping[str, npt.ArrayLike], dtypes: Sequence[Dtype]
-) -> Table:
-    """The one packer: each column (equal lengths) as one little-endian buffer of its dtype."""
-    import numpy as np
-
-    if len(dtypes) != len(columns):
-        raise ValueError(f"{len(columns)} columns but {len(dtypes)} dtypes")
-    arrays = [np.asarray(data[name]) for name in columns]
-    n = len(arrays[0]) if arrays else 0
-    buffers: list[bytes] = []
-    for name, arr, dtype in zip(columns, arrays, dtypes, strict=True):
-        if len(arr) != n:
-            raise ValueError(f"column {name!r} has {len(arr)} rows, expected {n}")
-        buffers.append(np.ascontiguousarray(arr, dtype="<" + dtype).tobytes())
-    return {"n": n, "columns": list(columns), "dtypes": list(dtypes), "buffers": buffers}
+# -- the traits -----------------------------------------------------------------------------------
 
 
-def pack_table(columns: Sequence[str], data: Mapping[str, npt.NDArray[Any]]) -> Table:
-    """A timeline table: ``t`` float64 (unix seconds), the values float32 (bytes)."""
-    return pack_columns(columns, data, ["f8" if c == TIME_COLUMN else "f4" for c in columns])
+@dataclass(frozen=True)
+class Trait:
+    """One synced trait. Every one is written by the kernel alone; the browser never writes one
+    (so ``direction`` is always the same: it is named for the reader of the generated table)."""
+
+    name: str
+    payload: str  # its type, as `widget.GpuMemWidget` declares it (a test checks they agree)
+    writer: str  # who sets it
+    meaning: str
+    direction: str = "kernel → browser"
 
 
-def pack_f8(data: Mapping[str, npt.ArrayLike]) -> Table:
-    """A snapshot view's table: every column float64, so byte counts stay exact."""
-    return pack_columns(list(data), data, ["f8"] * len(data))
+_SESSION = "`live/session.py`"
+_PUBLISHER = "`live/publisher.py` `Publisher` (its thread, or the post-run hook)"
+_SNAPSHOT_TAB = "the Snapshot tab's controller (`Drilldown`)"
+
+TRAITS: Final = (
+    Trait(
+        "devices",
+        "list[DeviceInfo]",
+        f"{_SESSION}, then {_PUBLISHER}",
+        "One entry per visible CUDA device (`total` in bytes; `nvml` false when NVML could not "
+        "be matched to it). Appears once the notebook imports torch.",
+    ),
+    Trait(
+        "status",
+        "Status | StatusError",
+        f"{_PUBLISHER}; `extension.py` (`StatusError`, when the session could not start)",
+        "The kernel side's state: mode (cuda or host), the sampler and its intervals, the peak "
+        "mode, each reader's health, the running cell, session peaks, every process NVML lists "
+        "per device (largest first; `self` marks this kernel), hints worth the user's attention "
+        "(e.g. a stray CUDA context), the on-disk history, and `protocol` (`PROTOCOL_VERSION`).",
+    ),
+    Trait(
+        "cells",
+        "list[Cell]",
+        _PUBLISHER,
+        "The ledger's newest records, oldest first, in whole blocks of `ledger.WIRE_BLOCK` (at "
+        "most `ledger.WINDOW_RECORDS`, `ledger.WINDOW_BYTES` of JSON): changes once a block. Sent "
+        "as one JSON text (`record_json.py`). Each record's `notes` is what features add "
+        "(`notes.py`); older records come by the `cells_page` message.",
+    ),
+    Trait(
+        "cells_tail",
+        "list[Cell]",
+        _PUBLISHER,
+        "The newest few records after `cells` (the browser shows both, in order); one JSON text.",
+    ),
+    Trait(
+        "cell_bands",
+        "PackedTable",
+        _PUBLISHER,
+        "One row per record from `bands_first` on, in whole blocks of `ledger.BAND_BLOCK` (at "
+        "most `ledger.MAX_BANDS`): `t` (the cell's start), `duration` (s), `execution_count`, "
+        "`outcome` (0 ok, 1 error, 2 out of memory, 3 interrupted): the chart's bands.",
+    ),
+    Trait(
+        "ledger_extent",
+        "LedgerExtent",
+        _PUBLISHER,
+        "The kernel's ledger holds `total` records; `cells[0]` is record `first` (older ones "
+        "come by page); `cell_bands` starts at record `bands_first`; `epoch` bumps when the "
+        "ledger is cleared.",
+    ),
+    Trait(
+        "timeline_base",
+        "PackedTable",
+        _PUBLISHER,
+        "The live chart's older samples (`timeline_columns`), possibly decimated; changes "
+        "rarely. The chart is base + tail.",
+    ),
+    Trait(
+        "timeline_tail",
+        "PackedTable",
+        _PUBLISHER,
+        "The samples since the base, same columns; changes up to `MAX_PUBLISH_HZ` times a second.",
+    ),
+    Trait(
+        "drilldown",
+        "Drilldown",
+        _SNAPSHOT_TAB,
+        "The current snapshot's overview: `{}` when none; `{pending: label}` when one waits for "
+        "the browser's `load`; `{loading, stage, fraction}` while a file is converted; else each "
+        "device's active memory by site, categories, reserved memory, cell slices and cell "
+        "bands (`partial`: the first view only so far; `preview`: drawn while the file is still "
+        "converted).",
+    ),
+    Trait(
+        "drilldown_alive",
+        "DrilldownAlive",
+        _SNAPSHOT_TAB,
+        "What is alive on one device at one instant (the peak at first; then what `alive_at` "
+        "asks), with its segment map where that view exists; `{error}` when a request failed.",
+    ),
+    Trait(
+        "drilldown_view",
+        "RangeView | NoAnswer",
+        _SNAPSHOT_TAB,
+        "A zoomed range or another x axis, re-aggregated at screen resolution (answers `view`).",
+    ),
+    Trait(
+        "drilldown_search",
+        "SearchAnswer | SearchError | NoAnswer",
+        _SNAPSHOT_TAB,
+        "Allocations whose frames match a query, or an address (answers `search`).",
+    ),
+    Trait(
+        "drilldown_compare",
+        "CompareView | NoAnswer",
+        f"{_SNAPSHOT_TAB} (`compare_snapshots`, `worker_compare`)",
+        "Two snapshots compared; `{}` when none.",
+    ),
+    Trait(
+        "workers",
+        "WorkersTrait",
+        f"{_PUBLISHER}, from `workers/view.py`",
+        "Every worker process the notebook hears from: the listening address, message counts, "
+        "and per rank its state, memory now, OOM, reported snapshots and a screen-sized series "
+        "(`wire/workers.py`).",
+    ),
+)
+
+TRAIT_NAMES: Final = tuple(t.name for t in TRAITS)
 
 
-def unpack_table(table: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
-    """Inverse of `pack_table` (used by tests and reports)."""
-    import numpy as np
-
-    out: dict[str, npt.NDArray[Any]] = {}
-    for name, dtype, buf in zip(table["columns"], table["dtypes"], table["buffers"], strict=True):
-        arr = np.frombuffer(bytes(buf), dtype="<" + dtype)
-        out[name] = arr.astype(arr.dtype.newbyteorder("=")) if sys.byteorder != "little" else arr
-    return out
+# -- devices and status ---------------------------------------------------------------------------
 
 
-def empty_table(columns: Sequence[str]) -> Table:
-    """`pack_table` of no rows (without numpy: see the imports)."""
-    dtypes: list[Dtype] = ["f8" if c == TIME_COLUMN else "f4" for c in columns]
-    return {"n": 0, "columns": list(columns), "dtypes": dtypes, "buffers": [b""] * len(columns)}
+class DeviceInfo(TypedDict):
+    index: int
+    name: str
+    uuid: str | None
+    total: int | None  # bytes
+    nvml: bool  # False when NVML could not be matched to this device
+
+
+class ReaderState(TypedDict):
+    ok: bool
+    reason: str | None
+
+
+class ProcessUse(TypedDict):
+    pid: int
+    used: int | None  # bytes; None where NVML reports N/A
+    self: bool  # this kernel
+    name: str | None  # command line, short; None where it cannot be seen
+
+
+class SessionPeak(TypedDict):
+    device: int
+    allocated: int
+    reserved: int
+
+
+class HistoryState(TypedDict):
+    on: bool
+    path: str | None  # the notebook's history file
+    reason: str | None  # why it is off
+    message: str | None
+    session: str
+
+
+class Status(TypedDict):
+    protocol: int  # PROTOCOL_VERSION
+    mode: Literal["cuda", "host"]
+    sampler: str  # "running" | "paused" | "stopped"
+    busy_interval: float
+    idle_interval: float
+    peak_mode: str  # "exact" | "passive"
+    readers: dict[str, ReaderState]
+    error: str | None
+    history: HistoryState  # live/history/: the on-disk history of finished cells
+    running_cell: int | None
+    running_started: float | None  # unix seconds
+    processes: dict[str, list[ProcessUse]]  # by device index (as a string), largest first
+    hints: list[str]  # sentences worth the user's attention, e.g. a stray CUDA context
+    session_peak: list[SessionPeak]
+
+
+class StatusError(TypedDict):
+    """`status` when the session could not start (`extension.py`): the header says why."""
+
+    error: str
+
+
+# -- the ledger (`cells`, `cells_tail`: the newest records; `cell_bands`, `ledger_extent`) ---------
+
+
+class _CellFields(TypedDict):
+    execution_count: int
+    cell_id: str | None
+    source: str  # the first WIRE_SOURCE_CHARS characters
+    started: float  # unix seconds
+    duration: float
+    error: str | None  # exception type name
+    oom: bool
+    host_rss_before: int | None
+    host_rss_after: int | None
+    host_rss_peak: int | None
+    notes: dict[str, Any]  # CellNotes, by feature
+    devices: list[DeviceCellUsage]
+
+
+class Cell(_CellFields, total=False):
+    workers: list[dict[str, Any]]  # per rank (wire/workers.py); absent without workers
+    missing: dict[str, str]  # figures a reader could not give for this cell -> why
+
+
+class LedgerExtent(TypedDict):
+    total: int  # records in the kernel's ledger
+    first: int  # the record index of cells[0]
+    bands_first: int  # the record index of cell_bands' first row
+    epoch: int  # bumps when the ledger is cleared

@@ -5,6 +5,9 @@ node by node looking for binary buffers (about 1 ms a cell at 50 records), a str
 once. The ledger makes each record's browser form and its JSON text once (`Ledger._derive`: the
 text is also how it measures the record) and hands the window out as `Records`, forms with their
 texts, so every send only joins texts.
+
+No counterpart in `js/src/wire/`: the browser reads the text with ``JSON.parse`` and checks the
+records in `protocol.ts` (`recordList`, `parseCells`).
 """
 
 from __future__ import annotations
@@ -14,19 +17,19 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gpumem_widget.wire import payloads
+from gpumem_widget.wire.protocol import Cell
 
 # Compact; ASCII escapes keep a lone surrogate valid.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
-class Records(list[payloads.Cell]):
+class Records(list[Cell]):
     """Records' browser forms (what Python reads from the trait) with each one's JSON text
     (what goes on the wire); a text may be None (made again when sent)."""
 
     texts: Sequence[str | None]
 
-    def __init__(self, forms: Iterable[payloads.Cell], texts: Sequence[str | None]) -> None:
+    def __init__(self, forms: Iterable[Cell], texts: Sequence[str | None]) -> None:
         super().__init__(forms)
         if len(texts) != len(self):
             raise ValueError(f"{len(self)} records but {len(texts)} texts")

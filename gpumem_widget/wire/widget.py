@@ -1,8 +1,10 @@
-"""The anywidget model: synced traits only; the kernel side decides what goes into them.
+"""The anywidget model: synced traits, and the one door for the browser's custom messages.
 
-Trait contents are specified in `payloads.py` (their types) and `protocol.py` (packed tables).
-Only the publisher thread (see `sampler.py`) writes the live traits, so updates to the browser
-never interleave.
+No counterpart in `js/src/wire/`: the browser's side of the model is `js/src/widget.ts`, the view
+that hosts the tabs. Each trait is declared with its payload type as `protocol.TRAITS` names it (a
+test checks they agree); the kernel side decides what goes into them. Only the publisher thread
+(see `sampler.py`) writes the live traits, so updates to the browser never interleave. Custom
+messages come in through `messages`, a `MessageDispatcher`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,23 @@ from typing import TYPE_CHECKING, Any
 import anywidget
 import traitlets
 
-from gpumem_widget.wire import payloads, protocol
+from gpumem_widget.wire import protocol
+from gpumem_widget.wire.messages import MessageDispatcher
 from gpumem_widget.wire.record_json import records_text
+
+if TYPE_CHECKING:
+    from gpumem_widget.wire.drilldown import (
+        CompareView,
+        Drilldown,
+        DrilldownAlive,
+        NoAnswer,
+        RangeView,
+        SearchAnswer,
+        SearchError,
+    )
+    from gpumem_widget.wire.protocol import Cell, DeviceInfo, LedgerExtent, Status, StatusError
+    from gpumem_widget.wire.table import PackedTable
+    from gpumem_widget.wire.workers import WorkersTrait
 
 STATIC = pathlib.Path(__file__).parent.parent / "static"
 _MISSING_BUNDLE_ESM = """
@@ -49,36 +66,41 @@ class GpuMemWidget(anywidget.AnyWidget):
     _esm = _asset("widget.js", _MISSING_BUNDLE_ESM)
     _css = _asset("widget.css", "")
 
-    # Each trait holds the payload named beside it (wire/payloads.py); traitlets itself checks
-    # only dict or list, so the attributes are typed Any and the builders carry the types; the
-    # Snapshot tab's are declared with their payloads for mypy, so their setters are checked.
-    devices: Any = traitlets.List(traitlets.Dict()).tag(sync=True)  # list[DeviceInfo]
-    status: Any = traitlets.Dict().tag(sync=True)  # Status
-    # list[Cell] each, sent as one JSON text (`record_json.py`); not checked element by element:
-    # the post-run hook sets them, and the ledger builds every record itself.
-    cells: Any = traitlets.List().tag(
-        sync=True, to_json=_records_text, from_json=_records_from_text
-    )
-    cells_tail: Any = traitlets.List().tag(
-        sync=True, to_json=_records_text, from_json=_records_from_text
-    )
-    cell_bands: Any = traitlets.Dict().tag(sync=True)  # PackedTable
-    ledger_extent: Any = traitlets.Dict().tag(sync=True)  # LedgerExtent
-    timeline_base: Any = traitlets.Dict().tag(sync=True)  # PackedTable
-    timeline_tail: Any = traitlets.Dict().tag(sync=True)  # PackedTable
+    # Typed for mypy with the payloads `protocol.TRAITS` names (traitlets itself checks only dict
+    # or list: the builders carry the types). `cells` and `cells_tail` go as one JSON text each
+    # (`record_json.py`), not checked element by element: the ledger builds every record itself.
     if TYPE_CHECKING:
-        drilldown: payloads.Drilldown
-        drilldown_alive: payloads.DrilldownAlive
-        drilldown_view: payloads.RangeView | payloads.NoAnswer
-        drilldown_search: payloads.SearchAnswer | payloads.SearchError | payloads.NoAnswer
-        drilldown_compare: payloads.CompareView | payloads.NoAnswer
+        devices: list[DeviceInfo]
+        status: Status | StatusError
+        cells: list[Cell]
+        cells_tail: list[Cell]
+        cell_bands: PackedTable
+        ledger_extent: LedgerExtent
+        timeline_base: PackedTable
+        timeline_tail: PackedTable
+        drilldown: Drilldown
+        drilldown_alive: DrilldownAlive
+        drilldown_view: RangeView | NoAnswer
+        drilldown_search: SearchAnswer | SearchError | NoAnswer
+        drilldown_compare: CompareView | NoAnswer
+        workers: WorkersTrait
     else:
+        devices = traitlets.List(traitlets.Dict()).tag(sync=True)
+        status = traitlets.Dict().tag(sync=True)
+        cells = traitlets.List().tag(sync=True, to_json=_records_text, from_json=_records_from_text)
+        cells_tail = traitlets.List().tag(
+            sync=True, to_json=_records_text, from_json=_records_from_text
+        )
+        cell_bands = traitlets.Dict().tag(sync=True)
+        ledger_extent = traitlets.Dict().tag(sync=True)
+        timeline_base = traitlets.Dict().tag(sync=True)
+        timeline_tail = traitlets.Dict().tag(sync=True)
         drilldown = traitlets.Dict().tag(sync=True)
         drilldown_alive = traitlets.Dict().tag(sync=True)
         drilldown_view = traitlets.Dict().tag(sync=True)
         drilldown_search = traitlets.Dict().tag(sync=True)
         drilldown_compare = traitlets.Dict().tag(sync=True)
-    workers: Any = traitlets.Dict().tag(sync=True)  # `wire/workers.py`
+        workers = traitlets.Dict().tag(sync=True)
 
     def __init__(self, num_devices: int = 0, **kwargs: Any) -> None:
         empty = protocol.empty_table(protocol.timeline_columns(num_devices))
@@ -89,6 +111,8 @@ class GpuMemWidget(anywidget.AnyWidget):
             **kwargs,
         )
         self.front_end_closed = False
+        self.messages = MessageDispatcher()
+        self.on_msg(self.messages.receive)
         if self.comm is not None:  # the front end can close it (a closed output, a restart)
             self.comm.on_close(self._on_front_end_close)
 
@@ -97,7 +121,13 @@ class GpuMemWidget(anywidget.AnyWidget):
         `hold_sync` would send, without traitlets' per-set validation, comparison and change
         events: the post-run hook sends a few every cell, and those were a third of its cost.
         So no observer sees these sets (nothing in the package observes the widget's traits);
-        the values are the payloads their builders typed."""
+        the values are the payloads their builders typed.
+
+        This writes traitlets' `_trait_values` because no public API stores a value without
+        validating, comparing and notifying (jupyter-widgets' own trait types that override
+        `TraitType.set` write it too). The public way, `set_trait` under `hold_sync`, costs twice
+        as much here and leaves a value equal to the last one out of the update, which the
+        post-run hook's update must carry (`benchmarks/bench_send_traits.py`)."""
         for name, value in values.items():
             self._trait_values[name] = value
         self.send_state(list(values))

@@ -17,7 +17,7 @@ the allocator's OOM counter saw it. `js/src/wire/workers.ts` mirrors this module
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +30,16 @@ RANK_KEYS: Final = (
     "key", "label", "rank", "local_rank", "world_size", "host", "pid", "state", "last_seen",
     "errors", "rss", "devices", "oom", "snapshots", "series",
 )  # fmt: skip
+
+
+class WorkersTrait(TypedDict, total=False):
+    """``{}`` until a worker hub listens; then every key."""
+
+    address: str
+    received: int
+    accepted: int
+    dropped: dict[str, int]
+    ranks: list[dict[str, Any]]  # each with `RANK_KEYS`
 
 
 def pack_series(
@@ -57,7 +67,7 @@ def decimate(
 
 def workers_trait(
     address: str, counts: Mapping[str, Any], ranks: list[dict[str, Any]]
-) -> dict[str, Any]:
+) -> WorkersTrait:
     for r in ranks:
         missing = [k for k in RANK_KEYS if k not in r]
         if missing:

@@ -541,12 +541,12 @@ class Agent:
         want = self._control.record if self._control is not None else None
         try:
             if want is not None and not self._recording and self._devices.cuda() is not None:
-                from gpumem_widget.snapshot.record import start_recording
+                from gpumem_widget.snapshot.io.record import start_recording
 
                 start_recording(want.stacks, want.max_entries)
                 self._recording = True
             elif want is None and self._recording:
-                from gpumem_widget.snapshot.record import stop_recording
+                from gpumem_widget.snapshot.io.record import stop_recording
 
                 self._recording = False
                 self._dump("recording", stop_recording)
@@ -554,7 +554,7 @@ class Agent:
             self.errors += 1
 
     def _dump(self, why: str, take: Any = None) -> None:
-        from gpumem_widget.snapshot.record import take_snapshot
+        from gpumem_widget.snapshot.io.record import take_snapshot
 
         snap = (take or take_snapshot)()
         if snap is None or self._control is None:

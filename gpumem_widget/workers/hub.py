@@ -34,6 +34,8 @@ from gpumem_widget.workers.view import hub_wire  # here, not in `wire`: see ther
 
 if TYPE_CHECKING:
     from gpumem_widget.live.session import Session
+    from gpumem_widget.wire.messages import BrowserMessage, SnapshotRef, WorkerSnapshotRequest
+    from gpumem_widget.wire.workers import WorkersTrait
 
 ACK_TIMEOUT = 0.5  # seconds a cell's end waits for the workers' own figures
 SNAPSHOT_TIMEOUT = 30.0  # seconds `record off` waits for the workers' snapshot files
@@ -173,29 +175,25 @@ class WorkerHub:
 
     def on_browser_message(
         self,
-        content: Any,
+        msg: BrowserMessage,
         show: Callable[[str, str], object],
         compare: Callable[[str, str, tuple[str, str]], object],
     ) -> None:
-        if not isinstance(content, dict):
-            return
-        if content.get("type") == "worker_snapshot":
-            ref = self._reported(content)
+        if msg["type"] == "worker_snapshot":
+            ref = self._reported(msg)
             if ref is not None:
                 show(*ref)
-        elif content.get("type") == "worker_compare":
-            a, b = self._reported(content.get("a")), self._reported(content.get("b"))
+        elif msg["type"] == "worker_compare":
+            a, b = self._reported(msg["a"]), self._reported(msg["b"])
             if a is not None and b is not None:
                 compare(a[0], b[0], (a[1], b[1]))
 
-    def _reported(self, ref: Any) -> tuple[str, str] | None:
+    def _reported(self, ref: SnapshotRef | WorkerSnapshotRequest) -> tuple[str, str] | None:
         """The path and label of a snapshot a worker reported, by its key and index; None for
         anything else (only a path a worker reported is ever opened)."""
-        if not isinstance(ref, dict):
-            return None
-        w = self.store.get(str(ref.get("key")))
-        i = ref.get("index")
-        if w is None or type(i) is not int or not 0 <= i < len(w.snapshots):
+        w = self.store.get(ref["key"])
+        i = ref["index"]
+        if w is None or not 0 <= i < len(w.snapshots):
             return None
         name = os.path.basename(w.snapshots[i])
         return w.snapshots[i], f"{w.who.label} on {w.who.host} (pid {w.who.pid}): {name}"
@@ -244,7 +242,7 @@ class WorkerHub:
             return True
         return version != self._wired[1] and time.monotonic() - self._wired_at >= WIRE_PERIOD
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> WorkersTrait:
         # The sampler thread calls this: an import here (a first one) could hang it for good,
         # should a Ctrl-C land inside importlib's own lock handling and leak the import lock.
         self._wired = (self.store.structure, self.store.version)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpumem_widget.wire.workers import SERIES_COLUMNS, pack_series, workers_trait
+from gpumem_widget.wire.workers import SERIES_COLUMNS, WorkersTrait, pack_series, workers_trait
 from gpumem_widget.workers.store import Worker
 
 
-def hub_wire(address: str, counts: Mapping[str, Any], workers: Sequence[Worker]) -> dict[str, Any]:
+def hub_wire(address: str, counts: Mapping[str, Any], workers: Sequence[Worker]) -> WorkersTrait:
     return workers_trait(address, counts, [rank_wire(w) for w in workers])
 
 

@@ -3,7 +3,7 @@
 // and every reason something is missing: a reader that is unavailable, an error the kernel side
 // reported, or a trait the browser could not read.
 
-import { formatBytes, formatClock, formatDuration } from "./format";
+import { formatBytes, formatClock, formatDuration } from "./common/format";
 import type { DeviceInfo, ProcessUse, Status } from "./wire/protocol";
 
 export class Header {

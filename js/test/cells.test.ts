@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { firstCodeLine, formatPeak, noteMarkers, outcome, sortCells, summarize, tooltipLines } from "../src/cells";
+import { firstCodeLine, formatPeak, noteMarkers, outcome, sortCells, summarize, tooltipLines } from "../src/memory/cells";
 import { NO_NOTES, parseNotes } from "../src/wire/notes";
 import type { CellRecord, DeviceCellUsage } from "../src/wire/protocol";
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { decimate, lowerBound, nearestIndex, seriesMax } from "../src/decimate";
+import { decimate, lowerBound, nearestIndex, seriesMax } from "../src/memory/decimate";
 
 const times = (n: number, dt = 1, t0 = 0): Float64Array => Float64Array.from({ length: n }, (_, i) => t0 + i * dt);
 const values = (n: number, f: (i: number) => number): Float32Array => Float32Array.from({ length: n }, (_, i) => f(i));

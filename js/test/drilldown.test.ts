@@ -1,14 +1,14 @@
 // @vitest-environment happy-dom
 // The Snapshot tab against a real drill-down state (fixtures/drilldown.json: a training run
-// recorded on an H200, published by gpumem_widget.snapshot.drilldown, with its segment map and reserved
+// recorded on an H200, published by gpumem_widget.drilldown.controller, with its segment map and reserved
 // memory over time), as the browser receives it.
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import type { AnyModel } from "@anywidget/types";
-import { renderDrilldown } from "../src/drilldown";
-import { axisTop, columnAt, HEADROOM, oomText } from "../src/drilldown_chart";
+import { mountSnapshotTab } from "../src/snapshot/tab";
+import { axisTop, columnAt, HEADROOM, oomText } from "../src/snapshot/drilldown_chart";
 import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch } from "../src/wire/drilldown";
 import type { Traits } from "../src/wire/protocol";
 import { decodeColumns } from "../src/wire/table";
@@ -82,7 +82,7 @@ function mount(state: Record<string, unknown>): { el: HTMLElement; model: FakeMo
   el.className = "gpumem-drilldown";
   document.body.append(el);
   const model = new FakeModel(state);
-  const stop = renderDrilldown(el, model as unknown as AnyModel<Traits>);
+  const { dispose: stop } = mountSnapshotTab(el, { model: model as unknown as AnyModel<Traits> });
   return { el, model, stop };
 }
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { byteTicks, byteUnitFor, clockPrecision, formatBytes, formatBytesIn, formatClock, formatDelta, formatDuration, formatTick, sourcePreview } from "../src/format";
+import { byteTicks, byteUnitFor, clockPrecision, formatBytes, formatBytesIn, formatClock, formatDelta, formatDuration, formatTick, sourcePreview } from "../src/common/format";
 
 const KiB = 1024;
 const MiB = 1024 ** 2;

@@ -2,10 +2,10 @@
 // The on-disk history in the browser: the previous run's peak beside a cell's own, a regression
 // marked on its row and in its details, and the header saying when history is off and why.
 import { describe, expect, it } from "vitest";
-import { noteMarkers, tooltipLines } from "../src/cells";
-import { Details } from "../src/details";
+import { noteMarkers, tooltipLines } from "../src/memory/cells";
+import { Details } from "../src/memory/details";
 import { Header } from "../src/header";
-import { Ledger } from "../src/ledger";
+import { Ledger } from "../src/memory/ledger";
 import { NO_NOTES, parseNotes } from "../src/wire/notes";
 import { parseStatus, type CellRecord, type DeviceInfo } from "../src/wire/protocol";
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { LedgerStore, PAGE_SIZE } from "../src/ledger_store";
+import { LedgerStore, PAGE_SIZE } from "../src/memory/ledger_store";
 import { NO_NOTES } from "../src/wire/notes";
 import { decodeBands, parseCellsPage, parseExtent, ProtocolError, type CellRecord } from "../src/wire/protocol";
 

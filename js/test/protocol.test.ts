@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { estimateError, NO_NOTES, parseNotes } from "../src/wire/notes";
-import { TimelineStore } from "../src/timeline_store";
+import { TimelineStore } from "../src/memory/timeline_store";
 import { decodeBands, joinCells, parseCells, parseDevices, parseExtent, parseStatus, PROTOCOL_VERSION, ProtocolError } from "../src/wire/protocol";
 import { decodeTable, type DecodedTable } from "../src/wire/table";
 import { fixture, received } from "./wire";

@@ -5,7 +5,7 @@ import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { renderSegmentMap } from "../src/segments";
+import { renderSegmentMap } from "../src/snapshot/segments";
 import { parseSegmentMap } from "../src/wire/segments";
 
 const PATH = join(dirname(fileURLToPath(import.meta.url)), "fixtures", "segments.json");

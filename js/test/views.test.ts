@@ -1,8 +1,8 @@
 // @vitest-environment happy-dom
 import { describe, expect, it, vi } from "vitest";
-import { Details } from "../src/details";
+import { Details } from "../src/memory/details";
 import { Header, processSummary } from "../src/header";
-import { Ledger } from "../src/ledger";
+import { Ledger } from "../src/memory/ledger";
 import { NO_NOTES, parseNotes } from "../src/wire/notes";
 import { joinCells, parseCells, parseDevices, parseStatus, type CellRecord, type DeviceCellUsage, type DeviceInfo } from "../src/wire/protocol";
 import { received } from "./wire";

@@ -1,9 +1,10 @@
 // @vitest-environment happy-dom
 import { describe, expect, it } from "vitest";
-import { Details } from "../src/details";
+import { Details } from "../src/memory/details";
 import { parseCell } from "../src/wire/protocol";
 import { parseWorkerRows } from "../src/wire/worker_rows";
-import { byHost, chartMetric, workerSection, WorkersView } from "../src/workers_view";
+import { workerSection } from "../src/memory/worker_figures";
+import { byHost, chartMetric, WorkersView } from "../src/workers/view";
 import { parseWorkers } from "../src/wire/workers";
 
 const GiB = 1024 ** 3;

@@ -21,7 +21,7 @@ from typing import Any
 
 from ipywidgets.widgets.widget import _remove_buffers
 
-from gpumem_widget.snapshot.drilldown import Drilldown
+from gpumem_widget.drilldown.controller import Drilldown
 from gpumem_widget.wire.widget import GpuMemWidget
 
 REPO = Path(__file__).resolve().parents[2]

@@ -46,7 +46,7 @@ def quickstart_cells() -> list[str]:
 
 
 def js_bytes(n: int) -> str:
-    """`formatBytes` of js/src/format.ts: the largest unit with at least 1, about 3 digits
+    """`formatBytes` of js/src/common/format.ts: the largest unit with at least 1, about 3 digits
     (`toFixed` rounds half away from zero), a real minus sign."""
     name, factor = next((u for u in reversed(UNITS) if abs(n) >= u[1]), UNITS[0])
     value = Decimal(n) / Decimal(factor)  # exact: factors are powers of two

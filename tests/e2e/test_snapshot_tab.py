@@ -45,7 +45,7 @@ MIN_CONTRAST = 4.5
 
 
 def js_bytes(n: int) -> str:
-    """js/src/format.ts formatBytes: binary units, about three significant digits."""
+    """js/src/common/format.ts formatBytes: binary units, about three significant digits."""
     units = ["B", "KiB", "MiB", "GiB", "TiB"]
     k = max((i for i in range(len(units)) if abs(n) >= 1024**i), default=0)
     v = n / 1024**k

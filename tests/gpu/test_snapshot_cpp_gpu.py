@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpumem_widget.snapshot import active_memory_view, open_snapshot
-from gpumem_widget.snapshot.attribution import is_informative, site_of
+from gpumem_widget.snapshot.views.attribution import is_informative, site_of
 
 pytestmark = pytest.mark.gpu
 

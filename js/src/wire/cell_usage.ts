@@ -1,6 +1,7 @@
 // What the allocator did across one cell, as a ledger row gives it per device of the kernel
 // (`DeviceCellUsage`, ./protocol) and per worker process (`WorkerCellUsage`, ./worker_rows):
-// one list of figures, so the two cannot name them differently.
+// one list of figures, so the two cannot name them differently. Mirrors
+// gpumem_widget/wire/cell_usage.py (`DeviceCellUsage`).
 
 /** Bytes, and counts for retries and OOMs. */
 export interface CellUsageFigures {

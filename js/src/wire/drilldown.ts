@@ -1,7 +1,7 @@
-// Decodes the `drilldown` and `drilldown_alive` traits (see gpumem_widget/wire/protocol.py). The
-// kernel reduced everything to screen size already; this only checks shapes and reads the tables
-// (through ./table, as float64). Any malformed part raises ProtocolError, which the panel shows
-// instead of drawing.
+// Decodes the Snapshot tab's traits (`drilldown`, `drilldown_alive`, ...): mirrors
+// gpumem_widget/wire/drilldown.py. The kernel reduced everything to screen size already; this
+// only checks shapes and reads the tables (through ./table, as float64). Any malformed part
+// raises ProtocolError, which the panel shows instead of drawing.
 
 import { describe, field, isBool, isNumber, isNumberOrNull, isObject, isString, isStringOrNull, optional, ProtocolError, type Json } from "./json";
 import { decodeF64Columns } from "./table";

@@ -1,5 +1,6 @@
 // Reading JSON traits defensively: every check names the field and what it held, so a malformed
-// value costs one clear message, never a broken view.
+// value costs one clear message, never a broken view. gpumem_widget/wire/json.py is the same on
+// the kernel's side, for the browser's custom messages.
 
 export class ProtocolError extends Error {
   override name = "ProtocolError";

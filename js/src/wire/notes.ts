@@ -1,7 +1,8 @@
-// What features add to a cell's record (`cells[i].notes`, keyed by feature): mirrors
-// gpumem_widget/notes.py and the to_wire() of estimate/result.py (Estimate, Comparison),
-// postmortem.py (PostMortem) and leaks.py (LeakHint), and History.compare in live/history.py
-// (PreviousRun). Change both sides together.
+// What features add to a cell's record (`cells[i].notes`, keyed by feature: gpumem_widget/live/
+// notes.py): mirrors gpumem_widget/wire/notes.py, the shapes the to_wire() of
+// estimator/result.py (Estimate, Comparison), holders/postmortem/ (PostMortem) and
+// holders/leaks.py (LeakHint), and History.compare in live/history/writer.py (PreviousRun) build.
+// Change both sides together.
 //
 // A note this version cannot read, or a feature it does not know, is kept as it came (`other`)
 // and shown as text, so a newer kernel's features still show something.

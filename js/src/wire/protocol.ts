@@ -25,8 +25,9 @@ import { parseWorkerRows, type WorkerCellUsage } from "./worker_rows";
 
 export { ProtocolError, TIME_COLUMN };
 
-/** wire/payloads.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel sends its own in
- * `status.protocol`; a different one is named in the header (reinstall, then reload the page). */
+/** gpumem_widget/wire/protocol.py PROTOCOL_VERSION: the shapes this frontend reads. The kernel
+ * sends its own in `status.protocol`; a different one is named in the header (reinstall, then
+ * reload the page). */
 export const PROTOCOL_VERSION = 1;
 export const HOST_RSS_COLUMN = "host/rss";
 // allocated/reserved/active from the torch allocator; process_used (this kernel), others_used
@@ -57,20 +58,8 @@ export type Traits = {
   workers: unknown; // ./workers parseWorkers
 };
 
-type Axis = "event" | "time";
-
-/** The custom messages the browser sends (snapshot/drilldown.py `Drilldown._on_msg` and
- * live/publisher.py `LedgerPages` answer; wire/payloads.py types them on the kernel side). */
-export type BrowserMessage =
-  | { type: "load" } // compute the pending snapshot's overview
-  | { type: "alive_at"; device: number; id: number; t: number } // what is alive at `t`
-  | { type: "alive_at"; device: number; id: number; event: number } // or after trace entry `event`
-  | { type: "view"; id: number; device: number; axis: Axis; t0: number | null; t1: number | null; width: number } // a zoom, or another axis
-  | { type: "search"; device: number; query: string; axis: Axis; t0: number | null; t1: number | null }
-  | { type: "cells_page"; before: number; limit: number } // older ledger records
-  | { type: "cells_page"; execution_count: number; limit: number } // the page ending with this cell
-  | { type: "worker_snapshot"; key: string; index: number } // a rank's reported snapshot (workers/hub.py)
-  | { type: "worker_compare"; a: { key: string; index: number }; b: { key: string; index: number } }; // two of them side by side
+// The custom messages the browser sends are declared in ./messages (sent with `sendToKernel`).
+export type { BrowserMessage } from "./messages";
 
 
 // ---------------------------------------------------------------------------------------------
@@ -117,7 +106,7 @@ export interface Status {
   session_peak: SessionPeak[];
   processes: Map<number, ProcessUse[]>; // by device index; absent where NVML has no list
   hints: string[]; // sentences for the user, e.g. a stray CUDA context on a device
-  history: HistoryState | null; // the on-disk ledger (gpumem_widget/live/history.py); null: not sent
+  history: HistoryState | null; // the on-disk ledger (gpumem_widget/live/history/); null: not sent
 }
 
 /** Whether this kernel writes its ledger to disk, where, and why not. */

@@ -1,5 +1,6 @@
 // The segment map view (gpumem_widget/snapshot/segment_views.py `segment_map(...).to_wire()`) as the
-// browser reads it: checked field by field, each failure a ProtocolError naming the field.
+// browser reads it: checked field by field, each failure a ProtocolError naming the field. Mirrors
+// gpumem_widget/wire/segments.py.
 
 import { ProtocolError, field, isBool, isNumber, isNumberOrNull, isObject, isString, type Json } from "./json";
 

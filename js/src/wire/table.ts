@@ -1,4 +1,4 @@
-// The one decoder of packed tables (gpumem_widget/wire/protocol.py `pack_table`):
+// The one decoder of packed tables (gpumem_widget/wire/table.py `pack_table`):
 // {"n", "columns", "dtypes": ["f8"|"f4"], "buffers"}, one little-endian buffer per column.
 // ipywidgets hands binary buffers over as DataViews, which may start at any byte offset.
 

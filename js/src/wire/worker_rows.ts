@@ -1,5 +1,7 @@
 // A ledger row's per-rank figures (`workers`): mirrors gpumem_widget/live/workers.py
-// (WorkerCellUsage). The shared readers of the Workers view (workers_wire.ts) live here too.
+// (WorkerCellUsage). The shared readers of the Workers view (./workers) live here too. No
+// counterpart in gpumem_widget/wire/: the kernel's side is that dataclass's `to_wire()`, in the
+// live layer that fills it, and a ledger row carries it untyped (`Cell.workers`).
 
 import type { CellUsageFigures } from "./cell_usage";
 import { ProtocolError } from "./json";
