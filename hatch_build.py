@@ -136,7 +136,9 @@ def build_for_wheel() -> Path:
         if built is not None:
             return built
         print("gpumem_widget: no limited-API reader; building one for this CPython only")
+    # A binary wheel without its reader is an error (the second name is build()'s newer one).
     os.environ["GPUMEM_WIDGET_NATIVE"] = "required"
+    os.environ["GPUMEM_WIDGET_C_READER_BUILD"] = "required"
     built = build()
     assert built is not None  # required: build() raised otherwise
     return built
