@@ -8,8 +8,20 @@ BIN     := $(VENV)/bin
 # Installed only where no torch is importable (pinned, so such a machine gets a known build).
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
+# What `make` last did, so a second `make demo` reinstalls nothing (one file per step).
+STAMPS  := .stamps/$(notdir $(abspath $(VENV)))
+# The browser bundle and what it is made from (hatch_build.py rebuilds it the same way).
+BUNDLE  := gpumem_widget/static/widget.js
+JS_SOURCES := $(shell find js/src -type f) js/package.json js/package-lock.json js/build.mjs
+# The C reader's source, where hatch_build.py says it is.
+READER_SOURCE := $(shell sed -n 's/^SOURCE = ROOT \/ //p' hatch_build.py | tr -d '" ')
+# Build tools for wheels (build, hatchling, zig's C compiler, auditwheel), apart from .venv.
+BUILDVENV ?= .buildvenv
+BUILD_TOOLS := "build>=1.2" "hatchling>=1.21" "ziglang>=0.13" "auditwheel>=6"
+DEMO_PORT ?= 8888
 
-.PHONY: setup demo test lint typecheck js-test pytest browser bench clean
+.PHONY: setup demo test lint typecheck js-test pytest browser bench clean buildvenv wheels \
+	test-pythons test-aarch64
 
 # A torch that $(PY) already imports (a CUDA build, say) is never downloaded again: a .pth file
 # puts the folder it comes from on the venv's path (after the venv's own packages), so the venv
@@ -25,15 +37,43 @@ $(BIN)/python:
 	@$(BIN)/python -c "import pip, sys; sys.exit(tuple(map(int, pip.__version__.split('.')[:2])) < (21, 3))" \
 	  || $(BIN)/pip install -q --upgrade pip
 
-setup: $(BIN)/python
+# Each step runs again only when what it reads changed: the install when pyproject.toml or
+# hatch_build.py did (or the venv is new), npm ci when the lock file did, the bundle when js/
+# did, the C reader when its source did.
+$(STAMPS)/installed: $(BIN)/python pyproject.toml hatch_build.py
 	@$(BIN)/python -c "import torch" 2>/dev/null \
 	  || { echo "make: no torch here: installing $(TORCH) (CPU or CUDA as pip picks;" \
 	         "TORCH=... chooses another)"; $(BIN)/pip install -q "$(TORCH)"; }
 	$(BIN)/pip install -q -e ".[test]"
-	cd js && npm ci --no-audit --no-fund && npm run build
+	@mkdir -p $(@D) && touch $@
 
+js/node_modules/.package-lock.json: js/package-lock.json
+	cd js && npm ci --no-audit --no-fund
+	@touch $@
+
+$(BUNDLE): $(JS_SOURCES) js/node_modules/.package-lock.json
+	cd js && npm run build
+	@touch $@
+
+$(STAMPS)/reader: $(READER_SOURCE) hatch_build.py $(STAMPS)/installed
+	@$(BIN)/python hatch_build.py || echo "make: no C reader here: snapshots are read with the unpickler"
+	@touch $@
+
+setup: $(STAMPS)/installed $(BUNDLE) $(STAMPS)/reader
+
+# JupyterLab runs headless; its log goes to $(STAMPS)/jupyter.log and the last line printed is
+# the address to open, token included, once the server answers (Ctrl-C stops it).
 demo: setup
-	$(BIN)/jupyter lab notebooks/quickstart.ipynb $$([ "$$(id -u)" = 0 ] && echo --allow-root)
+	@mkdir -p $(STAMPS); log=$(STAMPS)/jupyter.log; : >$$log; \
+	$(BIN)/jupyter lab --no-browser --port=$(DEMO_PORT) \
+	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) >$$log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid' INT TERM EXIT; \
+	while kill -0 $$pid 2>/dev/null \
+	  && ! url=$$(grep -om1 'http://127\.0\.0\.1:[0-9]*/lab?token=[0-9a-f]*' $$log); do sleep 0.1; done; \
+	[ -n "$$url" ] || { cat $$log; exit 1; }; \
+	echo "make: JupyterLab is running (log: $$log; Ctrl-C stops it). Open:"; \
+	echo "$$url" | sed 's#/lab?#/lab/tree/notebooks/quickstart.ipynb?#'; \
+	wait $$pid
 
 # Debian's chromium for the end-to-end tests (a test tool's own browser download is not used).
 # As root on Debian/Ubuntu it is installed with apt (about 120 packages); otherwise the browser
@@ -63,7 +103,54 @@ js-test:
 pytest:
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test: setup browser lint typecheck js-test pytest
+test: setup buildvenv browser lint typecheck js-test pytest
+
+# Every other CPython here: each python3.1X on PATH and in pyenv (TEST_PYTHONS=... names others), in
+# a venv of its own (.venv-3.X), with the package (its C reader built for that version) and its
+# dependencies but no torch: PyPI has only CUDA builds of torch for those (several GB each), and
+# this machine's CPU build is for 3.11. So they run the tests that need no torch: the C reader
+# against the unpickler, loading (pickle protocol 5 too) and the command line.
+ifndef TEST_PYTHONS
+TEST_PYTHONS := $(foreach v,10 11 12 13 14,$(shell command -v python3.$(v))) \
+	$(wildcard $(HOME)/.pyenv/versions/3.1*/bin/python3.1?)
+endif
+# Each run's address space is capped: uncapped, a test of these grew to 23 GB on Python 3.12
+# (killed for memory); capped, the allocation fails at once, as the tests expect.
+TEST_MEMORY_KB ?= 8000000
+VERSION_TESTS ?= tests/test_snapshot_rows.py tests/test_snapshot_load.py tests/test_cli.py \
+	tests/test_wheels.py::test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2
+
+test-pythons:
+	@mkdir -p .stamps && $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  test = [r for r in p["optional-dependencies"]["test"] if r.split(">")[0] in \
+	          ("pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "jupyter_client")]; \
+	  print(*[r for r in p["dependencies"] if not r.startswith("torch")], *test, sep="\n")' \
+	  > .stamps/requirements-without-torch.txt
+	@done=""; for py in $(TEST_PYTHONS); do \
+	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue; \
+	  case " $$done " in *" $$v "*) continue;; esac; done="$$done $$v"; \
+	  echo "make: Python $$v ($$py): $(VERSION_TESTS)"; \
+	  { [ -x .venv-$$v/bin/python ] || $$py -m venv .venv-$$v; } \
+	  && .venv-$$v/bin/pip install -q -r .stamps/requirements-without-torch.txt \
+	  && .venv-$$v/bin/pip install -q --no-deps -e . \
+	  && (ulimit -v $(TEST_MEMORY_KB) && .venv-$$v/bin/python -m pytest -q -p no:cacheprovider \
+	       $(VERSION_TESTS)) || exit 1; \
+	done; echo "make: tested on Python$$done"
+
+# Wheels into dist/: the sdist, the pure wheel, manylinux binary wheels for x86_64 and aarch64
+# (scripts/build_wheels.py; tests/test_wheels.py builds and installs them in `make test`).
+$(BUILDVENV)/bin/python:
+	$(PY) -m venv $(BUILDVENV)
+	$(BUILDVENV)/bin/pip install -q $(BUILD_TOOLS)
+
+buildvenv: $(BUILDVENV)/bin/python
+
+wheels: buildvenv
+	$(BUILDVENV)/bin/python scripts/build_wheels.py -o dist
+
+# The aarch64 binary wheel run by Debian's aarch64 CPython under qemu-user (on x86_64).
+test-aarch64: buildvenv
+	scripts/check_aarch64_wheel.sh
 
 # The GPU ones (bench_overhead, bench_estimate) measure what matters only on a CUDA machine.
 bench: setup
@@ -72,4 +159,4 @@ bench: setup
 	node benchmarks/browser_chart.mjs
 
 clean:
-	rm -rf $(VENV) js/node_modules tests/e2e/node_modules gpumem_widget/static
+	rm -rf $(VENV) $(BUILDVENV) .stamps dist js/node_modules tests/e2e/node_modules gpumem_widget/static

@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="GPU memory reports from PyTorch memory snapshots."
     )
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="print the version, which build is installed and which snapshot reader it uses",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     report = sub.add_parser(
         "report",
@@ -76,6 +82,16 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return parser
+
+
+class _Version(argparse.Action):
+    """`--version`: the package, its build (pure or binary wheel, or source) and its reader."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from gpumem_widget.snapshot.io import c_reader
+
+        print("\n".join(c_reader.describe()))
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

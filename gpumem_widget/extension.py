@@ -84,7 +84,9 @@ class Starting:
 
     # IPython hooks --------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
-        session = self.wait()  # a cell run right after `%load_ext` (Run All) waits for it
+        # A cell run right after `%load_ext` (Run All) waits for it; later ones find it built
+        # (`is_set` alone: `Event.wait` takes the event's condition lock every cell).
+        session = self.session if self.done.is_set() else self.wait()
         if session is not None:
             session.pre_run_cell(info)
 

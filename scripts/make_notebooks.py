@@ -71,9 +71,17 @@ QUICKSTART = [
         '        "(all of the process, not the spike); the spike itself is not measured here."\n'
         "    )"
     ),
-    new_markdown_cell("Everything the widget shows is also available as data:"),
+    new_markdown_cell(
+        "Everything the widget shows is also available as data: `gpumem_widget.ledger()` is "
+        "the cells' records, in order (`.to_pandas()` makes a DataFrame of them, where pandas "
+        "is installed: `pip install 'gpumem-widget[pandas]'`)."
+    ),
     new_code_cell(
-        'gpumem_widget.ledger().to_pandas()[["source", "duration", "host_rss_after"]].tail()'
+        "for cell in gpumem_widget.ledger()[-3:]:\n"
+        "    rss = (cell.host_rss_after or 0) / 2**20\n"
+        '    first_line = cell.source.splitlines()[0] if cell.source else ""\n'
+        '    print(f"[{cell.execution_count}] {cell.duration:6.2f} s  RSS after {rss:6.0f} MiB  "\n'
+        '          f"{first_line[:40]}")'
     ),
     new_code_cell("%gpumem status"),
     new_code_cell("%gpumem --help"),

@@ -1,18 +1,23 @@
 """What the cell hooks do per cell, counted rather than timed, in a real IPython shell.
 
-A trivial cell costs about +0.3 ms with the extension on the 2-core machine (README, "Per-cell
-and training-loop overhead"); these counts keep it there whatever the machine's load: one comm
-message per cell, one record encoded per cell, a send that does not grow with the session, no
-thread woken by back-to-back cells, no per-cell file opens or enum-converting signal calls
-(and, in test_ledger_window.py, the containers the ledger keeps per record).
+A trivial cell's cost in a real kernel is measured by benchmarks/bench_kernel_cost.py; these
+counts keep it down whatever the machine's load: one comm message per cell, one record encoded
+per cell, a send that does not grow with the session (in bytes, and in the Python calls the hooks
+make: the same 128 cells cost the same after thousands more), no thread woken by back-to-back
+cells, no per-cell file opens, no read that lets the GIL go (a waiting thread would take it
+mid-hook), no enum-converting signal calls (and, in test_ledger_window.py, the containers the
+ledger keeps per record).
 """
 
 from __future__ import annotations
 
 import builtins
+import cProfile
 import json
 import os
+import pstats
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -22,8 +27,15 @@ import pytest
 
 import gpumem_widget
 from gpumem_widget.live.history import writer as history_writer
-from gpumem_widget.live.ledger import WINDOW_RECORDS, WIRE_BLOCK
+from gpumem_widget.live.ledger import (
+    BAND_BLOCK,
+    MAX_BANDS,
+    WINDOW_BYTES,
+    WINDOW_RECORDS,
+    WIRE_BLOCK,
+)
 from gpumem_widget.live.session import Session
+from gpumem_widget.live.timeline import TAIL_ROWS
 from gpumem_widget.wire import record_json
 
 CELLS = 5 * WIRE_BLOCK + 3  # crosses several blocks: the base moves in the hook too
@@ -116,9 +128,126 @@ def test_the_hooks_open_no_file_and_leave_the_signal_module_alone(
     opened: list[Any] = []
     monkeypatch.setattr(builtins, "open", counting(opened, builtins.open))
     monkeypatch.setattr(os, "open", counting(opened, os.open))
+    # os.pread lets the GIL go for the read: in a kernel the IOPub thread, woken by the cell's
+    # messages, takes it, and the hook waits for it back (30-150 us where the read takes 2).
+    reads: list[Any] = []
+    monkeypatch.setattr(os, "pread", counting(reads, os.pread))
     run_trivial_cells(ip, 50)
     assert calls == []
     assert [args for thread, args in opened if thread is threading.main_thread()] == []
+    assert [args for thread, args in reads if thread is threading.main_thread()] == []
     rss = session().readers.host.rss()
     assert rss is not None
     assert rss > 10 * 2**20
+
+
+def ledger_bytes(message: dict[str, Any], buffers: Any) -> int:
+    """A cell's message without the timeline's tail: its rows come from the sampler thread too
+    (20 a second while cells run, so how many depends on the clock), and are bounded on their
+    own (`TAIL_ROWS`, checked below)."""
+    state = {k: v for k, v in message["state"].items() if k != "timeline_tail"}
+    paths = message["buffer_paths"]
+    binary = sum(len(b) for p, b in zip(paths, buffers or (), strict=True) if p[0] in state)
+    return len(json.dumps(state)) + binary
+
+
+def measure_block(ip: Any, s: Session) -> tuple[list[int], list[int]]:
+    """Run `BAND_BLOCK` trivial cells from a ledger length that is a multiple of it (so each
+    block holds the same once-a-block sends): per cell, its message's size and the Python calls
+    its two hooks made."""
+    while len(s.ledger) % BAND_BLOCK:
+        run_trivial_cells(ip, 1)
+    sizes: list[int] = []
+    send = s.widget._send
+
+    def measured(message: dict[str, Any], buffers: Any = None) -> None:
+        if threading.current_thread() is threading.main_thread():
+            sizes.append(ledger_bytes(message, buffers))
+            tail = message["state"].get("timeline_tail")
+            assert tail is None or tail["n"] <= TAIL_ROWS
+        send(message, buffers)
+
+    calls: list[int] = []
+    starting = gpumem_widget.extension._starting
+    assert starting is not None
+    hooks = {"pre_run_cell": starting.pre_run_cell, "post_run_cell": starting.post_run_cell}
+
+    def profiled(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+        def wrapper(info: Any) -> None:
+            profile = cProfile.Profile()
+            profile.runcall(hook, info)
+            stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+            calls.append(sum(nc for _, nc, _, _, _ in stats.values()))
+
+        return wrapper
+
+    s.widget._send = measured
+    wrapped = {event: profiled(hook) for event, hook in hooks.items()}
+    for event, hook in hooks.items():
+        callbacks = ip.events.callbacks[event]
+        callbacks[callbacks.index(hook)] = wrapped[event]
+    try:
+        run_trivial_cells(ip, BAND_BLOCK)
+    finally:
+        for event, hook in hooks.items():
+            callbacks = ip.events.callbacks[event]
+            callbacks[callbacks.index(wrapped[event])] = hook
+        del s.widget._send
+    per_cell = [pre + post for pre, post in zip(calls[0::2], calls[1::2], strict=True)]
+    return sizes, per_cell
+
+
+def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
+    """The same 128 trivial cells early in a session and after 2,500 more: the messages the
+    hooks send are no bigger (the figures' digits aside) and the hooks make no more Python
+    calls (the median cell: a cell now and then also wakes the sampler or meets a new timeline
+    base, at any session length), so nothing they do grows with the ledger or the history."""
+    s = session()
+    run_trivial_cells(ip, 2 * BAND_BLOCK)
+    early_sizes, early_calls = measure_block(ip, s)
+    run_trivial_cells(ip, 2500)
+    late_sizes, late_calls = measure_block(ip, s)
+    early, late = statistics.median(early_sizes), statistics.median(late_sizes)
+    print(f"ledger bytes a cell (median, max): early {early}, {max(early_sizes)}; late {late}, "
+          f"{max(late_sizes)}; Python calls in the hooks a cell (median): early "
+          f"{statistics.median(early_calls)}, late {statistics.median(late_calls)}")  # fmt: skip
+    assert len(early_sizes) == len(late_sizes) == BAND_BLOCK  # one message a cell
+    # A record's numbers grow a digit or two (the execution count, the times): tens of bytes.
+    assert late <= early * 1.05 + 200, (early, late)
+    # The band table (once a block: 20 bytes a band) is bounded by MAX_BANDS, the window's
+    # base (once every WIRE_BLOCK cells) by WINDOW_BYTES.
+    assert max(late_sizes) < 20 * MAX_BANDS + WINDOW_BYTES + 2**16, max(late_sizes)
+    assert statistics.median(late_calls) <= statistics.median(early_calls) * 1.02, (
+        statistics.median(early_calls),
+        statistics.median(late_calls),
+    )
+
+
+def test_the_rss_read_keeps_following_a_forked_child() -> None:
+    """The hooks' RSS read has no per-read `getpid`: a forked child reopens its own file at the
+    fork, so it reads its own RSS, and the parent still reads the parent's."""
+    import psutil  # before the fork: the child imports nothing
+
+    from gpumem_widget.live.readers.host import HostReader
+
+    reader = HostReader()
+    held = b"\x01" * (64 * 2**20)  # the parent's: the child drops its copy
+    parent_before = reader.rss()
+    assert parent_before is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its own reading, and psutil's, through the pipe
+        try:
+            del held
+            mine = reader.rss()
+            os.write(write, f"{mine} {psutil.Process().memory_info().rss}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child, truth = map(int, os.read(read, 100).split())
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert abs(child - truth) < 8 * 2**20, (child, truth)
+    assert child < parent_before - 32 * 2**20, (child, parent_before)
+    assert reader.rss() is not None
+    assert len(held) == 64 * 2**20

@@ -133,3 +133,47 @@ def test_bench_drilldown_makes_its_results_folder(
     with pytest.raises(Stop):
         bench_drilldown.main(["--file", str(snapshot)])
     assert results.is_dir()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_demo_prints_the_address_with_its_token_last(tmp_path: Path) -> None:
+    """`make demo` on a headless machine: the last line is the address to open, once the server
+    has printed it (a stand-in `jupyter` prints what JupyterLab prints, then serves on)."""
+    fake = tmp_path / "v" / "bin" / "jupyter"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo '[I ServerApp] Jupyter Server is running at:' >&2\n"
+        "echo '[I ServerApp] http://127.0.0.1:8899/lab?token=0123abcd' >&2\n"
+        "exec sleep 60\n"
+    )
+    fake.chmod(0o755)
+    demo = subprocess.Popen(  # setup (-o: taken as done) is tested on its own
+        ["make", "-s", "-C", str(ROOT), "-o", "setup", f"VENV={tmp_path / 'v'}", "demo"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        lines = [demo.stdout.readline(), demo.stdout.readline()]
+    finally:
+        os.killpg(demo.pid, 15)
+        demo.wait(timeout=30)
+    assert "JupyterLab is running" in lines[0]
+    assert lines[1] == "http://127.0.0.1:8899/lab/tree/notebooks/quickstart.ipynb?token=0123abcd\n"
+    shutil.rmtree(ROOT / ".stamps" / "v", ignore_errors=True)
+
+
+def test_a_second_make_setup_reinstalls_nothing() -> None:
+    """Once `make setup` (or `make demo`, `make test`) ran, nothing is done again until a file it
+    reads changes (pyproject.toml, hatch_build.py, js/, the C reader's source)."""
+    stamp = ROOT / ".stamps" / ".venv" / "installed"
+    if not stamp.exists():
+        pytest.skip("`make setup` has not run in this checkout (make test runs it first)")
+    dry = subprocess.run(
+        ["make", "-C", str(ROOT), "-n", "setup"], capture_output=True, text=True, check=True
+    )
+    assert "pip" not in dry.stdout
+    assert "npm" not in dry.stdout
+    assert "hatch_build.py" not in dry.stdout

@@ -140,6 +140,7 @@ def test_messages_round_trip_exactly() -> None:
         control_seq=4,
         born=123.5,
         history=((1.5, 10, 20, None), (1.55, 11, 21, 5)),
+        waited=1.25,
     )
     assert decode_worker(m.encode()) == m
     c = Control(3, 7, 1e9, "passive", 0.05, 1.0, RecordRequest("python", 1000), "/tmp/snaps")
@@ -160,6 +161,7 @@ def test_messages_round_trip_exactly() -> None:
         message(1).encode().replace(b'"seq":1', b'"seq":-1'),
         message(1).encode().replace(b'"seq":1', b'"seq":1e400'),
         message(1).encode().replace(b'"rss":104857600', b'"rss":"lots"'),
+        message(1, waited=1.0).encode().replace(b'"wait":1.0', b'"wait":-1.0'),
         message(1).encode().replace(b'"id":["node-a",', b'"id":['),
         b"\xff\xfe" * 10,
         b"{" * 100_000,
@@ -235,10 +237,22 @@ def test_attach_with_nobody_listening_returns_none_at_once(
     took = time.perf_counter() - t0
     print(f"attach() with nothing listening: {took * 1e3:.2f} ms")
     assert took < 0.2
+    # The notebook may be starting its listener: one daemon thread keeps trying, however often
+    # attach() is called, until detach() (or a listener, or the process's exit).
+    assert agent_module.waiting(address)
+    assert gpumem_widget.attach() is None
+    assert threading.active_count() == threads + 1
+    waiter = next(t for t in threading.enumerate() if t.name == "gpumem-worker-wait")
+    assert waiter.daemon
+    gpumem_widget.detach()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    assert not agent_module.waiting()
     assert threading.active_count() == threads
     # A malformed environment is no notebook either, never an exception.
     monkeypatch.setenv(VARIABLES[0], "nonsense")
     assert gpumem_widget.attach() is None
+    assert not agent_module.waiting()
 
 
 def test_the_kernel_never_attaches_to_itself(hub: WorkerHub) -> None:
@@ -621,6 +635,49 @@ def test_the_extension_exports_its_address_and_a_cells_row_gets_every_rank(
     status = capsys.readouterr().out
     assert "8 known" in status
     assert "dropped: none" in status
+
+
+def test_a_worker_started_before_the_listener_is_ready_attaches_and_is_listed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process started right after `%load_ext`, before any cell ran: the address is in the
+    environment, but the session (and its listener) is still being built on its thread. Its
+    attach() finds nobody, returns None, keeps trying, and reports once the kernel listens."""
+    from gpumem_widget.workers import hub as hub_module
+
+    gate = threading.Event()
+    real_listen = hub_module.listen
+
+    def late_listen(*args: Any, **kwargs: Any) -> WorkerHub:
+        gate.wait(60)  # the listener comes up only once the worker has found nobody
+        return real_listen(*args, **kwargs)
+
+    monkeypatch.setattr(hub_module, "listen", late_listen)
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpumem_widget")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs = start_workers(dict(os.environ), range(1))
+        assert procs[0].stdout is not None
+        assert procs[0].stdout.readline().strip() == "detached"  # nobody listened yet
+        gate.set()
+        session = gpumem_widget.current_session()
+        assert session is not None
+        hub = hub_module.hub_of(session)
+        assert hub is not None
+        wait_for(lambda: hub.store.live == 1, 30, "the waiting worker attached")
+        (worker,) = hub.store.workers()
+        assert worker.who.pid == procs[0].pid
+        assert worker.last.waited > 0
+        capsys.readouterr()
+        shell.run_line_magic("gpumem", "workers")
+        listed = capsys.readouterr().out
+        assert f"pid {procs[0].pid}: live" in listed
+        assert "started before this notebook listened (attached after" in listed
+    finally:
+        gate.set()
+        finish(procs)
+        shell.run_line_magic("unload_ext", "gpumem_widget")
 
 
 def test_workers_subcommands_answer_help(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:

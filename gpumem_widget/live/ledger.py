@@ -269,6 +269,9 @@ class Ledger:
         self._index: dict[int, int] = {}  # execution count -> record index
         # The latest runs of each source, so per-cell checks never scan the whole ledger.
         self._by_source: dict[str, collections.deque[CellRecord]] = {}
+        # The window's base as last made, by (cut, epoch): it changes once a block, so a cell's
+        # send neither re-sums the window's sizes nor copies its records (`window`).
+        self._base: tuple[tuple[int, int], int, Records] | None = None
         self.version = 0  # bumps on every change, so the publisher can tell when to resend
         self.epoch = 0  # bumps when records are removed (the browser's copy must be replaced)
 
@@ -292,6 +295,7 @@ class Ledger:
             self._bands = _Bands()
             self._index.clear()
             self._by_source.clear()
+            self._base = None
             self.version += 1
             self.epoch += 1
 
@@ -327,10 +331,12 @@ class Ledger:
         with self._derive_lock:
             total, epoch = self._derive()
             cut = total // WIRE_BLOCK * WIRE_BLOCK
-            first = max(0, cut - WINDOW_RECORDS)
-            # Whole blocks only, so the base still changes once a block.
-            while first < cut and sum(self._sizes[first:cut]) > WINDOW_BYTES:
-                first += WIRE_BLOCK
+            if self._base is not None and self._base[0] == (cut, epoch):
+                first, base = self._base[1], self._base[2]
+            else:
+                first = self._window_first(cut)
+                base = Records(self._wire[first:cut], self._texts[first:cut])
+                self._base = ((cut, epoch), first, base)
             bands_cut = total // BAND_BLOCK * BAND_BLOCK
             if bands_cut < first:  # the browser makes the newest bands from the window's records
                 bands_cut = cut
@@ -343,12 +349,22 @@ class Ledger:
                 total=total,
                 first=first,
                 cut=cut,
-                base=Records(self._wire[first:cut], self._texts[first:cut]),
+                base=base,
                 tail=Records(self._wire[cut:total], self._texts[cut:total]),
                 bands_first=max(0, bands_cut - MAX_BANDS),
                 bands_cut=bands_cut,
                 epoch=epoch,
             )
+
+    def _window_first(self, cut: int) -> int:
+        """The window's first record: at most `WINDOW_RECORDS` before `cut` and `WINDOW_BYTES`
+        of text, in whole blocks, so the base still changes once a block."""
+        first = max(0, cut - WINDOW_RECORDS)
+        size = sum(self._sizes[first:cut])
+        while first < cut and size > WINDOW_BYTES:
+            size -= sum(self._sizes[first : first + WIRE_BLOCK])
+            first += WIRE_BLOCK
+        return first
 
     def bands(self, start: int, stop: int) -> protocol.Table:
         """The `cell_bands` table for records ``[start, stop)``."""

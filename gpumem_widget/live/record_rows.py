@@ -54,6 +54,8 @@ class Rows(Sequence[T]):
         try:
             import pandas as pd
         except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError(f"{name}.to_pandas() needs pandas: pip install pandas") from e
+            raise ImportError(
+                f"{name}.to_pandas() needs pandas: pip install pandas (or 'gpumem-widget[pandas]')"
+            ) from e
         df = pd.DataFrame([r.flat() for r in self._rows])
         return df.set_index(self.index_by) if len(df) else df

@@ -134,7 +134,10 @@ def _show(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
 
 
 def _status(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
+    from gpumem_widget.snapshot.io import c_reader
+
     print(format_status(session.status()))
+    print("\n".join(c_reader.describe()))  # which wheel, and what the C reader adds
     refusals = session.widget.messages.refusals()
     if refusals:
         print(refusals)

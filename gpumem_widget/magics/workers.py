@@ -124,7 +124,14 @@ def format_list(session: Session) -> str:
             for d in w.last.devices
         )
         rss = f"RSS {format_bytes(w.last.rss)}" if w.last.rss is not None else ""
-        lines.append(f"  {rank} pid {who.pid}: {state}; " + "; ".join(x for x in (mem, rss) if x))
+        waited = (
+            f"started before this notebook listened (attached after {w.last.waited:.1f} s)"
+            if w.last.waited
+            else ""
+        )
+        lines.append(
+            f"  {rank} pid {who.pid}: {state}; " + "; ".join(x for x in (mem, rss, waited) if x)
+        )
         if w.oom is not None:
             o = w.oom
             lines.append(

@@ -49,6 +49,8 @@ def records_text(forms: Any) -> str:
     texts = getattr(forms, "texts", None)
     if texts is None:
         return "[" + ",".join(record_text(f) for f in forms) + "]"
+    if None not in texts:  # the window's own: every text made (the post-run hook's case)
+        return "[" + ",".join(texts) + "]"
     return (
         "["
         + ",".join(

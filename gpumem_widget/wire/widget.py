@@ -121,16 +121,30 @@ class GpuMemWidget(anywidget.AnyWidget):
         `hold_sync` would send, without traitlets' per-set validation, comparison and change
         events: the post-run hook sends a few every cell, and those were a third of its cost.
         So no observer sees these sets (nothing in the package observes the widget's traits);
-        the values are the payloads their builders typed.
+        the values are the payloads their builders typed. The message is built here too, without
+        ipywidgets' walk of the state for buffers: a packed table's are where `protocol` puts
+        them, the records are JSON text.
 
         This writes traitlets' `_trait_values` because no public API stores a value without
         validating, comparing and notifying (jupyter-widgets' own trait types that override
         `TraitType.set` write it too). The public way, `set_trait` under `hold_sync`, costs twice
         as much here and leaves a value equal to the last one out of the update, which the
         post-run hook's update must carry (`benchmarks/bench_send_traits.py`)."""
+        state: dict[str, Any] = {}
+        paths: list[list[str | int]] = []
+        buffers: list[Any] = []
         for name, value in values.items():
             self._trait_values[name] = value
-        self.send_state(list(values))
+            if name in ("cells", "cells_tail"):
+                state[name] = records_text(value)
+            elif isinstance(value, dict) and isinstance(value.get("buffers"), list):
+                table = state[name] = dict(value)
+                table["buffers"] = [None] * len(value["buffers"])
+                paths += [[name, "buffers", i] for i in range(len(value["buffers"]))]
+                buffers += value["buffers"]
+            else:
+                state[name] = value
+        self._send({"method": "update", "state": state, "buffer_paths": paths}, buffers=buffers)
 
     def _on_front_end_close(self, msg: Any) -> None:
         self.front_end_closed = True

@@ -8,6 +8,10 @@ answers with the cell's exact figures, and it starts or stops recording the allo
 It never breaks the worker's training: every error is swallowed and counted (`Agent.errors`),
 a full send queue drops the sample, and with no notebook to report to `attach()` returns None
 after reading three environment variables (and, when they are set, one refused TCP connect).
+A worker whose notebook has reserved its address but does not listen yet (started right after
+`%load_ext`, before the kernel's listener is up) keeps trying on a daemon thread (`_Waiter`:
+one TCP connect at growing intervals, at most every `WAIT_MAX_S`), and attaches once it
+listens; its messages then say how long it waited, and `%gpumem workers` lists it so.
 CUDA is never initialised here: devices are read only once the worker itself has used CUDA.
 """
 
@@ -51,8 +55,10 @@ BEFORE_CONTROL = 0.25  # seconds between samples until the kernel's first contro
 SEND_PERIOD = 0.25
 MAX_HISTORY = 32
 SCAN_PERIOD = 1.0  # seconds between looks at devices this worker has not used yet
+WAIT_FIRST_S, WAIT_MAX_S = 0.05, 2.0  # a waiting worker's first retry, and its slowest
 
 _agent: Agent | None = None
+_waiter: _Waiter | None = None
 _agent_lock = threading.Lock()
 # Addresses this process itself listens on (the kernel): attach() there would talk to itself.
 LISTENING_HERE: set[str] = set()
@@ -63,8 +69,11 @@ def attach(address: WorkerAddress | None = None, probe: bool = True) -> Agent | 
 
     Reads the notebook's address and key from the environment (see `address.py`) unless given.
     Returns the running `Agent`, or None when there is no notebook to report to: no variables,
-    a malformed address, nothing listening there, or an error of any kind (never raised)."""
-    global _agent
+    a malformed address, nothing listening there, or an error of any kind (never raised).
+    Nothing listening at an address that is set: the notebook may be starting its listener
+    (the worker was started right after `%load_ext`), so a daemon thread keeps trying and
+    attaches once it listens (`waiting()` says whether it still is)."""
+    global _waiter
     try:
         with _agent_lock:
             if _agent is not None and _agent.pid == os.getpid() and _agent.running:
@@ -73,21 +82,77 @@ def attach(address: WorkerAddress | None = None, probe: bool = True) -> Agent | 
             if address is None or address.samples in LISTENING_HERE:
                 return None
             if probe and not _listening(address.samples):
+                if not waiting(address):
+                    _waiter = _Waiter(address)
+                    _waiter.start()
                 return None
-            _agent = Agent(address)
-            _agent.start()
-            return _agent
+            return _start(address)
     except (AddressError, Exception):  # attach must never break the worker
         return None
 
 
-def detach() -> None:
-    """Say goodbye (with the final figures) and stop reporting."""
+def _start(address: WorkerAddress, waited: float = 0.0) -> Agent:
+    """The agent for `address`, started (call with `_agent_lock` held)."""
     global _agent
+    _agent = Agent(address, waited=waited)
+    _agent.start()
+    return _agent
+
+
+def waiting(address: WorkerAddress | None = None) -> bool:
+    """Whether this process is waiting for its notebook to listen (at `address`, if given)."""
+    w = _waiter
+    return w is not None and w.alive and (address is None or w.address.samples == address.samples)
+
+
+def detach() -> None:
+    """Say goodbye (with the final figures) and stop reporting (or waiting to)."""
+    global _agent, _waiter
     with _agent_lock:
         agent, _agent = _agent, None
+        waiter, _waiter = _waiter, None
+    if waiter is not None:
+        waiter.stop()
     if agent is not None:
         agent.stop()
+
+
+class _Waiter:
+    """Tries the notebook's address until it listens, then attaches: one TCP connect each time,
+    at intervals doubling from `WAIT_FIRST_S` to `WAIT_MAX_S`; stops at exit or `detach()`."""
+
+    def __init__(self, address: WorkerAddress) -> None:
+        self.address = address
+        self.pid = os.getpid()
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpumem-worker-wait", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        # A forked child has the object but not the thread: it waits on its own.
+        return self.pid == os.getpid() and self._thread.is_alive() and not self._stop.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        global _waiter
+        delay = WAIT_FIRST_S
+        while not self._stop.wait(delay) and _waiter is self:  # replaced: the newer one waits
+            if _listening(self.address.samples):
+                with _agent_lock:
+                    here = self.address.samples in LISTENING_HERE  # the kernel itself listens
+                    if _waiter is self and not self._stop.is_set() and not here:
+                        _waiter = None
+                        with contextlib.suppress(Exception):  # never breaks the worker
+                            _start(self.address, waited=time.monotonic() - self.started)
+                return
+            delay = min(delay * 2, WAIT_MAX_S)
 
 
 def _listening(address: str) -> bool:
@@ -285,10 +350,12 @@ class Agent:
     """One per process; `attach()` makes it. Its thread owns the sockets (zmq sockets are not
     thread-safe): other threads (the OOM observer, exit) send through `_send`, under a lock."""
 
-    def __init__(self, address: WorkerAddress) -> None:
+    def __init__(self, address: WorkerAddress, waited: float = 0.0) -> None:
         import zmq
 
         self.address = address
+        # Seconds `attach()` waited for the notebook to listen (0: it listened at once).
+        self.waited = waited
         self.pid = os.getpid()
         self.who = identity()
         self.errors = 0  # swallowed, never raised
@@ -498,6 +565,7 @@ class Agent:
                 control_seq=control.seq if control is not None else 0,
                 born=self.born,
                 history=history,
+                waited=self.waited,
             )
             try:
                 self._push.send_multipart(self._signer.frames(msg.encode()), zmq.NOBLOCK)

@@ -110,6 +110,9 @@ class WorkerMessage(NamedTuple):
     # Samples taken since the previous message, oldest first: (t, allocated and reserved summed
     # over the worker's devices, host RSS). A worker sampling at 20 Hz sends 4 messages a second.
     history: tuple[tuple[float, int, int, int | None], ...] = ()
+    # Seconds the worker's `attach()` waited for the notebook to listen: it was started before
+    # the kernel's listener was up (0: it listened at once).
+    waited: float = 0.0
 
     def encode(self) -> bytes:
         w = self.who
@@ -128,6 +131,8 @@ class WorkerMessage(NamedTuple):
         }
         if self.history:
             body["h"] = [list(h) for h in self.history]
+        if self.waited:
+            body["wait"] = self.waited
         if self.cell is not None:
             c = self.cell
             body["cell"] = [c.n, [list(d) for d in c.devices], c.rss_before, c.rss_peak]
@@ -204,6 +209,7 @@ def decode_worker(payload: bytes) -> WorkerMessage:
         control_seq=_count(body.get("ctl", 0), "ctl"),
         born=_time(body.get("born", 0.0), "born"),
         history=_history(body.get("h")),
+        waited=_duration(body.get("wait", 0.0), "wait"),
     )
 
 
@@ -272,6 +278,13 @@ def _time(v: Any, what: str) -> float:
     if (t is not float and t is not int) or not math.isfinite(v):
         raise MessageError(f"{what}: not a time ({v!r})")
     return float(v)
+
+
+def _duration(v: Any, what: str) -> float:
+    d = _time(v, what)
+    if d < 0:
+        raise MessageError(f"{what}: not a duration ({v!r})")
+    return d
 
 
 def _interval(v: Any, what: str) -> float:

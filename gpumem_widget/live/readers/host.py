@@ -2,30 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import os
+import weakref
 from collections.abc import Callable
 
 
 class _Statm:
     """RSS from ``/proc/<pid>/statm``, the file kept open: about 1 us a read, where psutil's
-    `memory_info` opens and parses it every time (about 12 us; the hooks read it twice a cell)."""
+    `memory_info` opens and parses it every time (about 12 us; the hooks read it twice a cell).
+
+    Read through libc with the GIL held (`ctypes.PyDLL`): `os.pread` lets it go, and in a kernel
+    a waiting thread (IOPub, the sampler) then takes it, so a 2 us read cost a hook 30-150 us.
+    A forked child reopens its own file at the fork (not by a `getpid` call every read)."""
 
     def __init__(self) -> None:
         self._page = os.sysconf("SC_PAGE_SIZE")
+        self._buffer = ctypes.create_string_buffer(128)
+        self._pread = ctypes.PyDLL(None, use_errno=True).pread
+        self._pread.restype = ctypes.c_ssize_t
+        self._pread.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long)
         self._open()
+        os.register_at_fork(after_in_child=functools.partial(_reopen, weakref.ref(self)))
 
     def _open(self) -> None:
-        self._pid = os.getpid()
-        self._file = open(f"/proc/{self._pid}/statm", "rb", buffering=0)  # noqa: SIM115
+        self._file = open(f"/proc/{os.getpid()}/statm", "rb", buffering=0)  # noqa: SIM115
+        self._fd = self._file.fileno()
 
     def __call__(self) -> int:
-        if os.getpid() != self._pid:  # a forked child reads its own
-            self._file.close()
-            self._open()
-        return int(os.pread(self._file.fileno(), 128, 0).split()[1]) * self._page
+        n = self._pread(self._fd, self._buffer, 128, 0)
+        if n <= 0:
+            raise OSError(ctypes.get_errno(), "pread of statm failed")
+        return int(self._buffer.raw[:n].split()[1]) * self._page
 
     def close(self) -> None:
         self._file.close()
+
+
+def _reopen(ref: weakref.ref[_Statm]) -> None:
+    """In a forked child: read the child's own file (the parent's stays the parent's)."""
+    statm = ref()
+    if statm is not None and not statm._file.closed:
+        with contextlib.suppress(OSError):
+            statm._file.close()
+            statm._open()
 
 
 class HostReader:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,50 @@ _reader, why_not = _load()
 
 def available() -> bool:
     return _reader is not None
+
+
+# What `gpumem-widget --version` and `%gpumem status` say the C reader adds (README, benchmarks:
+# a recorded 1M-entry snapshot, first drawn view and the conversion child's peak memory).
+GAIN = (
+    "opens a large snapshot about twice as fast, in 37% of the memory (1M trace entries: "
+    "first view 0.87 s against 1.62 s, 268 MB against 717 MB)"
+)
+
+
+def installed_as() -> str:
+    """Which build of the package is imported: the pure wheel, a binary wheel (its tags), or
+    a source tree (editable or on the path)."""
+    here = Path(__file__).resolve()
+    inside = __name__.replace(".", "/") + ".py"  # this file's path in the package's wheel
+    try:
+        dist = importlib.metadata.distribution("gpumem-widget")
+        ours = Path(str(dist.locate_file(inside))).resolve() == here
+    except importlib.metadata.PackageNotFoundError:
+        ours = False
+    if not ours:
+        return f"from source ({here.parents[__name__.count('.')]})"
+    wheel = dist.read_text("WHEEL") or ""
+    tags = [t.split(":", 1)[1].strip() for t in wheel.splitlines() if t.startswith("Tag:")]
+    kind = "the pure wheel" if tags == ["py3-none-any"] else "a binary wheel"
+    return f"{kind} ({', '.join(tags)})"
+
+
+def describe() -> list[str]:
+    """The package's build and the snapshot reader it uses, one line each."""
+    from gpumem_widget.version import __version__
+
+    build = installed_as()
+    lines = [f"package: gpumem-widget {__version__}, {build}"]
+    if available():
+        lines.append(f"snapshot reader: the C reader, which {GAIN}")
+    else:
+        why = "the pure wheel has no C reader" if build.startswith("the pure") else why_not
+        lines.append(
+            f"snapshot reader: the unpickler ({why}). The C reader {GAIN}: it comes with "
+            "the binary wheels (Linux x86_64, aarch64) and with an install from source where "
+            "a C compiler is found"
+        )
+    return lines
 
 
 I64 = np.ndarray[Any, np.dtype[np.int64]]
