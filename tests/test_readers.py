@@ -144,3 +144,46 @@ def test_a_stray_context_is_pointed_out(nvml: Any) -> None:
         assert session.status()["hints"] == []
     finally:
         session.stop()
+
+
+def test_the_process_list_read_in_one_call_equals_pynvmls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real pynvml's struct and constants; its C function replaced by one that answers as
+    # NVML's does: too small a buffer gets INSUFFICIENT_SIZE and the count it needs.
+    import ctypes
+
+    import pynvml
+
+    na = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    listed = [(1000 + i, (i + 1) * 2**20) for i in range(20)] + [(77, na)]
+    calls: list[int] = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint), ctypes.c_void_p)
+    def running(handle: Any, count: Any, buffer: Any) -> int:
+        calls.append(count[0])
+        if count[0] < len(listed):
+            count[0] = len(listed)
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        out = ctypes.cast(buffer, ctypes.POINTER(pynvml.c_nvmlProcessInfo_v3_t))
+        for i, (pid, used) in enumerate(listed):
+            out[i].pid, out[i].usedGpuMemory = pid, used
+        count[0] = len(listed)
+        return int(pynvml.NVML_SUCCESS)
+
+    from gpumem_widget.live.readers import nvml as nvml_reader
+
+    fake = types.SimpleNamespace(**{k: getattr(pynvml, k) for k in dir(pynvml) if k.isupper()})
+    fake.c_nvmlProcessInfo_v3_t = pynvml.c_nvmlProcessInfo_v3_t
+    fake.NVML_VALUE_NOT_AVAILABLE_ulonglong = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong
+    fake.NVMLError = pynvml.NVMLError
+    fake._nvmlGetFunctionPointer = lambda name: running
+    read = nvml_reader._fast_process_list(fake)
+    assert read is not None
+    want = [(pid, None if used == na else used) for pid, used in listed]
+    assert read(0) == want
+    assert calls == [16, 47]  # the kept buffer, then once room for twice as many
+    assert read(0) == want
+    assert calls[2:] == [47]  # the grown buffer is kept: one call a read from now on
+    fake.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in want
+    ]
+    assert nvml_reader._wrapped_process_list(fake)(0) == want
