@@ -119,6 +119,8 @@ def test_forward_nesting_innermost_wins_and_leaving_restores_the_parent(
     make_tracer({"gpt": gpt})
     sink.clear()
     gpt(torch.randn(2, 8))
+    with torch.no_grad():
+        gpt.head(torch.randn(2, 8))  # between forward and backward: still the loss's phase
     assert sink.tags() == [
         "cell:7 forward gpt",
         "cell:7 forward gpt.h.0",
@@ -135,7 +137,9 @@ def test_forward_nesting_innermost_wins_and_leaving_restores_the_parent(
         "cell:7 forward gpt",
         "cell:7 forward gpt.head",
         "cell:7 forward gpt",
-        "cell:7",  # back in the cell's own code: the plain tag
+        "cell:7 forward",  # the model returned; what follows, up to backward, is the loss
+        "cell:7 forward gpt.head",
+        "cell:7 forward",
     ]
 
 
@@ -331,7 +335,7 @@ def test_a_raising_forward_unwinds_and_the_next_cell_is_clean(
     t.new_cell(8)
     sink.clear()
     model[0](torch.randn(1, 2))
-    assert sink.tags() == ["cell:8 forward model.0", "cell:8"]
+    assert sink.tags() == ["cell:8 forward model.0", "cell:8 forward"]
 
 
 def test_user_hooks_still_run_in_order(make_tracer: Callable[..., ModuleTracer]) -> None:
@@ -676,5 +680,5 @@ def test_tagged_thread_tags_a_user_thread(control: Sink, monkeypatch: pytest.Mon
     t = threading.Thread(target=traced, name="loader2")
     t.start()
     t.join()
-    assert control.tags("loader2") == ["cell:5", "cell:5 forward Linear#0", "cell:5"]
+    assert control.tags("loader2") == ["cell:5", "cell:5 forward Linear#0", "cell:5 forward"]
     assert set_directly == [("loader2", "")]

@@ -16,6 +16,9 @@ metadata from it:
   `_engine_run_backward`): backward code before any module (the loss) belongs to the cell;
 - the optimizer's global step hooks.
 
+After a model's outermost forward (with grad, and not raising), the thread stays in phase
+forward with no module until backward: that is where the loss is computed.
+
 A forward run while backward runs on the same thread is activation checkpointing's recompute.
 A `torch.compile`d module is seen as a whole (its submodules' hooks are not called from compiled
 code), and so is one being traced by dynamo (the hooks do nothing while compiling).
@@ -160,7 +163,10 @@ class ModuleTracer:
         self._engine_run: Any = None
         self._engine_wrapper: Any = None
         self._warning_filter: Any = None
-        self._is_compiling = torch.compiler.is_compiling
+        # Constant False in eager; dynamo reads it as True (and then skips the hook).
+        self._is_compiling = getattr(
+            torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling
+        )
         self._grad_enabled = torch.is_grad_enabled
         self._tensor = torch.Tensor
 
@@ -240,6 +246,8 @@ class ModuleTracer:
         # Outside a cell, code in no module carries no tag, as without the tracer.
         idle = module_tag(cell, "other", None) if cell is not None else ""
         self.idle = Frame(idle, OTHER, None)
+        # After a model's forward with grad, until backward: the loss, computed in no module.
+        self.forward_root = Frame(module_tag(cell, "forward", None), FORWARD, None)
         self.backward_root = Frame(module_tag(cell, "backward", None), BACKWARD, None)
         self.optimizer = Frame(module_tag(cell, "optimizer", None), OPTIMIZER, None)
 
@@ -307,6 +315,8 @@ class ModuleTracer:
                 )
         if not stack:
             st.claimed.clear()  # the outermost forward is done: hold no node beyond it
+            if frame.phase == FORWARD and output is not None and self._grad_enabled():
+                prev = self.forward_root  # what follows, up to backward, is the loss
         st.cur = prev
         tag = prev.tag
         if tag is not st.last:
@@ -355,7 +365,7 @@ class ModuleTracer:
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         st = self.local
         prev = st.stack.pop() if st.stack else self.idle
-        if prev.phase == OTHER and prev.entry is None:
+        if prev.entry is None and prev.phase in (OTHER, FORWARD):
             prev = self.idle
         self.switch(st, prev)
 
@@ -383,8 +393,8 @@ class ModuleTracer:
                 if tracer.figures is not None:
                     tracer._close_backward_figures()
                 del st.stack[depth:]
-                if tracer.installed:
-                    tracer.switch(st, saved)  # backward ran nodes on this thread too (CPU)
+                if tracer.installed:  # backward ran nodes on this thread too (CPU)
+                    tracer.switch(st, tracer.idle if saved is tracer.forward_root else saved)
 
         return _engine_run_backward
 
