@@ -8,6 +8,8 @@ Two workloads, each a full step (zero_grad, forward, loss, backward, AdamW step)
                batch 8, cross-entropy outside any module): about 60 modules a step
   loop8        a launch-bound loop: 8 Linear(256, 256) + ReLU layers, batch 32; each step is
                bound by kernel launches, so any time the hooks take from Python shows in full
+  loop8-tiny   the same at width 16: on the CPU, where loop8's matrix products dominate, the
+               step is then all Python and dispatch (the worst case for the hooks' share)
 
 Rounds interleave the modes in a shuffled order (off, on, and with --figures on+figures), each
 timing `--steps` steps after a short warm-up (on CUDA, synchronized at both ends), so both sides
@@ -98,14 +100,14 @@ def transformer(device: str) -> tuple[dict[str, Any], Step]:
     return {"gpt": gpt, "opt": opt}, step
 
 
-def loop8(device: str) -> tuple[dict[str, Any], Step]:
+def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
     torch.manual_seed(0)
     layers = []
     for _ in range(8):
-        layers += [nn.Linear(256, 256), nn.ReLU()]
+        layers += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*layers).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    xb = torch.randn(32, 256, device=device)
+    xb = torch.randn(32, width, device=device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -115,7 +117,12 @@ def loop8(device: str) -> tuple[dict[str, Any], Step]:
     return {"model": model, "opt": opt}, step
 
 
-WORKLOADS = {"transformer": transformer, "loop8": loop8}
+WORKLOADS: dict[str, Callable[[str], tuple[dict[str, Any], Step]]] = {
+    "transformer": transformer,
+    "loop8": loop8,
+    # The CPU's own launch-bound loop: layers so small the step is all Python and dispatch.
+    "loop8-tiny": lambda device: loop8(device, width=16),
+}
 
 
 class CountingSink:
@@ -129,7 +136,7 @@ class CountingSink:
 
 
 def timed(step: Step, steps: int, cuda: bool) -> float:
-    """Median-free: the mean step time of `steps` steps, in seconds."""
+    """The mean step time of `steps` steps (after 5 to warm up), in seconds."""
     for _ in range(5):
         step()
     if cuda:
@@ -192,6 +199,8 @@ def main() -> None:
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON")
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(1)  # one core's Python overhead, steadier on a shared machine
     print(f"torch {torch.__version__} on {device}; {args.rounds} rounds x {args.steps} steps")
     results = []
     for name in args.workload.split(","):

@@ -260,6 +260,47 @@ def test_backward_on_autograd_threads_and_user_threads_tags_that_thread(
     assert tags[-1] == "cell:7"  # the worker's forward and backward both unwound
 
 
+def test_a_backward_in_a_later_cell_is_that_cells(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """`loss = gpt(x)` in one cell, `loss.backward()` in the next: the backward's allocations
+    are the second cell's; so are a worker thread's, idle since the first."""
+    import queue
+
+    gpt = Gpt(n=1)
+    t = make_tracer({"gpt": gpt})
+    loss = gpt(torch.randn(2, 8)).sum()
+    jobs: queue.Queue[Callable[[], Any] | None] = queue.Queue()
+    done: queue.Queue[bool] = queue.Queue()
+
+    def serve() -> None:  # one thread that lives through both cells
+        while (job := jobs.get()) is not None:
+            job()
+            done.put(True)
+
+    worker = threading.Thread(target=serve, name="w1")
+    worker.start()
+    jobs.put(lambda: gpt.head(torch.randn(1, 8)))  # with grad: leaves it in phase forward
+    done.get()
+    t.new_cell(8)
+    sink.clear()
+    loss.backward()
+    tags = dedup(sink.tags())
+    assert "cell:8 backward gpt.h.0.mlp.0" in tags
+    assert "cell:8 backward gpt.h.0" in tags  # the leave hook's parent, made in cell 7
+    assert not any(tag.startswith("cell:7") for tag in tags)
+
+    def again() -> None:
+        with torch.no_grad():
+            gpt.head(torch.randn(1, 8))
+
+    jobs.put(again)
+    done.get()
+    jobs.put(None)
+    worker.join()
+    assert sink.tags("w1")[-2:] == ["cell:8 forward gpt.head", "cell:8 forward"]
+
+
 def test_the_outer_modules_hook_on_a_shared_node_does_not_win(
     sink: Sink, make_tracer: Callable[..., ModuleTracer]
 ) -> None:

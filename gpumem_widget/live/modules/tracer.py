@@ -72,10 +72,21 @@ class Entry:
     """One module in one cell: its name and its frames, made once; its bound `enter_backward`
     is the node pre-hook."""
 
-    __slots__ = ("backward", "compiled", "forward", "path", "prefix", "recompute", "ref", "tracer")
+    __slots__ = (
+        "backward",
+        "compiled",
+        "forward",
+        "path",
+        "prefix",
+        "recompute",
+        "ref",
+        "tracer",
+        "version",
+    )
 
     def __init__(self, tracer: ModuleTracer, module: Any, path: str, cell: int | None) -> None:
         self.tracer = tracer
+        self.version = tracer.version  # the cell it was made in: its frames name that cell
         self.ref: Callable[[], Any] = _ref(module)
         self.path = path
         self.prefix = path + "."
@@ -86,8 +97,18 @@ class Entry:
 
     def enter_backward(self, grad_outputs: Any) -> None:
         tracer = self.tracer
-        if tracer.installed:
-            tracer.switch(tracer.local, self.backward)
+        if not tracer.installed:
+            return
+        if tracer.figures is not None or self.version != tracer.version:
+            # (A graph built in an earlier cell: its backward is this cell's.)
+            tracer.switch(tracer.local, tracer.fresh(self.backward))
+            return
+        st = tracer.local  # `switch`, inlined: this runs for every module in backward
+        frame = st.cur = self.backward
+        tag = frame.tag
+        if tag is not st.last:
+            st.last = tag
+            tracer.sink(tag)
 
     def contains(self, frame: Frame) -> bool:
         """Whether `frame` is in this module (itself or a submodule)."""
@@ -114,7 +135,7 @@ class _Leave:
             st = tracer.local
             cur = st.cur
             if cur.phase == BACKWARD and self.child.contains(cur):
-                tracer.switch(st, self.parent)
+                tracer.switch(st, tracer.fresh(self.parent))
 
 
 class _Thread(threading.local):
@@ -156,6 +177,7 @@ class ModuleTracer:
         self.figures: CellFigures | None = None  # per-module figures, when asked for
         self.measure = False  # read allocated bytes at module boundaries
         self._entries: dict[int, Entry] = {}
+        self.version = 0
         self.thread_states: dict[int, dict[str, Any]] = {}
         self._frames_for(None)
         self.local = _Thread(self)
@@ -181,9 +203,10 @@ class ModuleTracer:
         from torch.nn.modules import module
         from torch.optim import optimizer as optim
 
+        pre, post = self._module_hooks()
         self._handles = [
-            module.register_module_forward_pre_hook(self._pre),
-            module.register_module_forward_hook(self._post, always_call=True),
+            module.register_module_forward_pre_hook(pre),
+            module.register_module_forward_hook(post, always_call=True),
             optim.register_optimizer_step_pre_hook(self._step_pre),
             optim.register_optimizer_step_post_hook(self._step_post),
         ]
@@ -221,7 +244,7 @@ class ModuleTracer:
         """A cell starts (or the tracer is turned on in one): fresh frames, and the calling
         thread (the kernel's) in no module."""
         self.cell = cell
-        self._entries = {}
+        self._entries.clear()  # in place: the hooks hold this dict
         self._frames_for(cell)
         self.names.new_cell()
         self.figures = CellFigures(cell) if self.measure else None
@@ -242,7 +265,21 @@ class ModuleTracer:
         st.readings.clear()
         self.switch(st, self.idle)
 
+    def fresh(self, frame: Frame) -> Frame:
+        """`frame` as of the running cell (a frame made in an earlier one names that cell)."""
+        entry = frame.entry
+        if entry is None:
+            return self.roots[frame.phase]
+        if entry.version == self.version:
+            return frame
+        module = entry.ref()
+        if module is None:
+            return self.roots[frame.phase]
+        now = self.entry(module)
+        return (now.forward, now.backward, now.recompute)[frame.phase] if frame.phase < 3 else frame
+
     def _frames_for(self, cell: int | None) -> None:
+        self.version += 1
         # Outside a cell, code in no module carries no tag, as without the tracer.
         idle = module_tag(cell, "other", None) if cell is not None else ""
         self.idle = Frame(idle, OTHER, None)
@@ -250,6 +287,14 @@ class ModuleTracer:
         self.forward_root = Frame(module_tag(cell, "forward", None), FORWARD, None)
         self.backward_root = Frame(module_tag(cell, "backward", None), BACKWARD, None)
         self.optimizer = Frame(module_tag(cell, "optimizer", None), OPTIMIZER, None)
+        # By phase: a thread's frame in no module, restored in a later cell, is that cell's.
+        self.roots = (
+            self.forward_root,
+            self.backward_root,
+            self.backward_root,
+            self.optimizer,
+            self.idle,
+        )
 
     def _entries_by_path(self) -> dict[str, Entry]:
         return {e.path: e for e in self._entries.values() if e.ref() is not None}
@@ -272,63 +317,85 @@ class ModuleTracer:
         return e
 
     # Module hooks ---------------------------------------------------------------------------
-    def _pre(self, module: Any, args: Any) -> None:
-        if self._is_compiling():
-            return
-        st = self.local
-        prev = st.cur
-        e = self._entries.get(id(module))
-        if e is None or e.ref() is not module:
-            e = self.entry(module)
-        frame = e.recompute if prev.phase in (BACKWARD, RECOMPUTE) else e.forward
-        st.stack.append(prev)
-        if self.figures is not None:
-            st.readings.append(self.read_allocated())
-        st.cur = frame
-        tag = frame.tag
-        if tag is not st.last:
-            st.last = tag
-            self.sink(tag)
-        parent = prev.entry
-        if parent is not None and prev.phase == FORWARD and self._grad_enabled():
-            self._leave_hooks(st, e, parent.backward, args)
+    def _module_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The global forward pre and post hooks: closures over what they read, since they run
+        for every module call (locals are cheaper than attributes)."""
+        tracer = self
+        local = self.local
+        entries = self._entries
+        entry = self.entry
+        sink = self.sink
+        is_compiling = self._is_compiling
+        grad_enabled = self._grad_enabled
+        tensor = self._tensor
+        in_backward = frozenset((BACKWARD, RECOMPUTE))
 
-    def _post(self, module: Any, args: Any, output: Any) -> None:
-        if self._is_compiling():
-            return
-        st = self.local
-        stack = st.stack
-        if not stack:
-            return  # installed while this module's forward was running
-        frame = st.cur
-        prev = stack.pop()
-        if prev.phase == OTHER and prev.entry is None:
-            prev = self.idle  # a thread idle since an earlier cell: this cell's tag
-        e = frame.entry
-        if e is not None and self._grad_enabled() and output is not None:
-            self._claim(st, e, output)
-        if self.figures is not None and st.readings:
-            before = st.readings.pop()
-            if e is not None and e.ref() is module:
-                self.figures.forward(
-                    e.path, self.read_allocated() - before, frame.phase == RECOMPUTE
-                )
-        if not stack:
-            st.claimed.clear()  # the outermost forward is done: hold no node beyond it
-            if frame.phase == FORWARD and output is not None and self._grad_enabled():
-                prev = self.forward_root  # what follows, up to backward, is the loss
-        st.cur = prev
-        tag = prev.tag
-        if tag is not st.last:
-            st.last = tag
-            self.sink(tag)
+        def pre(module: Any, args: Any) -> None:
+            if is_compiling():
+                return
+            st = local
+            prev = st.cur
+            e = entries.get(id(module))
+            if e is None or e.ref() is not module:
+                e = entry(module)
+            frame = e.recompute if prev.phase in in_backward else e.forward
+            st.stack.append(prev)
+            if tracer.figures is not None:
+                st.readings.append(tracer.read_allocated())
+            st.cur = frame
+            tag = frame.tag
+            if tag is not st.last:
+                st.last = tag
+                sink(tag)
+            parent = prev.entry
+            if parent is not None and prev.phase == FORWARD and args and grad_enabled():
+                tracer._leave_hooks(st, e, parent.backward, args)
+
+        def post(module: Any, args: Any, output: Any) -> None:
+            if is_compiling():
+                return
+            st = local
+            stack = st.stack
+            if not stack:
+                return  # installed while this module's forward was running
+            frame = st.cur
+            prev = stack.pop()
+            if prev.entry is None:
+                prev = tracer.roots[prev.phase]  # (a thread idle since an earlier cell)
+            e = frame.entry
+            if e is not None and output is not None and grad_enabled():
+                if type(output) is tensor or isinstance(output, tensor):
+                    node = output.grad_fn
+                    if node is not None:
+                        claimed = st.claimed
+                        if id(node) not in claimed:  # else an inner module's: it enters there
+                            claimed[id(node)] = node
+                            node.register_prehook(e.enter_backward)
+                else:
+                    tracer._claim(st, e, output)
+            if tracer.figures is not None and st.readings:
+                before = st.readings.pop()
+                if e is not None and e.ref() is module:
+                    tracer.figures.forward(
+                        e.path, tracer.read_allocated() - before, frame.phase == RECOMPUTE
+                    )
+            if not stack:
+                st.claimed.clear()  # the outermost forward is done: hold no node beyond it
+                if frame.phase == FORWARD and output is not None and grad_enabled():
+                    prev = tracer.forward_root  # what follows, up to backward, is the loss
+            st.cur = prev
+            tag = prev.tag
+            if tag is not st.last:
+                st.last = tag
+                sink(tag)
+
+        return pre, post
 
     def _claim(self, st: _Thread, e: Entry, output: Any) -> None:
-        """Hook the nodes that made the module's output tensors (one level of containers)."""
+        """Hook the nodes that made the module's output tensors (in one level of containers;
+        a lone tensor is handled in `post`)."""
         tensor = self._tensor
-        if isinstance(output, tensor):
-            self._claim_node(st, e, output.grad_fn)
-        elif type(output) in (tuple, list):
+        if type(output) in (tuple, list):
             for o in output:
                 if isinstance(o, tensor):
                     self._claim_node(st, e, o.grad_fn)
@@ -364,8 +431,8 @@ class ModuleTracer:
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         st = self.local
-        prev = st.stack.pop() if st.stack else self.idle
-        if prev.entry is None and prev.phase in (OTHER, FORWARD):
+        prev = self.fresh(st.stack.pop()) if st.stack else self.idle
+        if prev is self.forward_root:
             prev = self.idle
         self.switch(st, prev)
 
@@ -394,6 +461,7 @@ class ModuleTracer:
                     tracer._close_backward_figures()
                 del st.stack[depth:]
                 if tracer.installed:  # backward ran nodes on this thread too (CPU)
+                    saved = tracer.fresh(saved)
                     tracer.switch(st, tracer.idle if saved is tracer.forward_root else saved)
 
         return _engine_run_backward
