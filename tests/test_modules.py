@@ -669,7 +669,7 @@ def test_the_magic_prints_status_and_help(
     ip: Any, control: Sink, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ip.run_line_magic("gpumem", "modules")
-    assert "module tracer: off (auto)" in capsys.readouterr().out
+    assert "module tracer: off (auto: on while" in capsys.readouterr().out
     ip.run_line_magic("gpumem", "modules --help")
     out = capsys.readouterr().out
     assert "--figures" in out

@@ -175,18 +175,16 @@ def cell_figures(cell: int | None = None) -> CellFigures | None:
 
 
 def status() -> str:
+    """One line: on or off, and why (`%gpumem modules status`)."""
     c = _control
     on = tracing()
-    why = (
-        "turned on"
-        if c.mode == "on"
-        else "turned off"
-        if c.mode == "off"
-        else "auto: " + (", ".join(sorted(_REASONS[r] for r in c.reasons)) if c.reasons else "")
-    )
-    line = f"module tracer: {'on' if on else 'off'} ({why.rstrip(': ') or 'auto'})"
-    if c.mode == "auto" and not c.reasons:
-        line += "; on while a cell runs under %%gpumem or `%gpumem record on` records"
+    if c.mode != "auto":
+        why = f"turned {c.mode}"
+    elif c.reasons:
+        why = "auto: " + ", ".join(sorted(_REASONS[r] for r in c.reasons))
+    else:
+        why = "auto: on while a cell runs under %%gpumem or `%gpumem record on` records"
+    line = f"module tracer: {'on' if on else 'off'} ({why})"
     if on:
         line += "; per-module figures " + ("measured" if c.measure else "off (--figures)")
     return line
