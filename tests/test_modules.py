@@ -379,6 +379,27 @@ def test_a_raising_forward_unwinds_and_the_next_cell_is_clean(
     assert sink.tags() == ["cell:8 forward model.0", "cell:8 forward"]
 
 
+def test_a_failing_tracer_never_breaks_the_users_step(sink: Sink) -> None:
+    def namespace() -> dict[str, Any]:
+        raise RuntimeError("a hostile namespace")
+
+    def bad_sink(tag: str) -> None:
+        if "backward" in tag:
+            raise RuntimeError("no metadata today")
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    t = ModuleTracer(ModuleNames(namespace), sink=bad_sink)
+    t.install(3)
+    try:
+        model(torch.randn(1, 2)).sum().backward()
+        assert t.entry(model).path == "Sequential#0"  # the scan failed: named by class
+        assert t.error is not None
+        assert "no metadata today" in t.error
+    finally:
+        t.uninstall()
+    assert model[0].weight.grad is not None
+
+
 def test_user_hooks_still_run_in_order(make_tracer: Callable[..., ModuleTracer]) -> None:
     def run(traced: bool) -> list[str]:
         order: list[str] = []

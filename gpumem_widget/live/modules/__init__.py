@@ -187,6 +187,8 @@ def status() -> str:
     line = f"module tracer: {'on' if on else 'off'} ({why})"
     if on:
         line += "; per-module figures " + ("measured" if c.measure else "off (--figures)")
+    if c.tracer is not None and c.tracer.error is not None:
+        line += f"; a hook failed (tags may be off since): {c.tracer.error}"
     return line
 
 

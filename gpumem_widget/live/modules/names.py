@@ -9,12 +9,14 @@ held weakly: a name never keeps a model alive.
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpumem_widget.holders.variables import is_ipython_name
 
+log = logging.getLogger(__name__)
 # How deep plain containers are searched for modules: `models["a"][0]`, not arbitrary graphs.
 CONTAINER_DEPTH = 2
 MAX_CONTAINER_ITEMS = 1000
@@ -39,7 +41,10 @@ class ModuleNames:
             return found[1]
         if not self._scanned:
             self._scanned = True
-            self._scan()
+            try:
+                self._scan()
+            except Exception as e:  # an odd object in the namespace: named by class instead
+                log.warning("gpumem_widget: module names: %s: %s", type(e).__name__, e)
             found = self._names.get(id(module))
             if found is not None and found[0]() is module:
                 return found[1]

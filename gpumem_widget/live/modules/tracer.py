@@ -33,6 +33,7 @@ nothing once the tracer is off.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import warnings
 import weakref
@@ -45,6 +46,7 @@ from gpumem_widget.snapshot.tags import Phase, module_tag
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = range(5)
 _PHASE_NAMES: tuple[Phase, ...] = ("forward", "backward", "recompute", "optimizer", "other")
+log = logging.getLogger(__name__)
 _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 MetadataSink = Callable[[str], None]
 AllocatedReader = Callable[[], int]
@@ -99,16 +101,19 @@ class Entry:
         tracer = self.tracer
         if not tracer.installed:
             return
-        if tracer.figures is not None or self.version != tracer.version:
-            # (A graph built in an earlier cell: its backward is this cell's.)
-            tracer.switch(tracer.local, tracer.fresh(self.backward))
-            return
-        st = tracer.local  # `switch`, inlined: this runs for every module in backward
-        frame = st.cur = self.backward
-        tag = frame.tag
-        if tag is not st.last:
-            st.last = tag
-            tracer.sink(tag)
+        try:
+            if tracer.figures is not None or self.version != tracer.version:
+                # (A graph built in an earlier cell: its backward is this cell's.)
+                tracer.switch(tracer.local, tracer.fresh(self.backward))
+                return
+            st = tracer.local  # `switch`, inlined: this runs for every module in backward
+            frame = st.cur = self.backward
+            tag = frame.tag
+            if tag is not st.last:
+                st.last = tag
+                tracer.sink(tag)
+        except Exception as err:  # never into the user's backward
+            tracer.failed("backward entry hook", err)
 
     def contains(self, frame: Frame) -> bool:
         """Whether `frame` is in this module (itself or a submodule)."""
@@ -131,11 +136,15 @@ class _Leave:
 
     def __call__(self, grad_outputs: Any) -> None:
         tracer = self.child.tracer
-        if tracer.installed:
+        if not tracer.installed:
+            return
+        try:
             st = tracer.local
             cur = st.cur
             if cur.phase == BACKWARD and self.child.contains(cur):
                 tracer.switch(st, tracer.fresh(self.parent))
+        except Exception as err:  # never into the user's backward
+            tracer.failed("backward leave hook", err)
 
 
 class _Thread(threading.local):
@@ -173,6 +182,7 @@ class ModuleTracer:
             allocated if allocated is not None else default_allocated(torch)
         )
         self.installed = False
+        self.error: str | None = None  # the first hook that failed, and why
         self.cell: int | None = None
         self.figures: CellFigures | None = None  # per-module figures, when asked for
         self.measure = False  # read allocated bytes at module boundaries
@@ -310,6 +320,13 @@ class ModuleTracer:
             st.last = tag
             self.sink(tag)
 
+    def failed(self, where: str, error: Exception) -> None:
+        """A hook failed: said once (log and `error`); the user's code goes on, its tags may
+        be off from here."""
+        if self.error is None:
+            self.error = f"{where}: {type(error).__name__}: {error}"
+            log.error("gpumem_widget: module tracer: %s", self.error, exc_info=error)
+
     def entry(self, module: Any) -> Entry:
         e = self._entries.get(id(module))
         if e is None or e.ref() is not module:
@@ -333,61 +350,68 @@ class ModuleTracer:
         def pre(module: Any, args: Any) -> None:
             if is_compiling():
                 return
-            st = local
-            prev = st.cur
-            e = entries.get(id(module))
-            if e is None or e.ref() is not module:
-                e = entry(module)
-            frame = e.recompute if prev.phase in in_backward else e.forward
-            st.stack.append(prev)
-            if tracer.figures is not None:
-                st.readings.append(tracer.read_allocated())
-            st.cur = frame
-            tag = frame.tag
-            if tag is not st.last:
-                st.last = tag
-                sink(tag)
-            parent = prev.entry
-            if parent is not None and prev.phase == FORWARD and args and grad_enabled():
-                tracer._leave_hooks(st, e, parent.backward, args)
+            try:
+                st = local
+                prev = st.cur
+                e = entries.get(id(module))
+                if e is None or e.ref() is not module:
+                    e = entry(module)
+                frame = e.recompute if prev.phase in in_backward else e.forward
+                st.stack.append(prev)
+                if tracer.figures is not None:
+                    st.readings.append(tracer.read_allocated())
+                st.cur = frame
+                tag = frame.tag
+                if tag is not st.last:
+                    st.last = tag
+                    sink(tag)
+                parent = prev.entry
+                if parent is not None and prev.phase == FORWARD and args and grad_enabled():
+                    tracer._leave_hooks(st, e, parent.backward, args)
+            except Exception as err:  # never into the user's forward
+                tracer.failed("forward pre-hook", err)
 
         def post(module: Any, args: Any, output: Any) -> None:
             if is_compiling():
                 return
-            st = local
-            stack = st.stack
-            if not stack:
-                return  # installed while this module's forward was running
-            frame = st.cur
-            prev = stack.pop()
-            if prev.entry is None:
-                prev = tracer.roots[prev.phase]  # (a thread idle since an earlier cell)
-            e = frame.entry
-            if e is not None and output is not None and grad_enabled():
-                if type(output) is tensor or isinstance(output, tensor):
-                    node = output.grad_fn
-                    if node is not None:
-                        claimed = st.claimed
-                        if id(node) not in claimed:  # else an inner module's: it enters there
-                            claimed[id(node)] = node
-                            node.register_prehook(e.enter_backward)
-                else:
-                    tracer._claim(st, e, output)
-            if tracer.figures is not None and st.readings:
-                before = st.readings.pop()
-                if e is not None and e.ref() is module:
-                    tracer.figures.forward(
-                        e.path, tracer.read_allocated() - before, frame.phase == RECOMPUTE
-                    )
-            if not stack:
-                st.claimed.clear()  # the outermost forward is done: hold no node beyond it
-                if frame.phase == FORWARD and output is not None and grad_enabled():
-                    prev = tracer.forward_root  # what follows, up to backward, is the loss
-            st.cur = prev
-            tag = prev.tag
-            if tag is not st.last:
-                st.last = tag
-                sink(tag)
+            try:
+                st = local
+                stack = st.stack
+                if not stack:
+                    return  # installed while this module's forward was running
+                frame = st.cur
+                prev = stack.pop()
+                if prev.entry is None:
+                    prev = tracer.roots[prev.phase]  # (a thread idle since an earlier cell)
+                e = frame.entry
+                if e is not None and output is not None and grad_enabled():
+                    if type(output) is tensor or isinstance(output, tensor):
+                        node = output.grad_fn
+                        if node is not None:
+                            claimed = st.claimed
+                            # Claimed already: an inner module's output, entered there.
+                            if id(node) not in claimed:
+                                claimed[id(node)] = node
+                                node.register_prehook(e.enter_backward)
+                    else:
+                        tracer._claim(st, e, output)
+                if tracer.figures is not None and st.readings:
+                    before = st.readings.pop()
+                    if e is not None and e.ref() is module:
+                        tracer.figures.forward(
+                            e.path, tracer.read_allocated() - before, frame.phase == RECOMPUTE
+                        )
+                if not stack:
+                    st.claimed.clear()  # the outermost forward is done: hold no node beyond it
+                    if frame.phase == FORWARD and output is not None and grad_enabled():
+                        prev = tracer.forward_root  # what follows, up to backward, is the loss
+                st.cur = prev
+                tag = prev.tag
+                if tag is not st.last:
+                    st.last = tag
+                    sink(tag)
+            except Exception as err:  # never into the user's forward
+                tracer.failed("forward hook", err)
 
         return pre, post
 
@@ -425,16 +449,22 @@ class ModuleTracer:
 
     # Optimizer hooks --------------------------------------------------------------------------
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        st = self.local
-        st.stack.append(st.cur)
-        self.switch(st, self.optimizer)
+        try:
+            st = self.local
+            st.stack.append(st.cur)
+            self.switch(st, self.optimizer)
+        except Exception as err:  # never into the user's step
+            self.failed("optimizer step pre-hook", err)
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        st = self.local
-        prev = self.fresh(st.stack.pop()) if st.stack else self.idle
-        if prev is self.forward_root:
-            prev = self.idle
-        self.switch(st, prev)
+        try:
+            st = self.local
+            prev = self.fresh(st.stack.pop()) if st.stack else self.idle
+            if prev is self.forward_root:
+                prev = self.idle
+            self.switch(st, prev)
+        except Exception as err:
+            self.failed("optimizer step hook", err)
 
     # Backward ---------------------------------------------------------------------------------
     def _wrap_engine_run(self, run: Callable[..., Any]) -> Callable[..., Any]:
@@ -444,31 +474,40 @@ class ModuleTracer:
             if not tracer.installed:
                 return run(t_outputs, *args, **kwargs)
             handles = []
-            tensor = tracer._tensor
-            for t in t_outputs:
-                if isinstance(t, tensor) and t.requires_grad:
-                    # A tensor hook runs before the node's own pre-hooks: the module's entry
-                    # (when the root is a module's output) still wins.
-                    handles.append(t.register_hook(tracer._root))
             st = tracer.local
             saved, depth = st.cur, len(st.stack)
             try:
+                tensor = tracer._tensor
+                for t in t_outputs:
+                    if isinstance(t, tensor) and t.requires_grad:
+                        # A tensor hook runs before the node's own pre-hooks: the module's
+                        # entry (when the root is a module's output) still wins.
+                        handles.append(t.register_hook(tracer._root))
+            except Exception as err:  # never into the user's backward
+                tracer.failed("backward() wrapper", err)
+            try:
                 return run(t_outputs, *args, **kwargs)
             finally:
-                for h in handles:
-                    h.remove()
-                if tracer.figures is not None:
-                    tracer._close_backward_figures()
-                del st.stack[depth:]
-                if tracer.installed:  # backward ran nodes on this thread too (CPU)
-                    saved = tracer.fresh(saved)
-                    tracer.switch(st, tracer.idle if saved is tracer.forward_root else saved)
+                try:
+                    for h in handles:
+                        h.remove()
+                    if tracer.figures is not None:
+                        tracer._close_backward_figures()
+                    del st.stack[depth:]
+                    if tracer.installed:  # backward ran nodes on this thread too (CPU)
+                        saved = tracer.fresh(saved)
+                        tracer.switch(st, tracer.idle if saved is tracer.forward_root else saved)
+                except Exception as err:
+                    tracer.failed("backward() wrapper", err)
 
         return _engine_run_backward
 
     def _root(self, grad: Any) -> None:
         if self.installed:
-            self.switch(self.local, self.backward_root)
+            try:
+                self.switch(self.local, self.backward_root)
+            except Exception as err:  # never into the user's backward
+                self.failed("backward root hook", err)
 
     def _close_backward_figures(self) -> None:
         """A backward returned: what each thread did since its last switch is its module's."""
