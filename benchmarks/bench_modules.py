@@ -117,6 +117,7 @@ def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
     return {"model": model, "opt": opt}, step
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 WORKLOADS: dict[str, Callable[[str], tuple[dict[str, Any], Step]]] = {
     "transformer": transformer,
     "loop8": loop8,
@@ -135,21 +136,23 @@ class CountingSink:
         self.inner(tag)
 
 
-def timed(step: Step, steps: int, cuda: bool) -> float:
+def timed(step: Step, steps: int, cuda: bool, clock: Callable[[], float]) -> float:
     """The mean step time of `steps` steps (after 5 to warm up), in seconds."""
     for _ in range(5):
         step()
     if cuda:
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(steps):
         step()
     if cuda:
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps
+    return (clock() - t0) / steps
 
 
-def bench(name: str, device: str, rounds: int, steps: int, figures: bool) -> dict[str, Any]:
+def bench(
+    name: str, device: str, rounds: int, steps: int, *, figures: bool, clock: str
+) -> dict[str, Any]:
     ns, step = WORKLOADS[name](device)
     cuda = device == "cuda"
     sink = CountingSink(default_sink(torch) if cuda else lambda tag: None)
@@ -166,7 +169,7 @@ def bench(name: str, device: str, rounds: int, steps: int, figures: bool) -> dic
                 tracer.install(1, measure=mode == "figures")
             before = sink.calls
             try:
-                times[mode].append(timed(step, steps, cuda))
+                times[mode].append(timed(step, steps, cuda, CLOCKS[clock]))
             finally:
                 tracer.uninstall()
             if mode == "on":
@@ -177,6 +180,7 @@ def bench(name: str, device: str, rounds: int, steps: int, figures: bool) -> dic
         "device": device,
         "rounds": rounds,
         "steps": steps,
+        "clock": clock,
         "median_step_s": med,
         "ratio_on_off": med["on"] / med["off"],
         "metadata_calls_per_step": calls_per_step,
@@ -196,15 +200,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--workload", default="transformer,loop8")
     ap.add_argument("--figures", action="store_true", help="also time the figures mode")
+    ap.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default=None,
+        help="wall (the default on CUDA) or cpu: this process's CPU time (the default on the "
+        "CPU: steadier where other processes share the cores)",
+    )
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON")
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         torch.set_num_threads(1)  # one core's Python overhead, steadier on a shared machine
-    print(f"torch {torch.__version__} on {device}; {args.rounds} rounds x {args.steps} steps")
+    clock = args.clock or ("wall" if device == "cuda" else "cpu")
+    print(
+        f"torch {torch.__version__} on {device}; {args.rounds} rounds x {args.steps} steps; "
+        f"{clock} time"
+    )
     results = []
     for name in args.workload.split(","):
-        r = bench(name, device, args.rounds, args.steps, args.figures)
+        r = bench(name, device, args.rounds, args.steps, figures=args.figures, clock=clock)
         results.append(r)
         med = r["median_step_s"]
         line = (

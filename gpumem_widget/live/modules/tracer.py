@@ -366,8 +366,13 @@ class ModuleTracer:
                     st.last = tag
                     sink(tag)
                 parent = prev.entry
-                if parent is not None and prev.phase == FORWARD and args and grad_enabled():
-                    tracer._leave_hooks(st, e, parent.backward, args)
+                if parent is not None and prev.phase == FORWARD and args:
+                    if len(args) == 1 and type(args[0]) is tensor:  # the usual call, inlined
+                        node = args[0].grad_fn
+                        if node is not None and id(node) not in st.claimed and grad_enabled():
+                            node.register_prehook(_Leave(e, parent.backward))
+                    elif grad_enabled():
+                        tracer._leave_hooks(st, e, parent.backward, args)
             except Exception as err:  # never into the user's forward
                 tracer.failed("forward pre-hook", err)
 
@@ -384,7 +389,8 @@ class ModuleTracer:
                 if prev.entry is None:
                     prev = tracer.roots[prev.phase]  # (a thread idle since an earlier cell)
                 e = frame.entry
-                if e is not None and output is not None and grad_enabled():
+                grad = output is not None and grad_enabled()
+                if e is not None and grad:
                     if type(output) is tensor or isinstance(output, tensor):
                         node = output.grad_fn
                         if node is not None:
@@ -403,7 +409,7 @@ class ModuleTracer:
                         )
                 if not stack:
                     st.claimed.clear()  # the outermost forward is done: hold no node beyond it
-                    if frame.phase == FORWARD and output is not None and grad_enabled():
+                    if grad and frame.phase == FORWARD:
                         prev = tracer.forward_root  # what follows, up to backward, is the loss
                 st.cur = prev
                 tag = prev.tag
