@@ -681,6 +681,8 @@ def test_the_magic_and_cells_through_a_real_shell(ip: Any, control: Sink) -> Non
     figures = gpumem_widget.module_figures(n)
     assert figures is not None
     assert {r.path for r in figures.rows()} == {"net", "net.0"}
+    ip.run_cell("%gpumem modules", store_history=True).raise_error()
+    assert gpumem_widget.module_figures() is figures  # the latest cell that ran a module
     ip.run_cell("%gpumem modules off", store_history=True).raise_error()
     assert not modules.tracing()
     assert global_hooks() == before

@@ -154,8 +154,8 @@ def cell_finished() -> None:
 
 
 def _keep(figures: CellFigures | None) -> None:
-    if figures is None:
-        return
+    if figures is None or not figures.modules:
+        return  # a cell that ran no module (`%gpumem modules` itself) hides no earlier one
     kept = _control.figures
     kept[figures.cell] = figures
     kept.move_to_end(figures.cell)
@@ -164,11 +164,12 @@ def _keep(figures: CellFigures | None) -> None:
 
 
 def cell_figures(cell: int | None = None) -> CellFigures | None:
-    """Per-module figures of `cell` (default: the running cell while measuring, else the latest
-    measured); None when none were measured."""
+    """Per-module figures of `cell`; by default the running cell's while it has some, else the
+    latest cell's that ran a module. None when none were measured."""
     t = _control.tracer
-    if t is not None and t.installed and t.figures is not None and cell in (None, t.cell):
-        return t.figures
+    running = t.figures if t is not None and t.installed else None
+    if running is not None and (running.cell == cell or (cell is None and running.modules)):
+        return running
     if cell is None:
         return next(reversed(_control.figures.values()), None)
     return _control.figures.get(cell)
