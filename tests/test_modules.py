@@ -586,7 +586,7 @@ def test_figures_forward_kept_and_backward_from_allocator_readings(
     ]
     text = figures.format()
     assert text.startswith("cell 7: per module")
-    assert "  0 " in text  # indented under `model`
+    assert "\n  model.0 " in text  # indented under `model`
 
 
 def test_rolled_up_rows_fill_in_containers_never_called() -> None:

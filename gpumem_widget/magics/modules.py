@@ -44,7 +44,7 @@ def _modules(session: Session, args: argparse.Namespace, cell: str | None) -> An
     if args.action in ("on", "off", "auto"):
         if args.figures and args.action != "on":
             raise UsageError("%gpumem modules: --figures goes with `on`")
-        if session.mode != "cuda":
+        if session.mode != "cuda" and args.action == "on":
             print("gpumem: no CUDA device: the tracer tags nothing here (its hooks run anyway)")
         modules.set_mode(
             args.action, running, measure=args.figures if args.action == "on" else None

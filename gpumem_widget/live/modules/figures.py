@@ -131,7 +131,7 @@ class CellFigures:
         )
         lines = [f"{title}: per module (forward kept: saved activations and outputs)", head]
         for r in rows[:limit]:
-            name = "  " * _depth(r.path) + _leaf(r.path) + (" (compiled)" if r.compiled else "")
+            name = "  " * _depth(r.path) + r.path + (" (compiled)" if r.compiled else "")
             lines.append(
                 f"{name:<40} {r.calls:>5} {format_bytes(r.forward_kept):>10} "
                 f"{format_bytes(r.backward_added):>10} {format_bytes(r.backward_high):>10} "
@@ -154,11 +154,6 @@ def _depth(path: str) -> int:
     while p is not None:
         depth, p = depth + 1, parent_path(p)
     return depth
-
-
-def _leaf(path: str) -> str:
-    parent = parent_path(path)
-    return path if parent is None else path[len(parent) :].lstrip(".")
 
 
 def _tree_key(path: str) -> list[list[Any]]:
