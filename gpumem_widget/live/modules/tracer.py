@@ -550,11 +550,24 @@ def _ref(module: Any) -> Callable[[], Any]:
 
 
 def default_sink(torch: Any) -> MetadataSink:
-    """torch's per-thread allocator metadata setter; a no-op where there is none (no CUDA)."""
+    """torch's per-thread allocator metadata setter; a no-op where there is none (no CUDA),
+    and until the notebook has initialised CUDA (as `TorchCudaReader.set_tag`: the extension
+    never initialises it, which makes a context of hundreds of MB)."""
     setter = getattr(torch._C, "_cuda_setMemoryMetadata", None)
     if setter is None or not torch.cuda.is_available():
         return _ignore
-    return setter  # type: ignore[no-any-return]
+    if torch.cuda.is_initialized():
+        return setter  # type: ignore[no-any-return]
+    initialized = torch.cuda.is_initialized
+    ready = False
+
+    def sink(tag: str) -> None:
+        nonlocal ready
+        if ready or initialized():
+            ready = True
+            setter(tag)
+
+    return sink
 
 
 def default_allocated(torch: Any) -> AllocatedReader:
