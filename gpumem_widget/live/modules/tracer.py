@@ -80,6 +80,7 @@ class Entry:
         "forward",
         "path",
         "prefix",
+        "pure",
         "recompute",
         "ref",
         "tracer",
@@ -93,6 +94,9 @@ class Entry:
         self.path = path
         self.prefix = path + "."
         self.compiled = type(module).__name__ == "OptimizedModule"
+        # torch's own Sequential runs only its children: between them, its code allocates
+        # nothing, so the metadata need not go back to it (one C call less per child).
+        self.pure = type(module) is tracer.sequential
         self.forward = Frame(module_tag(cell, "forward", path), FORWARD, self)
         self.backward = Frame(module_tag(cell, "backward", path), BACKWARD, self)
         self.recompute = Frame(module_tag(cell, "recompute", path), RECOMPUTE, self)
@@ -201,6 +205,7 @@ class ModuleTracer:
         )
         self._grad_enabled = torch.is_grad_enabled
         self._tensor = torch.Tensor
+        self.sequential = torch.nn.Sequential
 
     # Control ------------------------------------------------------------------------------
     def install(self, cell: int | None = None, measure: bool = False) -> None:
@@ -362,7 +367,7 @@ class ModuleTracer:
                     st.readings.append(tracer.read_allocated())
                 st.cur = frame
                 tag = frame.tag
-                if tag is not st.last:
+                if tag is not st.last and not e.pure:
                     st.last = tag
                     sink(tag)
                 parent = prev.entry
@@ -413,7 +418,7 @@ class ModuleTracer:
                         prev = tracer.forward_root  # what follows, up to backward, is the loss
                 st.cur = prev
                 tag = prev.tag
-                if tag is not st.last:
+                if tag is not st.last and (prev.entry is None or not prev.entry.pure):
                     st.last = tag
                     sink(tag)
             except Exception as err:  # never into the user's forward
