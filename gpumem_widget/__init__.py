@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import ContextDecorator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpumem_widget.extension import (
     current_session,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from gpumem_widget.live.export import Format
     from gpumem_widget.live.history.past_sessions import PastSession, PastSessions
     from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
+    from gpumem_widget.live.modules.figures import CellFigures as ModuleFigureTable
     from gpumem_widget.live.session import Session
     from gpumem_widget.reporting import SnapshotSource
     from gpumem_widget.reporting.page import Progress
@@ -139,6 +141,42 @@ def history(
         store.close()
 
 
+def trace_modules(on: bool | Literal["auto"] = True, *, figures: bool = False) -> bool:
+    """Tag every allocation with its cell, phase and module (``cell:12 backward gpt.h.3.mlp``),
+    on every thread that runs the model, autograd's included (`%gpumem modules`). True: on from
+    now on; False: off; "auto" (the default state): on while a cell runs under ``%%gpumem`` and
+    while ``%gpumem record on`` records. `figures`: also measure per-module figures
+    (`module_figures`), which reads the allocator at every module boundary. Returns whether the
+    tracer is on now. Works without the extension loaded (tags then carry no cell)."""
+    from gpumem_widget.live import modules
+
+    mode: Literal["auto", "on", "off"] = "auto" if on == "auto" else "on" if on else "off"
+    return modules.set_mode(mode, _running_cell(), measure=figures if on is True else None)
+
+
+def module_figures(cell: int | None = None) -> ModuleFigureTable | None:
+    """Per-module figures measured by `trace_modules(figures=True)`: of `cell`, or the running
+    cell's, or the latest; `.rows()` (a rolled-up tree), `.format()`. None if none measured."""
+    from gpumem_widget.live import modules
+
+    return modules.cell_figures(cell)
+
+
+def tagged_thread(cell: int | None = None) -> ContextDecorator:
+    """A context manager and decorator that tags what the calling thread allocates with the
+    running cell's tag (``cell:N``, or `cell`'s), as the kernel's own thread is: PyTorch's
+    allocator metadata is per thread, so a thread you start is otherwise untagged. Use
+    ``with gpumem_widget.tagged_thread():`` inside the thread, or decorate its function."""
+    from gpumem_widget.live import modules
+
+    return modules.tagged_thread(cell if cell is not None else _running_cell)
+
+
+def _running_cell() -> int | None:
+    session = current_session()
+    return session.tracker.running_cell if session is not None else None
+
+
 def show_snapshot(
     src: Source | Snapshot, *, max_bytes: int | None = None, max_memory: int | None = None
 ) -> Snapshot:
@@ -200,8 +238,11 @@ __all__ = [
     "history",
     "ledger",
     "load_ipython_extension",
+    "module_figures",
     "open_snapshot",
     "report",
     "show_snapshot",
+    "tagged_thread",
+    "trace_modules",
     "unload_ipython_extension",
 ]

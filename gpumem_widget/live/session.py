@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import IPython
 
 from gpumem_widget.drilldown.controller import Drilldown
-from gpumem_widget.live import notes
+from gpumem_widget.live import modules, notes
 from gpumem_widget.live.history.writer import History, start_history
 from gpumem_widget.live.interrupts import InterruptGuard, RaiseInterrupt
 from gpumem_widget.live.ledger import CellRecord, Ledger, LedgerRecords
@@ -321,6 +321,7 @@ class Session:
         self.tracker.start(
             execution_count=count, source=source, cell_id=getattr(info, "cell_id", None)
         )
+        modules.cell_started(count)  # the module tracer's tags name this cell (when it is on)
         self.history.cell_started(count, source, time.time())
         if self.workers is not None:
             t = self.tracker
@@ -340,6 +341,7 @@ class Session:
             return  # no row: see pre_run_cell
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         self.attach_torch()  # this cell imported torch: its record has the GPU too
+        modules.cell_finished()
         record = self.tracker.finish(
             error, execution_count=getattr(result, "execution_count", None)
         )
@@ -408,6 +410,7 @@ class Session:
         if self.oom is not None:
             self.oom.active = False  # PyTorch cannot detach an observer: silence it
         self.sampler.stop()
+        modules.reset()  # unloading leaves no hook of the module tracer behind
         self.history.close()
         if self.workers is not None:
             self.workers.stop()

@@ -13,6 +13,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from gpumem_widget.live import modules
 from gpumem_widget.live.session import Session
 from gpumem_widget.magics.core import Command
 from gpumem_widget.snapshot.views.panel import CellWindow
@@ -133,12 +134,14 @@ def _record(session: Session, args: argparse.Namespace, cell: str | None) -> Any
     with _recording_unavailable("record"):
         if args.state == "on":
             rec = start_recording(args.stacks, args.max_entries, args.context)
+            modules.want("recording", True, session.tracker.running_cell)  # auto mode: on
             print(
                 f"gpumem: recording allocations with {rec.stacks} stacks (newest "
                 f"{rec.max_entries:,} events); `%gpumem record off` shows them"
             )
             return None
         snap = stop_recording()
+        modules.want("recording", False, session.tracker.running_cell)
     if snap is not None:
         _publish(session, snap, time.strftime("recording stopped at %H:%M:%S"), args)
     return None
@@ -183,6 +186,7 @@ def _cell(session: Session, args: argparse.Namespace, cell: str | None) -> Any:
         with (
             _recording_unavailable("cell"),
             recording(args.stacks, args.max_entries, args.context) as taken,
+            modules.wanted_while("cell", count),  # the module tracer, in auto mode
         ):
             shell.ex(shell.transform_cell(cell))
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from gpumem_widget.magics.commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
 from gpumem_widget.magics.core import CORE_COMMANDS, Command
 from gpumem_widget.magics.history import HISTORY_COMMANDS
+from gpumem_widget.magics.modules import MODULE_COMMANDS
 from gpumem_widget.magics.workers import WORKER_COMMANDS
 
 
@@ -17,6 +18,7 @@ def commands() -> tuple[Command, ...]:
         CORE_COMMANDS
         + FEATURE_COMMANDS
         + REPORT_COMMANDS
+        + MODULE_COMMANDS
         + ALLOCATOR_COMMANDS
         + HISTORY_COMMANDS
         + WORKER_COMMANDS

@@ -137,7 +137,10 @@ class TorchCudaReader:
         return self.available and self._set_metadata is not None
 
     def set_tag(self, tag: str) -> None:
-        """Attach `tag` to every allocation from now on (shows in snapshots as user_metadata)."""
+        """Attach `tag` to every allocation the calling thread makes from now on (shows in
+        snapshots as user_metadata). PyTorch keeps it per thread: autograd's threads (all of
+        backward) and threads the notebook starts are not tagged by this; the module tracer
+        (`live.modules`) tags the former, `gpumem_widget.tagged_thread()` the latter."""
         if self.can_tag and self._torch.cuda.is_initialized():
             assert self._set_metadata is not None
             self._set_metadata(tag)

@@ -1,0 +1,586 @@
+"""The module tracer: which cell, phase and module every allocation belongs to, on every thread.
+
+PyTorch's allocator metadata (`_set_memory_metadata`, written into each trace entry as
+``user_metadata``) is per thread, and backward runs on autograd's own threads, so the tracer
+keeps, on whichever thread runs its hooks, the current frame (cell, phase, module) and sets the
+metadata from it:
+
+- global forward pre/post hooks: the module being run (the innermost wins; its post hook
+  restores its parent, and also runs when its forward raises, so the state unwinds);
+- a pre-hook on the node that made each module's output (`grad_fn`): backward enters that
+  module there, on the thread that runs the node. A node several nested modules share (a
+  `Sequential`'s output is its last child's) is claimed by the innermost, whose hook comes
+  first; a node made by a parent's own code between its children (a residual add) gets a
+  "leave" hook that restores the parent, when backward is still inside the child;
+- a hook on the root tensors of each `backward()`/`grad()` call (through torch's
+  `_engine_run_backward`): backward code before any module (the loss) belongs to the cell;
+- the optimizer's global step hooks.
+
+After a model's outermost forward (with grad, and not raising), the thread stays in phase
+forward with no module until backward: that is where the loss is computed.
+
+A forward run while backward runs on the same thread is activation checkpointing's recompute.
+A `torch.compile`d module is seen as a whole (its submodules' hooks are not called from compiled
+code), and so is one being traced by dynamo (the hooks do nothing while compiling).
+
+Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
+`Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
+formatting and build nothing per call. Hooks never return a value: results and the autograd
+graph are untouched. Everything is removed by `uninstall`; hooks left on live graph nodes do
+nothing once the tracer is off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from gpumem_widget.live.modules.figures import CellFigures
+from gpumem_widget.live.modules.names import ModuleNames
+from gpumem_widget.snapshot.model.tags import Phase, module_tag
+
+FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = range(5)
+_PHASE_NAMES: tuple[Phase, ...] = ("forward", "backward", "recompute", "optimizer", "other")
+log = logging.getLogger(__name__)
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+MetadataSink = Callable[[str], None]
+AllocatedReader = Callable[[], int]
+
+
+class Frame:
+    """Where a thread is: its metadata tag, phase and module entry (None: no module)."""
+
+    __slots__ = ("entry", "phase", "tag")
+
+    def __init__(self, tag: str, phase: int, entry: Entry | None) -> None:
+        self.tag = tag
+        self.phase = phase
+        self.entry = entry
+
+    @property
+    def phase_name(self) -> Phase:
+        return _PHASE_NAMES[self.phase]
+
+    def __repr__(self) -> str:
+        return f"Frame({self.tag!r})"
+
+
+class Entry:
+    """One module in one cell: its name and its frames, made once; its bound `enter_backward`
+    is the node pre-hook."""
+
+    __slots__ = (
+        "backward",
+        "compiled",
+        "forward",
+        "path",
+        "prefix",
+        "pure",
+        "recompute",
+        "ref",
+        "tracer",
+        "version",
+    )
+
+    def __init__(self, tracer: ModuleTracer, module: Any, path: str, cell: int | None) -> None:
+        self.tracer = tracer
+        self.version = tracer.version  # the cell it was made in: its frames name that cell
+        self.ref: Callable[[], Any] = _ref(module)
+        self.path = path
+        self.prefix = path + "."
+        self.compiled = type(module).__name__ == "OptimizedModule"
+        # torch's own Sequential runs only its children: between them, its code allocates
+        # nothing, so the metadata need not go back to it (one C call less per child).
+        self.pure = type(module) is tracer.sequential
+        self.forward = Frame(module_tag(cell, "forward", path), FORWARD, self)
+        self.backward = Frame(module_tag(cell, "backward", path), BACKWARD, self)
+        self.recompute = Frame(module_tag(cell, "recompute", path), RECOMPUTE, self)
+
+    def enter_backward(self, grad_outputs: Any) -> None:
+        tracer = self.tracer
+        if not tracer.installed:
+            return
+        try:
+            if tracer.figures is not None or self.version != tracer.version:
+                # (A graph built in an earlier cell: its backward is this cell's.)
+                tracer.switch(tracer.local, tracer.fresh(self.backward))
+                return
+            st = tracer.local  # `switch`, inlined: this runs for every module in backward
+            frame = st.cur = self.backward
+            tag = frame.tag
+            if tag is not st.last:
+                st.last = tag
+                tracer.sink(tag)
+        except Exception as err:  # never into the user's backward
+            tracer.failed("backward entry hook", err)
+
+    def contains(self, frame: Frame) -> bool:
+        """Whether `frame` is in this module (itself or a submodule)."""
+        entry = frame.entry
+        if entry is None:
+            return False
+        path = entry.path
+        return path == self.path or path.startswith(self.prefix)
+
+
+class _Leave:
+    """Node pre-hook on a node a parent's own code made, feeding a child: backward, done with
+    the child, is back in the parent (only if it is still inside the child)."""
+
+    __slots__ = ("child", "parent")
+
+    def __init__(self, child: Entry, parent: Frame) -> None:
+        self.child = child
+        self.parent = parent
+
+    def __call__(self, grad_outputs: Any) -> None:
+        tracer = self.child.tracer
+        if not tracer.installed:
+            return
+        try:
+            st = tracer.local
+            cur = st.cur
+            if cur.phase == BACKWARD and self.child.contains(cur):
+                tracer.switch(st, tracer.fresh(self.parent))
+        except Exception as err:  # never into the user's backward
+            tracer.failed("backward leave hook", err)
+
+
+class _Thread(threading.local):
+    """One thread's state: its frame, the tag last set on it, the frames its running forwards
+    interrupted, and the nodes claimed during the current outermost forward."""
+
+    def __init__(self, tracer: ModuleTracer) -> None:
+        self.cur: Frame = tracer.idle
+        self.last: str | None = None  # unknown: the first switch always sets it
+        self.stack: list[Frame] = []
+        self.claimed: dict[int, Any] = {}
+        self.readings: list[int] = []  # allocated bytes at each running forward's start
+        self.mark = 0  # allocated bytes when this thread's backward frame began
+        # This thread's attributes, readable from another: a backward's end closes the figures
+        # of the module autograd's thread was last in.
+        tracer.thread_states[threading.get_ident()] = self.__dict__
+
+
+class ModuleTracer:
+    """Hooks that tag allocations with (cell, phase, module). `install()`, `uninstall()`;
+    `new_cell(n)` at each cell's start while installed."""
+
+    def __init__(
+        self,
+        names: ModuleNames,
+        sink: MetadataSink | None = None,
+        allocated: AllocatedReader | None = None,
+    ) -> None:
+        import torch
+
+        self._torch: Any = torch
+        self.names = names
+        self.sink: MetadataSink = sink if sink is not None else default_sink(torch)
+        self.read_allocated: AllocatedReader = (
+            allocated if allocated is not None else default_allocated(torch)
+        )
+        self.installed = False
+        self.error: str | None = None  # the first hook that failed, and why
+        self.cell: int | None = None
+        self.figures: CellFigures | None = None  # per-module figures, when asked for
+        self.measure = False  # read allocated bytes at module boundaries
+        self._entries: dict[int, Entry] = {}
+        self.version = 0
+        self.thread_states: dict[int, dict[str, Any]] = {}
+        self._frames_for(None)
+        self.local = _Thread(self)
+        self._handles: list[Any] = []
+        self._engine_run: Any = None
+        self._engine_wrapper: Any = None
+        self._warning_filter: Any = None
+        # Constant False in eager; dynamo reads it as True (and then skips the hook).
+        self._is_compiling = getattr(
+            torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling
+        )
+        self._grad_enabled = torch.is_grad_enabled
+        self._tensor = torch.Tensor
+        self.sequential = torch.nn.Sequential
+
+    # Control ------------------------------------------------------------------------------
+    def install(self, cell: int | None = None, measure: bool = False) -> None:
+        """Add the hooks (once), for `cell`; `measure`: keep per-module figures too."""
+        self.measure = measure
+        self.new_cell(cell)
+        if self.installed:
+            return
+        torch = self._torch
+        from torch.nn.modules import module
+        from torch.optim import optimizer as optim
+
+        pre, post = self._module_hooks()
+        self._handles = [
+            module.register_module_forward_pre_hook(pre),
+            module.register_module_forward_hook(post, always_call=True),
+            optim.register_optimizer_step_pre_hook(self._step_pre),
+            optim.register_optimizer_step_post_hook(self._step_post),
+        ]
+        autograd: Any = torch.autograd  # `_engine_run_backward` is private
+        run = getattr(autograd, "_engine_run_backward", None)
+        if run is not None and self._engine_run is None:
+            self._engine_run = run
+            self._engine_wrapper = self._wrap_engine_run(run)
+            autograd._engine_run_backward = self._engine_wrapper
+        # torch warns at every compiled module's call while any global hook exists: ours see
+        # a compiled module as a whole (see above), which the warning's worry does not touch.
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        self._warning_filter = warnings.filters[0]
+        self.installed = True
+        self.switch(self.local, self.idle)
+
+    def uninstall(self) -> None:
+        """Remove every hook; the calling thread's tag goes back to the plain cell tag."""
+        if not self.installed:
+            return
+        self.installed = False
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        autograd = self._torch.autograd
+        if self._engine_run is not None and autograd._engine_run_backward is self._engine_wrapper:
+            # (Wrapped again by someone since: ours stays in the chain, passing calls through.)
+            autograd._engine_run_backward = self._engine_run
+            self._engine_run = self._engine_wrapper = None
+        with contextlib.suppress(ValueError):  # removed by someone already
+            warnings.filters.remove(self._warning_filter)  # type: ignore[attr-defined]
+        self._reset_thread(self.local)
+
+    def new_cell(self, cell: int | None) -> None:
+        """A cell starts (or the tracer is turned on in one): fresh frames, and the calling
+        thread (the kernel's) in no module."""
+        self.cell = cell
+        self._entries.clear()  # in place: the hooks hold this dict
+        self._frames_for(cell)
+        self.names.new_cell()
+        self.figures = CellFigures(cell) if self.measure else None
+        if self.installed:
+            self._reset_thread(self.local)
+
+    def end_cell(self) -> CellFigures | None:
+        """The cell ended: the calling thread's frames unwind; its figures, if measured."""
+        figures = self.figures
+        if figures is not None:
+            figures.finish(self._entries_by_path())
+        self._reset_thread(self.local)
+        return figures
+
+    def _reset_thread(self, st: _Thread) -> None:
+        st.stack.clear()
+        st.claimed.clear()
+        st.readings.clear()
+        self.switch(st, self.idle)
+
+    def fresh(self, frame: Frame) -> Frame:
+        """`frame` as of the running cell (a frame made in an earlier one names that cell)."""
+        entry = frame.entry
+        if entry is None:
+            return self.roots[frame.phase]
+        if entry.version == self.version:
+            return frame
+        module = entry.ref()
+        if module is None:
+            return self.roots[frame.phase]
+        now = self.entry(module)
+        return (now.forward, now.backward, now.recompute)[frame.phase] if frame.phase < 3 else frame
+
+    def _frames_for(self, cell: int | None) -> None:
+        self.version += 1
+        # Outside a cell, code in no module carries no tag, as without the tracer.
+        idle = module_tag(cell, "other", None) if cell is not None else ""
+        self.idle = Frame(idle, OTHER, None)
+        # After a model's forward with grad, until backward: the loss, computed in no module.
+        self.forward_root = Frame(module_tag(cell, "forward", None), FORWARD, None)
+        self.backward_root = Frame(module_tag(cell, "backward", None), BACKWARD, None)
+        self.optimizer = Frame(module_tag(cell, "optimizer", None), OPTIMIZER, None)
+        # By phase: a thread's frame in no module, restored in a later cell, is that cell's.
+        self.roots = (
+            self.forward_root,
+            self.backward_root,
+            self.backward_root,
+            self.optimizer,
+            self.idle,
+        )
+
+    def _entries_by_path(self) -> dict[str, Entry]:
+        return {e.path: e for e in self._entries.values() if e.ref() is not None}
+
+    # The thread's frame ---------------------------------------------------------------------
+    def switch(self, st: _Thread, frame: Frame) -> None:
+        """Make `frame` the thread's; the metadata call only when its tag changes."""
+        if self.figures is not None:
+            self._account_backward(st, frame)
+        st.cur = frame
+        tag = frame.tag
+        if tag is not st.last:
+            st.last = tag
+            self.sink(tag)
+
+    def failed(self, where: str, error: Exception) -> None:
+        """A hook failed: said once (log and `error`); the user's code goes on, its tags may
+        be off from here."""
+        if self.error is None:
+            self.error = f"{where}: {type(error).__name__}: {error}"
+            log.error("gpumem_widget: module tracer: %s", self.error, exc_info=error)
+
+    def entry(self, module: Any) -> Entry:
+        e = self._entries.get(id(module))
+        if e is None or e.ref() is not module:
+            e = self._entries[id(module)] = Entry(self, module, self.names.name(module), self.cell)
+        return e
+
+    # Module hooks ---------------------------------------------------------------------------
+    def _module_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The global forward pre and post hooks: closures over what they read, since they run
+        for every module call (locals are cheaper than attributes)."""
+        tracer = self
+        local = self.local
+        entries = self._entries
+        entry = self.entry
+        sink = self.sink
+        is_compiling = self._is_compiling
+        grad_enabled = self._grad_enabled
+        tensor = self._tensor
+        in_backward = frozenset((BACKWARD, RECOMPUTE))
+
+        def pre(module: Any, args: Any) -> None:
+            if is_compiling():
+                return
+            try:
+                st = local
+                prev = st.cur
+                e = entries.get(id(module))
+                if e is None or e.ref() is not module:
+                    e = entry(module)
+                frame = e.recompute if prev.phase in in_backward else e.forward
+                st.stack.append(prev)
+                if tracer.figures is not None:
+                    st.readings.append(tracer.read_allocated())
+                st.cur = frame
+                tag = frame.tag
+                if tag is not st.last and not e.pure:
+                    st.last = tag
+                    sink(tag)
+                parent = prev.entry
+                if parent is not None and prev.phase == FORWARD and args:
+                    if len(args) == 1 and type(args[0]) is tensor:  # the usual call, inlined
+                        node = args[0].grad_fn
+                        if node is not None and id(node) not in st.claimed and grad_enabled():
+                            node.register_prehook(_Leave(e, parent.backward))
+                    elif grad_enabled():
+                        tracer._leave_hooks(st, e, parent.backward, args)
+            except Exception as err:  # never into the user's forward
+                tracer.failed("forward pre-hook", err)
+
+        def post(module: Any, args: Any, output: Any) -> None:
+            if is_compiling():
+                return
+            try:
+                st = local
+                stack = st.stack
+                if not stack:
+                    return  # installed while this module's forward was running
+                frame = st.cur
+                prev = stack.pop()
+                if prev.entry is None:
+                    prev = tracer.roots[prev.phase]  # (a thread idle since an earlier cell)
+                e = frame.entry
+                grad = output is not None and grad_enabled()
+                if e is not None and grad:
+                    if type(output) is tensor or isinstance(output, tensor):
+                        node = output.grad_fn
+                        if node is not None:
+                            claimed = st.claimed
+                            # Claimed already: an inner module's output, entered there.
+                            if id(node) not in claimed:
+                                claimed[id(node)] = node
+                                node.register_prehook(e.enter_backward)
+                    else:
+                        tracer._claim(st, e, output)
+                if tracer.figures is not None and st.readings:
+                    before = st.readings.pop()
+                    if e is not None and e.ref() is module:
+                        tracer.figures.forward(
+                            e.path, tracer.read_allocated() - before, frame.phase == RECOMPUTE
+                        )
+                if not stack:
+                    st.claimed.clear()  # the outermost forward is done: hold no node beyond it
+                    if grad and frame.phase == FORWARD:
+                        prev = tracer.forward_root  # what follows, up to backward, is the loss
+                st.cur = prev
+                tag = prev.tag
+                if tag is not st.last and (prev.entry is None or not prev.entry.pure):
+                    st.last = tag
+                    sink(tag)
+            except Exception as err:  # never into the user's forward
+                tracer.failed("forward hook", err)
+
+        return pre, post
+
+    def _claim(self, st: _Thread, e: Entry, output: Any) -> None:
+        """Hook the nodes that made the module's output tensors (in one level of containers;
+        a lone tensor is handled in `post`)."""
+        tensor = self._tensor
+        if type(output) in (tuple, list):
+            for o in output:
+                if isinstance(o, tensor):
+                    self._claim_node(st, e, o.grad_fn)
+        elif isinstance(output, dict):
+            for o in output.values():
+                if isinstance(o, tensor):
+                    self._claim_node(st, e, o.grad_fn)
+
+    @staticmethod
+    def _claim_node(st: _Thread, e: Entry, node: Any) -> None:
+        if node is None:
+            return
+        claimed = st.claimed
+        key = id(node)
+        if key in claimed:
+            return  # an inner module's output too: backward enters that one there
+        claimed[key] = node
+        node.register_prehook(e.enter_backward)
+
+    def _leave_hooks(self, st: _Thread, child: Entry, parent: Frame, args: Any) -> None:
+        tensor = self._tensor
+        for a in args:
+            if isinstance(a, tensor):
+                node = a.grad_fn
+                if node is not None and id(node) not in st.claimed:
+                    node.register_prehook(_Leave(child, parent))
+
+    # Optimizer hooks --------------------------------------------------------------------------
+    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            st = self.local
+            st.stack.append(st.cur)
+            self.switch(st, self.optimizer)
+        except Exception as err:  # never into the user's step
+            self.failed("optimizer step pre-hook", err)
+
+    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            st = self.local
+            prev = self.fresh(st.stack.pop()) if st.stack else self.idle
+            if prev is self.forward_root:
+                prev = self.idle
+            self.switch(st, prev)
+        except Exception as err:
+            self.failed("optimizer step hook", err)
+
+    # Backward ---------------------------------------------------------------------------------
+    def _wrap_engine_run(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        tracer = self
+
+        def _engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tracer.installed:
+                return run(t_outputs, *args, **kwargs)
+            handles = []
+            st = tracer.local
+            saved, depth = st.cur, len(st.stack)
+            try:
+                tensor = tracer._tensor
+                for t in t_outputs:
+                    if isinstance(t, tensor) and t.requires_grad:
+                        # A tensor hook runs before the node's own pre-hooks: the module's
+                        # entry (when the root is a module's output) still wins.
+                        handles.append(t.register_hook(tracer._root))
+            except Exception as err:  # never into the user's backward
+                tracer.failed("backward() wrapper", err)
+            try:
+                return run(t_outputs, *args, **kwargs)
+            finally:
+                try:
+                    for h in handles:
+                        h.remove()
+                    if tracer.figures is not None:
+                        tracer._close_backward_figures()
+                    del st.stack[depth:]
+                    if tracer.installed:  # backward ran nodes on this thread too (CPU)
+                        saved = tracer.fresh(saved)
+                        tracer.switch(st, tracer.idle if saved is tracer.forward_root else saved)
+                except Exception as err:
+                    tracer.failed("backward() wrapper", err)
+
+        return _engine_run_backward
+
+    def _root(self, grad: Any) -> None:
+        if self.installed:
+            try:
+                self.switch(self.local, self.backward_root)
+            except Exception as err:  # never into the user's backward
+                self.failed("backward root hook", err)
+
+    def _close_backward_figures(self) -> None:
+        """A backward returned: what each thread did since its last switch is its module's."""
+        figures = self.figures
+        assert figures is not None
+        now = self.read_allocated()
+        for state in list(self.thread_states.values()):
+            cur = state.get("cur")
+            if isinstance(cur, Frame) and cur.phase == BACKWARD and cur.entry is not None:
+                figures.backward(cur.entry.path, now - state["mark"], now)
+                state["mark"] = now
+                state["cur"] = self.backward_root  # same phase; later bytes are no module's
+
+    def _account_backward(self, st: _Thread, frame: Frame) -> None:
+        """Per-module figures: bytes a backward frame added, read at each switch."""
+        figures = self.figures
+        assert figures is not None
+        cur = st.cur
+        if BACKWARD not in (cur.phase, frame.phase):
+            return
+        now = self.read_allocated()
+        if cur.phase == BACKWARD and cur.entry is not None:
+            figures.backward(cur.entry.path, now - st.mark, now)
+        st.mark = now
+        if frame.phase == BACKWARD and frame.entry is not None:
+            figures.backward(frame.entry.path, 0, now)
+
+
+def _ref(module: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(module)
+    except TypeError:  # not weakly referenceable: compare by identity, held strongly
+        return lambda: module
+
+
+def default_sink(torch: Any) -> MetadataSink:
+    """torch's per-thread allocator metadata setter; a no-op where there is none (no CUDA),
+    and until the notebook has initialised CUDA (as `TorchCudaReader.set_tag`: the extension
+    never initialises it, which makes a context of hundreds of MB)."""
+    setter = getattr(torch._C, "_cuda_setMemoryMetadata", None)
+    if setter is None or not torch.cuda.is_available():
+        return _ignore
+    if torch.cuda.is_initialized():
+        return setter  # type: ignore[no-any-return]
+    initialized = torch.cuda.is_initialized
+    ready = False
+
+    def sink(tag: str) -> None:
+        nonlocal ready
+        if ready or initialized():
+            ready = True
+            setter(tag)
+
+    return sink
+
+
+def default_allocated(torch: Any) -> AllocatedReader:
+    """Bytes the allocator holds for tensors on the current device (0 without CUDA)."""
+    if not torch.cuda.is_available():
+        return lambda: 0
+    return torch.cuda.memory_allocated  # type: ignore[no-any-return]
+
+
+def _ignore(tag: str) -> None:
+    return None
