@@ -153,10 +153,15 @@ test-aarch64: buildvenv
 	scripts/check_aarch64_wheel.sh
 
 # The GPU ones (bench_overhead, bench_estimate) measure what matters only on a CUDA machine.
+# Every benchmark docs/BENCHMARKS.md quotes, with its defaults (tests/test_setup.py checks the
+# list against the page). The GPU ones (overhead, kernel_cost, modules, estimate) measure what
+# matters only on a CUDA machine; elsewhere they measure host mode or the CPU.
+BENCHES := load session overhead kernel_cost modules estimate snapshot snapshot_views drilldown \
+	reader report segments history vars workers send_traits
 bench: setup
-	for b in overhead estimate snapshot drilldown reader report segments vars; do \
-	  $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+	for b in $(BENCHES); do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	node benchmarks/browser_chart.mjs
+	node benchmarks/bench_drilldown.mjs js/test/fixtures/drilldown.json
 
 clean:
 	rm -rf $(VENV) $(BUILDVENV) .stamps dist js/node_modules tests/e2e/node_modules gpumem_widget/static

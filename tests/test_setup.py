@@ -177,3 +177,18 @@ def test_a_second_make_setup_reinstalls_nothing() -> None:
     assert "pip" not in dry.stdout
     assert "npm" not in dry.stdout
     assert "hatch_build.py" not in dry.stdout
+
+
+def test_make_bench_runs_every_benchmark_the_docs_quote() -> None:
+    quoted = set(
+        re.findall(r"bench_(\w+)\.py", (ROOT / "docs" / "BENCHMARKS.md").read_text())
+    ) | set(re.findall(r"bench_(\w+)\.py", README))
+    makefile = (ROOT / "Makefile").read_text()
+    benches = re.search(r"^BENCHES := (.*?)\n(?=\S)", makefile, re.S | re.M)
+    assert benches is not None
+    run = set(benches.group(1).replace("\\", " ").split())
+    assert quoted, "the page quotes no benchmark"
+    assert quoted - run == set(), "quoted in the docs but not run by make bench"
+    assert all((ROOT / "benchmarks" / f"bench_{b}.py").is_file() for b in run)
+    for script in re.findall(r"node benchmarks/(\S+\.mjs)", makefile):
+        assert (ROOT / "benchmarks" / script).is_file()
