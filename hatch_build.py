@@ -2,7 +2,8 @@
 
 Run by hatchling for wheels and editable installs; `python hatch_build.py` builds it in place.
 Without a C compiler the package still works, reading every snapshot with the unpickler
-(slower on large files), unless GPUMEM_WIDGET_NATIVE=required, which makes that an error.
+(slower on large files), unless GPUMEM_WIDGET_C_READER_BUILD=required, which makes that an error
+(=skip builds none). `python hatch_build.py --limited` builds the limited-API (abi3) binary.
 """
 
 from __future__ import annotations
@@ -20,30 +21,66 @@ ROOT = Path(__file__).parent
 SOURCE = ROOT / "gpumem_widget" / "snapshot" / "_rows.c"
 
 
-def target() -> Path:
-    return SOURCE.with_name("_rows" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+# -Wconversion and the rest hold the source to no implicit narrowing and no unused code.
+WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wno-unused-parameter"]
+# The oldest CPython a limited-API build serves: 3.11, where the buffer protocol (the mapped
+# file the reader is handed) joined the limited API.
+LIMITED_API = 0x030B0000
 
 
-def build() -> Path | None:
-    """Compile the reader next to its source; None (and a warning) where it cannot be."""
+def required() -> bool:
+    """Whether a failed build is an error (GPUMEM_WIDGET_C_READER_BUILD=required; the old
+    GPUMEM_WIDGET_NATIVE=required still works) rather than a warning."""
+    return (
+        os.environ.get("GPUMEM_WIDGET_C_READER_BUILD") == "required"
+        or os.environ.get("GPUMEM_WIDGET_NATIVE") == "required"
+    )
+
+
+def skipped() -> bool:
+    """GPUMEM_WIDGET_C_READER_BUILD=skip: build no reader (every file takes the unpickler)."""
+    return os.environ.get("GPUMEM_WIDGET_C_READER_BUILD") == "skip"
+
+
+def target(limited: bool = False) -> Path:
+    suffix = ".abi3.so" if limited else sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return SOURCE.with_name("_rows" + suffix)
+
+
+def compile_command(
+    out: Path, *, limited: bool = False, extra: tuple[str, ...] = (), opt: str = "-O2"
+) -> list[str]:
+    """The compiler's command line for the reader: `limited` builds it against the limited API
+    (one binary for CPython 3.11 and later, an abi3 wheel); `extra` adds flags (sanitizers)."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = target()
     link = sysconfig.get_config_var("LDSHARED") or "cc -shared"
-    command = [
+    return [
         *shlex.split(link),
         *shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC"),
-        "-O2",
+        opt,
+        *WARNINGS,
+        *([f"-DPy_LIMITED_API={LIMITED_API:#010x}"] if limited else []),
+        *extra,
         f"-I{sysconfig.get_paths()['include']}",
         f'-DSOURCE_DIGEST="{digest}"',
         str(SOURCE),
         "-o",
         str(out),
     ]
+
+
+def build(limited: bool = False) -> Path | None:
+    """Compile the reader next to its source; None (and a warning) where it cannot be."""
+    if skipped():
+        print("gpumem_widget: GPUMEM_WIDGET_C_READER_BUILD=skip: no C reader", file=sys.stderr)
+        return None
+    out = target(limited)
+    command = compile_command(out, limited=limited)
     try:
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError) as e:
         why = getattr(e, "stderr", "") or str(e)
-        if os.environ.get("GPUMEM_WIDGET_NATIVE") == "required":
+        if required():
             raise RuntimeError(f"building the C reader failed: {' '.join(command)}\n{why}") from e
         print(
             f"gpumem_widget: the C reader was not built ({why.strip()[:300]}); large "
@@ -51,11 +88,13 @@ def build() -> Path | None:
             file=sys.stderr,
         )
         return None
+    if done.stderr:  # warnings: the source is meant to have none
+        print(done.stderr, file=sys.stderr)
     return out
 
 
 if __name__ == "__main__":
-    sys.exit(0 if build() else 1)
+    sys.exit(0 if build(limited="--limited" in sys.argv[1:]) else 1)
 else:  # loaded by hatchling, which is installed only in the build's environment
     from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 

@@ -273,8 +273,8 @@ def _read_rows(
         return None
     try:
         got = rows.read(data, progress)
-    except MemoryError:
-        raise OutOfMemory(f"{where}: ran out of memory while reading it") from None
+    except rows.NestedTooDeeply as e:
+        raise SnapshotLoadError(f"{where}: refused: {e}") from None
     finally:
         data.close()
     return None if got is None else (*got, total)

@@ -4,10 +4,11 @@ CPython's unpickler builds a dict and its int objects for every trace entry befo
 can be read: at millions of entries, most of a conversion's time and memory. The C reader runs
 the same data-only pickle machine but makes each dict holding an 'action' a row of columns;
 everything else (segments, frames, settings) it builds as the unpickler would. Where it cannot
-read a pickle exactly as the unpickler would, it says so and `read` returns None: the caller
-then unpickles as before. It is built with the package (a compiler is needed); without it, when it
-is older than its source, or with GPUMEM_WIDGET_C_READER=0 in the environment, every file takes
-the unpickler's path.
+read a pickle exactly as the unpickler would, or runs out of memory, it says so and `read`
+returns None: the caller then unpickles as before. It is built with the package (a compiler is
+needed; GPUMEM_WIDGET_C_READER_BUILD=required makes a failed build an error, =skip builds none);
+without it, when it is older than its source, or with GPUMEM_WIDGET_C_READER=0 in the
+environment, every file takes the unpickler's path.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ _reader, why_not = _load()
 
 def available() -> bool:
     return _reader is not None
+
+
+class NestedTooDeeply(Exception):
+    """A dict key nests tuples deeper than hashing it safely allows (the unpickler's path would
+    crash on it): the file is refused, not read another way."""
 
 
 I64 = np.ndarray[Any, np.dtype[np.int64]]
@@ -144,22 +150,26 @@ def read(
     """The unpickled object, whose lists of trace entries are left empty, and those lists'
     entries by the lists' ids; None where only the unpickler can read `data` exactly (or the
     reader is not built). `progress(done, total)` is told the bytes read now and then.
-    MemoryError and KeyboardInterrupt pass through."""
+    Out of memory, it declines too (the unpickler needs less for some crafted files); a key
+    nested too deeply raises NestedTooDeeply; KeyboardInterrupt passes through."""
     if _reader is None:
         return None
     try:
-        top, lists, raw = _reader.read_rows(data, progress)
-    except (MemoryError, KeyboardInterrupt):
+        top, lists, raw, traces_list = _reader.read_rows(data, progress)
+    except KeyboardInterrupt:
         raise
-    except Exception:  # Unsupported, or what the unpickler would refuse too: it says why
+    except _reader.NestedTooDeeply as e:
+        raise NestedTooDeeply(str(e)) from None
+    except Exception:  # Unsupported, MemoryError, or what the unpickler would refuse too
         return None
 
     arrays: dict[str, Any] = {k: np.frombuffer(raw[k], t) for k, t in _DTYPES.items()}
     columns = RowColumns(
         **arrays, action_names=raw["action_names"], texts=raw["texts"], objects=raw["objects"]
     )
+    # The reader checked that the lists of entries are held only by one list, held only by
+    # the result; that list must be the result's 'device_traces'.
     traces = top.get("device_traces") if isinstance(top, dict) else None
-    held = {id(t) for t in traces} if isinstance(traces, list) else set()
-    if not all(id(lst) in held for lst, _, _ in lists):
+    if lists and traces is not traces_list:
         return None  # entries somewhere else than a device's trace: the unpickler's path
     return top, {id(lst): TraceRows(columns, start, end) for lst, start, end in lists}
