@@ -93,7 +93,27 @@ def build(limited: bool = False) -> Path | None:
     return out
 
 
+# `make native-check`: AddressSanitizer and UndefinedBehaviorSanitizer, any report fatal.
+SANITIZE = (
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+    "-g",
+    "-Werror",
+)
+
+
+def build_sanitized() -> Path:
+    """The reader built in place with the sanitizers (gcc), for `make native-check`."""
+    out = target()
+    subprocess.run(compile_command(out, extra=SANITIZE, opt="-O1"), check=True)
+    return out
+
+
 if __name__ == "__main__":
+    if "--sanitize" in sys.argv[1:]:
+        build_sanitized()
+        sys.exit(0)
     sys.exit(0 if build(limited="--limited" in sys.argv[1:]) else 1)
 else:  # loaded by hatchling, which is installed only in the build's environment
     from hatchling.builders.hooks.plugin.interface import BuildHookInterface

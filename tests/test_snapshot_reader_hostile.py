@@ -21,6 +21,10 @@ ISSUE_EXAMPLE = {"segments": [], "device_traces": [[ENTRY]]}
 
 
 def _same_both_ways(tmp_path: Path, data: bytes, name: str = "s.pickle") -> None:
+    """`data` read the same with the reader as without; a file the reader declines is read by
+    the unpickler on both paths, so only one it accepts needs reading twice."""
+    if rows.read(data) is None:
+        return
     path = tmp_path / name
     path.write_bytes(data)
     assert_same(*both_ways(path))
