@@ -31,6 +31,12 @@ LIMITED_API = 0x030B0000
 def required() -> bool:
     """Whether a failed build is an error (GPUMEM_WIDGET_C_READER_BUILD=required; the old
     GPUMEM_WIDGET_NATIVE=required still works) rather than a warning."""
+    if os.environ.get("GPUMEM_WIDGET_NATIVE"):
+        print(
+            "gpumem_widget: GPUMEM_WIDGET_NATIVE is deprecated: use "
+            "GPUMEM_WIDGET_C_READER_BUILD=required",
+            file=sys.stderr,
+        )
     return (
         os.environ.get("GPUMEM_WIDGET_C_READER_BUILD") == "required"
         or os.environ.get("GPUMEM_WIDGET_NATIVE") == "required"
