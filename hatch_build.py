@@ -31,12 +31,6 @@ LIMITED_API = 0x030B0000
 def required() -> bool:
     """Whether a failed build is an error (GPUMEM_WIDGET_C_READER_BUILD=required; the old
     GPUMEM_WIDGET_NATIVE=required still works) rather than a warning."""
-    if os.environ.get("GPUMEM_WIDGET_NATIVE"):
-        print(
-            "gpumem_widget: GPUMEM_WIDGET_NATIVE is deprecated: use "
-            "GPUMEM_WIDGET_C_READER_BUILD=required",
-            file=sys.stderr,
-        )
     return (
         os.environ.get("GPUMEM_WIDGET_C_READER_BUILD") == "required"
         or os.environ.get("GPUMEM_WIDGET_NATIVE") == "required"
@@ -77,6 +71,12 @@ def compile_command(
 
 def build(limited: bool = False) -> Path | None:
     """Compile the reader next to its source; None (and a warning) where it cannot be."""
+    if os.environ.get("GPUMEM_WIDGET_NATIVE"):
+        print(
+            "gpumem_widget: GPUMEM_WIDGET_NATIVE is deprecated: use "
+            "GPUMEM_WIDGET_C_READER_BUILD=required",
+            file=sys.stderr,
+        )
     if skipped():
         print("gpumem_widget: GPUMEM_WIDGET_C_READER_BUILD=skip: no C reader", file=sys.stderr)
         return None
