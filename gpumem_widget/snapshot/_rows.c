@@ -307,7 +307,7 @@ static int unsupported(const char *why) {
 /* A real pickle's stack holds a batch of 1,000 items or pairs per open container, its marks one
  * per open container; deeper ones are crafted, and the unpickler reads them (in the memory they
  * ask for) rather than this reader. Likewise a memo fuller than one slot per 4 bytes read. */
-#define MAX_STACK ((Py_ssize_t)1 << 20)
+#define MAX_STACK ((Py_ssize_t)1 << 18)
 #define MEMO_SLACK ((Py_ssize_t)1 << 16)
 
 static int stack_grow(Reader *r) {
@@ -523,7 +523,8 @@ static int push_list(Reader *r) {
     return push_val(r, K_LIST, NULL, r->n_lists++);
 }
 
-/* The list itself (borrowed), built from its items the first time it is needed. */
+/* The list itself (borrowed), built from its items the first time it is needed. Its ids, if
+ * they end `items` and no row took them as frames, are given back. */
 static PyObject *list_object(Reader *r, List *l) {
     if (l->obj) return l->obj;
     PyObject *obj = PyList_New((Py_ssize_t)l->len);
@@ -532,6 +533,7 @@ static PyObject *list_object(Reader *r, List *l) {
     for (int64_t k = 0; k < l->len; k++)
         LIST_SET(obj, (Py_ssize_t)k, Py_NewRef(LIST_ITEM(r->objs.objects, ids[k])));
     l->obj = obj;
+    if (l->frames < 0 && l->start + l->len == (int64_t)r->items.len) r->items.len = (size_t)l->start;
     return obj;
 }
 
@@ -876,8 +878,12 @@ static void drop(Reader *r, Py_ssize_t from) {
     while (r->sp > from) val_clear(&r->stack[--r->sp]);
 }
 
-/* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a run of
- * ids at the end of `items` and they are objects; into the list itself otherwise. */
+/* A list longer than this is no frames list: it is built (ids and then the list would take
+ * more memory than the unpickler's list alone). */
+#define MAX_ID_RUN 65536
+
+/* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a short run
+ * of ids at the end of `items` and they are objects; into the list itself otherwise. */
 static int append_items(Reader *r, Py_ssize_t mark) {
     if (mark <= fence(r) || mark > r->sp) return unsupported("append across a mark");
     Val *target = &r->stack[mark - 1];
@@ -915,7 +921,8 @@ static int append_items(Reader *r, Py_ssize_t mark) {
             if (items[k].i != rl->end) return unsupported("trace entries out of order");
             rl->end++;
         }
-    } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len) {
+    } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len &&
+               l->len + n <= MAX_ID_RUN) {
         for (Py_ssize_t k = 0; k < n; k++) {
             int32_t id = obj_id(r, items[k].o);
             if (id < 0) return -1;
