@@ -207,3 +207,15 @@ def test_a_memoized_int_is_one_object_shared_as_in_the_unpickler() -> None:
     xs = got[0]["x"]
     assert xs == [4096] * 3 == pickle.loads(data)["x"]
     assert xs[0] is xs[1] is xs[2]
+
+
+def test_a_long_list_of_shared_objects_reads_the_same_both_ways(tmp_path: Path) -> None:
+    """Past a frames list's length the reader builds a list as the unpickler does, the ids it
+    kept so far given back."""
+    name, frame = "cell:1", {"filename": "a.py", "line": 1, "name": "f"}
+    snap = _snap(external_annotations=[name] * 100_000 + [frame] * 70_000)
+    data = pickle.dumps(snap, 4)
+    got = rows.read(data)
+    assert got is not None
+    assert got[0]["external_annotations"] == snap["external_annotations"]
+    _same_both_ways(tmp_path, data)

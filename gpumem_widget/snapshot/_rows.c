@@ -257,6 +257,7 @@ typedef struct {
     List *lists;
     Py_ssize_t n_lists, lists_cap;
     int64_t copied; /* items copied for frames that were a tuple or a built list */
+    int64_t wasted; /* ids of lists built since, left in `items` */
 
     struct { PyObject **keys; int8_t *fields; size_t cap, n; } key_fields; /* what each key is */
     /* The depth of each tuple holding a tuple (the rest are 1 deep): hashing one as a key
@@ -534,6 +535,7 @@ static PyObject *list_object(Reader *r, List *l) {
         LIST_SET(obj, (Py_ssize_t)k, Py_NewRef(LIST_ITEM(r->objs.objects, ids[k])));
     l->obj = obj;
     if (l->frames < 0 && l->start + l->len == (int64_t)r->items.len) r->items.len = (size_t)l->start;
+    else if (l->frames < 0) r->wasted += l->len;
     return obj;
 }
 
@@ -881,6 +883,9 @@ static void drop(Reader *r, Py_ssize_t from) {
 /* A list longer than this is no frames list: it is built (ids and then the list would take
  * more memory than the unpickler's list alone). */
 #define MAX_ID_RUN 65536
+/* Lists built after their ids were kept leave those ids behind: past this many, lists are built
+ * from the start, so ids and lists together never take much more than the lists alone. */
+#define MAX_WASTED ((int64_t)1 << 22)
 
 /* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a short run
  * of ids at the end of `items` and they are objects; into the list itself otherwise. */
@@ -922,7 +927,7 @@ static int append_items(Reader *r, Py_ssize_t mark) {
             rl->end++;
         }
     } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len &&
-               l->len + n <= MAX_ID_RUN) {
+               l->len + n <= MAX_ID_RUN && r->wasted <= MAX_WASTED) {
         for (Py_ssize_t k = 0; k < n; k++) {
             int32_t id = obj_id(r, items[k].o);
             if (id < 0) return -1;

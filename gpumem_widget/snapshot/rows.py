@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,6 +145,28 @@ class TraceRows:
         return values[self.start : self.end]
 
 
+def _releasing(
+    data: Any, progress: Callable[[int, int], None] | None
+) -> Callable[[int, int], None] | None:
+    """`progress`, and for a mapped file, the pages read so far let go of as reading goes on:
+    they would otherwise stay in this process's memory, a file's size more than the unpickler
+    (which reads through a small buffer) needs. A page read again is mapped in again."""
+    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return progress
+    released = 0
+
+    def step(done: int, total: int) -> None:
+        nonlocal released
+        upto = done - done % mmap.PAGESIZE
+        if upto > released:
+            data.madvise(mmap.MADV_DONTNEED, released, upto - released)
+            released = upto
+        if progress is not None:
+            progress(done, total)
+
+    return step
+
+
 def read(
     data: Any, progress: Callable[[int, int], None] | None = None
 ) -> tuple[Any, dict[int, TraceRows]] | None:
@@ -155,7 +178,7 @@ def read(
     if _reader is None:
         return None
     try:
-        top, lists, raw, traces_list = _reader.read_rows(data, progress)
+        top, lists, raw, traces_list = _reader.read_rows(data, _releasing(data, progress))
     except KeyboardInterrupt:
         raise
     except _reader.NestedTooDeeply as e:
