@@ -9,9 +9,13 @@
  * - a list is built only when something needs it: until then it is a run of ids of its items,
  *   which is all a row needs of its frames list (the frame dicts are shared objects, built once);
  * - a short string is decoded once and shared (the unpickler makes one per occurrence).
- * Anything it does not read exactly as the unpickler would (another opcode, an entry reached
- * twice through the memo, a field of an unexpected type, a corrupt byte) raises `Unsupported`,
- * and the caller reads the file with the unpickler.
+ * Anything it does not read exactly as the unpickler would (another opcode, an operation that
+ * reaches below the topmost MARK, an entry reached twice through the memo, a list of entries
+ * reachable from anywhere but its one place in 'device_traces', a field of an unexpected type,
+ * a corrupt byte) raises `Unsupported`, and the caller reads the file with the unpickler; so
+ * does a file shaped to make it need more memory than the unpickler (a stack, a memo or kept
+ * ids beyond any snapshot's). A dict key of tuples nested too deep to hash (CPython's
+ * `tuplehash` recurses on the C stack) raises `NestedTooDeeply`: the unpickler would crash.
  *
  * The input is untrusted: every read is bounds-checked, the stacks and the memo are checked,
  * and nothing the data names is ever called.
@@ -296,7 +300,7 @@ static Column *column(Reader *r, size_t k) {
     return (Column *)((char *)r + COLUMNS[k].at);
 }
 
-#define REPORT_EVERY (8 << 20)
+#define REPORT_EVERY (1 << 20)
 
 static int unsupported(const char *why) {
     if (!PyErr_Occurred()) PyErr_SetString(Unsupported, why);
@@ -308,7 +312,7 @@ static int unsupported(const char *why) {
 /* A real pickle's stack holds a batch of 1,000 items or pairs per open container, its marks one
  * per open container; deeper ones are crafted, and the unpickler reads them (in the memory they
  * ask for) rather than this reader. Likewise a memo fuller than one slot per 4 bytes read. */
-#define MAX_STACK ((Py_ssize_t)1 << 18)
+#define MAX_STACK ((Py_ssize_t)1 << 16)
 #define MEMO_SLACK ((Py_ssize_t)1 << 16)
 
 static int stack_grow(Reader *r) {
@@ -885,7 +889,7 @@ static void drop(Reader *r, Py_ssize_t from) {
 #define MAX_ID_RUN 65536
 /* Lists built after their ids were kept leave those ids behind: past this many, lists are built
  * from the start, so ids and lists together never take much more than the lists alone. */
-#define MAX_WASTED ((int64_t)1 << 22)
+#define MAX_WASTED ((int64_t)1 << 20)
 
 /* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a short run
  * of ids at the end of `items` and they are objects; into the list itself otherwise. */
@@ -938,15 +942,22 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         PyObject *list = list_object(r, l);
         if (!list) return -1;
         if (row_list_of(r, list)) return unsupported("a list of trace entries holding something else");
+        PyObject *slice = PyList_New(n); /* added at once, as the unpickler adds them */
+        if (!slice) return -1;
         for (Py_ssize_t k = 0; k < n; k++) {
             PyObject *o = as_object(r, &items[k]);
-            if (!o) return -1;
+            if (!o) {
+                Py_DECREF(slice);
+                return -1;
+            }
             if (items[k].kind == K_LIST && r->lists[items[k].i].uses == 1)
                 r->lists[items[k].i].parent = target->i;
-            int bad = PyList_Append(list, o);
-            Py_DECREF(o);
-            if (bad) return -1;
+            LIST_SET(slice, k, o);
         }
+        Py_ssize_t at = LIST_SIZE(list);
+        int bad = PyList_SetSlice(list, at, at, slice);
+        Py_DECREF(slice);
+        if (bad) return -1;
     }
     drop(r, mark);
     return 0;

@@ -153,18 +153,22 @@ def _releasing(
     (which reads through a small buffer) needs. A page read again is mapped in again."""
     if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
         return progress
-    released = 0
+    released = told = 0
 
-    def step(done: int, total: int) -> None:
-        nonlocal released
+    def step(done: int, total: int) -> None:  # called every megabyte
+        nonlocal released, told
         upto = done - done % mmap.PAGESIZE
         if upto > released:
             data.madvise(mmap.MADV_DONTNEED, released, upto - released)
             released = upto
-        if progress is not None:
+        if progress is not None and (done == 0 or done - told >= _TELL_EVERY):
+            told = done
             progress(done, total)
 
     return step
+
+
+_TELL_EVERY = 8 << 20  # bytes read between two calls of the caller's `progress`
 
 
 def read(
