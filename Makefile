@@ -20,8 +20,8 @@ BUILDVENV ?= .buildvenv
 BUILD_TOOLS := "build>=1.2" "hatchling>=1.21" "ziglang>=0.13" "auditwheel>=6"
 DEMO_PORT ?= 8888
 
-.PHONY: setup demo test lint typecheck js-test pytest browser bench clean buildvenv wheels \
-	test-pythons test-aarch64
+.PHONY: setup demo test lint typecheck js-test pytest native-check browser bench clean \
+	buildvenv wheels test-pythons test-aarch64
 
 # A torch that $(PY) already imports (a CUDA build, say) is never downloaded again: a .pth file
 # puts the folder it comes from on the venv's path (after the venv's own packages), so the venv
@@ -103,7 +103,7 @@ js-test:
 pytest:
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test: setup buildvenv browser lint typecheck js-test pytest
+test: setup buildvenv browser lint typecheck js-test pytest native-check
 
 # Every other CPython here: each python3.1X on PATH and in pyenv (TEST_PYTHONS=... names others), in
 # a venv of its own (.venv-3.X), with the package (its C reader built for that version) and its
@@ -151,6 +151,24 @@ wheels: buildvenv
 # The aarch64 binary wheel run by Debian's aarch64 CPython under qemu-user (on x86_64).
 test-aarch64: buildvenv
 	scripts/check_aarch64_wheel.sh
+
+# The C reader built with AddressSanitizer and UndefinedBehaviorSanitizer (gcc), its tests and
+# both fuzzers run under it at a fixed seed; any report (or warning) fails. Python allocates with
+# malloc so the sanitizer sees every block; leaks are not checked (CPython keeps its own at exit);
+# a failed allocation is a MemoryError, not a report (a corrupt memo index asks the unpickler
+# for gigabytes).
+# The ordinary build is put back afterwards, pass or fail.
+native-check: $(BIN)/python
+	$(BIN)/python hatch_build.py --sanitize
+	@status=0; \
+	ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 PYTHONMALLOC=malloc \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" sh -c ' \
+	  $(BIN)/python -m pytest -x -q -p no:cacheprovider tests/test_snapshot_rows.py \
+	    tests/test_snapshot_reader_hostile.py \
+	  && $(BIN)/python scripts/fuzz_snapshot_reader.py --seed 0 --rounds 200 \
+	  && $(BIN)/python scripts/fuzz_pickle_opcodes.py --seed 0 --cases 1000' || status=$$?; \
+	$(BIN)/python hatch_build.py; exit $$status
+
 
 # The GPU ones (bench_overhead, bench_estimate) measure what matters only on a CUDA machine.
 # Every benchmark docs/BENCHMARKS.md quotes, with its defaults (tests/test_setup.py checks the

@@ -2,18 +2,18 @@
 the browser bundle (js/ into gpumem_widget/static/) whenever its sources are newer than it.
 
 Run by hatchling for wheels, sdists and editable installs; `python hatch_build.py` builds the
-reader in place. Without a C compiler the package still works, reading every snapshot with the
-unpickler (slower on large files), unless GPUMEM_WIDGET_NATIVE=required, which makes that an
-error. GPUMEM_WIDGET_WHEEL chooses what a wheel holds (scripts/build_wheels.py sets it):
-unset, the reader where it builds, tagged for this Python and machine; `pure`, no reader
-(py3-none-any, for every platform); a manylinux platform (`manylinux_2_17_aarch64`), the reader
-compiled by $LDSHARED (zig cc for that glibc and CPU) and tagged for that platform.
+reader in place (`--limited`: the limited-API, abi3, binary). Without a C compiler the package
+still works, reading every snapshot with the unpickler (slower on large files), unless
+GPUMEM_WIDGET_C_READER_BUILD=required, which makes that an error (=skip builds none).
+GPUMEM_WIDGET_WHEEL chooses what a wheel holds (scripts/build_wheels.py sets it): unset, the
+reader where it builds, tagged for this Python and machine; `pure`, no reader (py3-none-any, for
+every platform); a manylinux platform (`manylinux_2_17_aarch64`), the reader compiled by
+$LDSHARED (zig cc for that glibc and CPU) and tagged for that platform.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import re
 import shlex
@@ -28,31 +28,73 @@ ROOT = Path(__file__).parent
 SOURCE = ROOT / "gpumem_widget" / "snapshot" / "io" / "_rows.c"
 
 
-def target() -> Path:
-    return SOURCE.with_name("_rows" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+# -Wconversion and the rest hold the source to no implicit narrowing and no unused code.
+WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wno-unused-parameter"]
+# The oldest CPython a limited-API build serves: 3.11, where the buffer protocol (the mapped
+# file the reader is handed) joined the limited API.
+LIMITED_API = 0x030B0000
 
 
-def build() -> Path | None:
-    """Compile the reader next to its source; None (and a warning) where it cannot be."""
+def required() -> bool:
+    """Whether a failed build is an error (GPUMEM_WIDGET_C_READER_BUILD=required; the old
+    GPUMEM_WIDGET_NATIVE=required still works) rather than a warning."""
+    return (
+        os.environ.get("GPUMEM_WIDGET_C_READER_BUILD") == "required"
+        or os.environ.get("GPUMEM_WIDGET_NATIVE") == "required"
+    )
+
+
+def skipped() -> bool:
+    """GPUMEM_WIDGET_C_READER_BUILD=skip: build no reader (every file takes the unpickler)."""
+    return os.environ.get("GPUMEM_WIDGET_C_READER_BUILD") == "skip"
+
+
+def target(limited: bool = False) -> Path:
+    suffix = ".abi3.so" if limited else sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return SOURCE.with_name("_rows" + suffix)
+
+
+def compile_command(
+    out: Path, *, limited: bool = False, extra: tuple[str, ...] = (), opt: str = "-O2"
+) -> list[str]:
+    """The compiler's command line for the reader: `limited` builds it against the limited API
+    (one binary for CPython 3.11 and later, an abi3 wheel); `extra` adds flags (sanitizers)."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    out = target()
     # $LDSHARED (as setuptools honours it): a cross compiler for a manylinux wheel.
     link = os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or "cc -shared"
-    command = [
+    return [
         *shlex.split(link),
         *shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC"),
-        "-O2",
+        opt,
+        *WARNINGS,
+        *([f"-DPy_LIMITED_API={LIMITED_API:#010x}"] if limited else []),
+        *extra,
         f"-I{sysconfig.get_paths()['include']}",
         f'-DSOURCE_DIGEST="{digest}"',
         str(SOURCE),
         "-o",
         str(out),
     ]
+
+
+def build(limited: bool = False) -> Path | None:
+    """Compile the reader next to its source; None (and a warning) where it cannot be."""
+    if os.environ.get("GPUMEM_WIDGET_NATIVE"):
+        print(
+            "gpumem_widget: GPUMEM_WIDGET_NATIVE is deprecated: use "
+            "GPUMEM_WIDGET_C_READER_BUILD=required",
+            file=sys.stderr,
+        )
+    if skipped():
+        print("gpumem_widget: GPUMEM_WIDGET_C_READER_BUILD=skip: no C reader", file=sys.stderr)
+        return None
+    out = target(limited)
+    command = compile_command(out, limited=limited)
     try:
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError) as e:
         why = getattr(e, "stderr", "") or str(e)
-        if os.environ.get("GPUMEM_WIDGET_NATIVE") == "required":
+        if required():
             raise RuntimeError(f"building the C reader failed: {' '.join(command)}\n{why}") from e
         print(
             f"gpumem_widget: the C reader was not built ({why.strip()[:300]}); large "
@@ -60,6 +102,25 @@ def build() -> Path | None:
             file=sys.stderr,
         )
         return None
+    if done.stderr:  # warnings: the source is meant to have none
+        print(done.stderr, file=sys.stderr)
+    return out
+
+
+# `make native-check`: AddressSanitizer and UndefinedBehaviorSanitizer, any report fatal.
+SANITIZE = (
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+    "-g",
+    "-Werror",
+)
+
+
+def build_sanitized() -> Path:
+    """The reader built in place with the sanitizers (gcc), for `make native-check`."""
+    out = target()
+    subprocess.run(compile_command(out, extra=SANITIZE, opt="-O1"), check=True)
     return out
 
 
@@ -129,15 +190,13 @@ def wheel_names(built: Path, platform: str) -> tuple[str, str]:
 
 
 def build_for_wheel() -> Path:
-    """The reader for a binary wheel: under the limited API (abi3) where build() offers that
-    and the source compiles so, else against this CPython's full API; an error if neither."""
-    if "limited" in inspect.signature(build).parameters:
-        built = build(limited=True)  # type: ignore[call-arg,unused-ignore]
-        if built is not None:
-            return built
-        print("gpumem_widget: no limited-API reader; building one for this CPython only")
-    # A binary wheel without its reader is an error (the second name is build()'s newer one).
-    os.environ["GPUMEM_WIDGET_NATIVE"] = "required"
+    """The reader for a binary wheel: under the limited API (abi3, one binary for CPython 3.11
+    and later) where the source compiles so, else against this CPython's full API; an error if
+    neither builds (a binary wheel without its reader is no binary wheel)."""
+    built = build(limited=True)
+    if built is not None:
+        return built
+    print("gpumem_widget: no limited-API reader; building one for this CPython only")
     os.environ["GPUMEM_WIDGET_C_READER_BUILD"] = "required"
     built = build()
     assert built is not None  # required: build() raised otherwise
@@ -145,7 +204,10 @@ def build_for_wheel() -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if build() else 1)
+    if "--sanitize" in sys.argv[1:]:
+        build_sanitized()
+        sys.exit(0)
+    sys.exit(0 if build(limited="--limited" in sys.argv[1:]) else 1)
 else:  # loaded by hatchling, which is installed only in the build's environment
     from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 

@@ -9,9 +9,13 @@
  * - a list is built only when something needs it: until then it is a run of ids of its items,
  *   which is all a row needs of its frames list (the frame dicts are shared objects, built once);
  * - a short string is decoded once and shared (the unpickler makes one per occurrence).
- * Anything it does not read exactly as the unpickler would (another opcode, an entry reached
- * twice through the memo, a field of an unexpected type, a corrupt byte) raises `Unsupported`,
- * and the caller reads the file with the unpickler.
+ * Anything it does not read exactly as the unpickler would (another opcode, an operation that
+ * reaches below the topmost MARK, an entry reached twice through the memo, a list of entries
+ * reachable from anywhere but its one place in 'device_traces', a field of an unexpected type,
+ * a corrupt byte) raises `Unsupported`, and the caller reads the file with the unpickler; so
+ * does a file shaped to make it need more memory than the unpickler (a stack, a memo or kept
+ * ids beyond any snapshot's). A dict key of tuples nested too deep to hash (CPython's
+ * `tuplehash` recurses on the C stack) raises `NestedTooDeeply`: the unpickler would crash.
  *
  * The input is untrusted: every read is bounds-checked, the stacks and the memo are checked,
  * and nothing the data names is ever called.
@@ -26,11 +30,35 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Built for one CPython, or with -DPy_LIMITED_API=0x030B0000 for every CPython from 3.11 on
+ * (the buffer protocol joined the limited API in 3.11); there the macros that reach into
+ * objects are functions. */
+#ifdef Py_LIMITED_API
+#define LIST_SIZE(o) PyList_Size(o)
+#define LIST_ITEM(o, k) PyList_GetItem(o, k)
+#define LIST_SET(o, k, v) (void)PyList_SetItem(o, k, v) /* cannot fail: a new list */
+#define TUPLE_SIZE(o) PyTuple_Size(o)
+#define TUPLE_ITEM(o, k) PyTuple_GetItem(o, k)
+#define TUPLE_SET(o, k, v) (void)PyTuple_SetItem(o, k, v)
+#define DICT_SIZE(o) PyDict_Size(o)
+#define BYTEARRAY_DATA(o) PyByteArray_AsString(o)
+#else
+#define LIST_SIZE(o) PyList_GET_SIZE(o)
+#define LIST_ITEM(o, k) PyList_GET_ITEM(o, k)
+#define LIST_SET(o, k, v) PyList_SET_ITEM(o, k, v)
+#define TUPLE_SIZE(o) PyTuple_GET_SIZE(o)
+#define TUPLE_ITEM(o, k) PyTuple_GET_ITEM(o, k)
+#define TUPLE_SET(o, k, v) PyTuple_SET_ITEM(o, k, v)
+#define DICT_SIZE(o) PyDict_GET_SIZE(o)
+#define BYTEARRAY_DATA(o) PyByteArray_AS_STRING(o)
+#endif
+
 #ifndef SOURCE_DIGEST
 #define SOURCE_DIGEST "unknown"
 #endif
 
 static PyObject *Unsupported;
+static PyObject *NestedTooDeeply; /* a key the unpickler would crash hashing: refused outright */
 static PyObject *EMPTY_STR; /* an absent user_metadata or compile_context reads as '' */
 
 /* -- values on the stack and in the memo ------------------------------------------------- */
@@ -43,13 +71,32 @@ typedef struct {
         int64_t i; /* an int not made into an object yet (K_INT), a row number (K_ROW), a list's
                     * number (K_LIST) */
     };
-    uint32_t kind;
-    uint32_t slot; /* on the stack, a dict's memo slot + 1 (0: none), to hand it to its row */
+    uint32_t slot; /* a fresh dict's memo slot + 1 (0: none), to hand it to its row */
+    uint8_t kind;
+    /* A dict that nothing but this stack slot holds (and the memo slot `slot`, if that still
+     * holds it and was never read): made by EMPTY_DICT, never DUP'd or read back from the memo.
+     * Only such a dict may become a row, since no one else can see that it is not a dict. This
+     * is tracked, not read from refcounts, so it holds on every CPython (immortal objects,
+     * deferred refcounts) the same way. */
+    uint8_t fresh;
 } Val;
 
 static void val_clear(Val *v) {
     if (v->kind == K_OBJ) Py_DECREF(v->o);
     v->kind = K_EMPTY;
+}
+
+/* A memo slot in one word, as the unpickler's (a crafted file of memo operations needs no more
+ * memory here than there): 0 empty; an owned object (tag 0), a fresh dict's (M_FRESH: its
+ * stack slot may still make it a row), a row's number (M_ROW), a list's number (M_LIST). */
+typedef uintptr_t Memo;
+enum { M_OBJ = 0, M_ROW = 1, M_LIST = 2, M_FRESH = 3 };
+#define MEMO_TAG(m) ((unsigned)((m) & 3u))
+#define MEMO_OBJ(m) ((PyObject *)((m) & ~(Memo)3))
+
+static void memo_clear(Memo *m) {
+    if (*m && (MEMO_TAG(*m) == M_OBJ || MEMO_TAG(*m) == M_FRESH)) Py_DECREF(MEMO_OBJ(*m));
+    *m = 0;
 }
 
 /* -- the fields of a trace entry --------------------------------------------------------- */
@@ -72,20 +119,23 @@ typedef struct {
     size_t len, cap, item;
 } Column;
 
-/* Room for about as many items as the input can hold (see COLUMNS), so the columns are seldom
- * copied to grow; pages are touched only as items fill them. */
+/* Columns start small and double (a large bytearray grows by remapping, not copying): room
+ * reserved from the file's size would let a crafted file ask for more than it holds. */
+#define COLUMN_START 4096
+
 static int col_reserve(Column *c, size_t cap) {
     c->bytes = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(cap * c->item));
     if (!c->bytes) return -1;
-    c->data = PyByteArray_AS_STRING(c->bytes);
+    c->data = BYTEARRAY_DATA(c->bytes);
     c->cap = cap;
     return 0;
 }
 
 static int col_grow(Column *c) {
     size_t cap = c->cap * 2;
+    if (cap * c->item > (size_t)PY_SSIZE_T_MAX) return PyErr_NoMemory(), -1;
     if (PyByteArray_Resize(c->bytes, (Py_ssize_t)(cap * c->item)) < 0) return -1;
-    c->data = PyByteArray_AS_STRING(c->bytes);
+    c->data = BYTEARRAY_DATA(c->bytes);
     c->cap = cap;
     return 0;
 }
@@ -117,7 +167,7 @@ static int32_t strings_lookup(Strings *s, PyObject *str) {
     PyObject *got = PyDict_GetItemWithError(s->ids, str);
     if (got) return (int32_t)PyLong_AsLong(got);
     if (PyErr_Occurred()) return -1;
-    Py_ssize_t n = PyList_GET_SIZE(s->order);
+    Py_ssize_t n = LIST_SIZE(s->order);
     if (n >= INT32_MAX) return -1;
     PyObject *id = PyLong_FromSsize_t(n);
     if (!id) return -1;
@@ -130,7 +180,9 @@ static int32_t strings_id(Strings *s, Last *last, PyObject *str) {
     if (str == last->str) return last->id;
     int32_t id = strings_lookup(s, str);
     if (id >= 0) {
-        Py_XSETREF(last->str, Py_NewRef(str));
+        PyObject *old = last->str;
+        last->str = Py_NewRef(str);
+        Py_XDECREF(old);
         last->id = id;
     }
     return id;
@@ -162,17 +214,21 @@ typedef struct {
 
 /* A list as its items' ids (items[start:start + len]) until something needs the list itself
  * (obj, owned, from then on). `frames`: the frames list number rows know it by, -1 until a row
- * takes it as its frames; after that it may not change. */
+ * takes it as its frames; after that it may not change. `uses`: how many times it was put in
+ * something (a list, a tuple, a dict, an entry's frames, the result); `parent`: the list it
+ * was appended to, where that was its only use (-1: none). A list that holds rows stays
+ * empty, so it must be reachable from its own place in `device_traces` alone. */
 typedef struct {
     int64_t start, len;
     PyObject *obj;
+    int64_t uses, parent;
     int32_t frames;
 } List;
 
-/* A list the rows [start, end) were appended to. */
+/* A list the rows [start, end) were appended to: lists[index]. */
 typedef struct {
     PyObject *list; /* owned */
-    int64_t start, end;
+    int64_t start, end, index;
 } RowList;
 
 #define MAX_ROW_LISTS 4096
@@ -187,9 +243,8 @@ typedef struct {
     Py_ssize_t *marks;
     Py_ssize_t nmarks, marks_cap;
 
-    Val *memo;
+    Memo *memo;
     Py_ssize_t memo_cap, memo_len; /* memo_len: filled slots, as the unpickler counts them */
-    Py_ssize_t memo_hint;          /* its first size: a real pickle memoizes every 30 bytes or so */
 
     int64_t rows;
     Column ints[N_INTS];     /* int64 each */
@@ -210,35 +265,38 @@ typedef struct {
     List *lists;
     Py_ssize_t n_lists, lists_cap;
     int64_t copied; /* items copied for frames that were a tuple or a built list */
+    int64_t wasted; /* ids of lists built since, left in `items` */
 
     struct { PyObject **keys; int8_t *fields; size_t cap, n; } key_fields; /* what each key is */
+    /* The depth of each tuple holding a tuple (the rest are 1 deep): hashing one as a key
+     * recurses once a level, in C, without a limit. */
+    struct { PyObject **keys; uint32_t *depth; size_t cap, n; } nested;
+    int top_fresh; /* at STOP: the result is a dict nothing inside it holds */
 
     PyObject *progress;
     Py_ssize_t next_report;
 } Reader;
 
-/* Every column: its name in the results, where it is in the Reader, its item size, and the
- * input bytes per item its first size allows for (a real entry takes 80 bytes or more, an item
- * of a list 2 or more). */
-#define COLUMN(name, field, type, bytes_per) {name, offsetof(Reader, field), sizeof(type), bytes_per}
+/* Every column: its name in the results, where it is in the Reader, its item size. */
+#define COLUMN(name, field, type) {name, offsetof(Reader, field), sizeof(type)}
 static const struct {
     const char *name;
-    size_t at, item, bytes_per;
+    size_t at, item;
 } COLUMNS[] = {
-    COLUMN("addr", ints[0], int64_t, 96),
-    COLUMN("size", ints[1], int64_t, 96),
-    COLUMN("stream", ints[2], int64_t, 96),
-    COLUMN("time_us", ints[3], int64_t, 96),
-    COLUMN("device_free", ints[4], int64_t, 96),
-    COLUMN("present", present, uint16_t, 96),
-    COLUMN("action", action, int32_t, 96),
-    COLUMN("user_metadata", strs[0], int32_t, 96),
-    COLUMN("compile_context", strs[1], int32_t, 96),
-    COLUMN("frames", frames, int32_t, 96),
-    COLUMN("frames_at", frames_at, int64_t, 96),
-    COLUMN("frames_len", frames_len, int64_t, 96),
-    COLUMN("frames_first", frames_first, int64_t, 96),
-    COLUMN("items", items, int32_t, 8),
+    COLUMN("addr", ints[0], int64_t),
+    COLUMN("size", ints[1], int64_t),
+    COLUMN("stream", ints[2], int64_t),
+    COLUMN("time_us", ints[3], int64_t),
+    COLUMN("device_free", ints[4], int64_t),
+    COLUMN("present", present, uint16_t),
+    COLUMN("action", action, int32_t),
+    COLUMN("user_metadata", strs[0], int32_t),
+    COLUMN("compile_context", strs[1], int32_t),
+    COLUMN("frames", frames, int32_t),
+    COLUMN("frames_at", frames_at, int64_t),
+    COLUMN("frames_len", frames_len, int64_t),
+    COLUMN("frames_first", frames_first, int64_t),
+    COLUMN("items", items, int32_t),
 };
 #define N_COLUMNS (sizeof COLUMNS / sizeof *COLUMNS)
 
@@ -246,7 +304,7 @@ static Column *column(Reader *r, size_t k) {
     return (Column *)((char *)r + COLUMNS[k].at);
 }
 
-#define REPORT_EVERY (8 << 20)
+#define REPORT_EVERY (1 << 20)
 
 static int unsupported(const char *why) {
     if (!PyErr_Occurred()) PyErr_SetString(Unsupported, why);
@@ -255,9 +313,16 @@ static int unsupported(const char *why) {
 
 /* -- stack, marks, memo ------------------------------------------------------------------ */
 
+/* A real pickle's stack holds a batch of 1,000 items or pairs per open container, its marks one
+ * per open container; deeper ones are crafted, and the unpickler reads them (in the memory they
+ * ask for) rather than this reader. Likewise a memo fuller than one slot per 4 bytes read. */
+#define MAX_STACK ((Py_ssize_t)1 << 16)
+#define MEMO_SLACK ((Py_ssize_t)1 << 16)
+
 static int stack_grow(Reader *r) {
     Py_ssize_t cap = r->stack_cap ? r->stack_cap * 2 : 256;
-    Val *p = PyMem_RawRealloc(r->stack, cap * sizeof(Val));
+    if (cap > MAX_STACK) return unsupported("a stack deeper than a snapshot's");
+    Val *p = PyMem_Realloc(r->stack, (size_t)cap * sizeof(Val));
     if (!p) {
         PyErr_NoMemory();
         return -1;
@@ -268,7 +333,7 @@ static int stack_grow(Reader *r) {
 }
 
 /* Field by field: a whole Val stored and loaded back stalls the store buffer. */
-static inline int push_val(Reader *r, uint32_t kind, PyObject *o, int64_t i) {
+static inline int push_val(Reader *r, uint8_t kind, PyObject *o, int64_t i) {
     if (r->sp == r->stack_cap && stack_grow(r) < 0) {
         if (kind == K_OBJ) Py_DECREF(o);
         return -1;
@@ -277,6 +342,7 @@ static inline int push_val(Reader *r, uint32_t kind, PyObject *o, int64_t i) {
     if (kind == K_OBJ) v->o = o;
     else v->i = i;
     v->kind = kind;
+    v->fresh = 0;
     v->slot = 0;
     return 0;
 }
@@ -290,6 +356,11 @@ static inline int push_int(Reader *r, int64_t i) {
     return push_val(r, K_INT, NULL, i);
 }
 
+/* The unpickler's fence: nothing takes items from below the topmost mark. */
+static inline Py_ssize_t fence(const Reader *r) {
+    return r->nmarks ? r->marks[r->nmarks - 1] : 0;
+}
+
 static Py_ssize_t pop_mark(Reader *r) {
     if (r->nmarks == 0) return unsupported("no mark on the stack");
     Py_ssize_t m = r->marks[--r->nmarks];
@@ -300,7 +371,8 @@ static Py_ssize_t pop_mark(Reader *r) {
 static int push_mark(Reader *r) {
     if (r->nmarks == r->marks_cap) {
         Py_ssize_t cap = r->marks_cap ? r->marks_cap * 2 : 64;
-        Py_ssize_t *p = PyMem_RawRealloc(r->marks, cap * sizeof(Py_ssize_t));
+        if (cap > MAX_STACK) return unsupported("more marks than a snapshot's");
+        Py_ssize_t *p = PyMem_Realloc(r->marks, (size_t)cap * sizeof(Py_ssize_t));
         if (!p) {
             PyErr_NoMemory();
             return -1;
@@ -312,7 +384,7 @@ static int push_mark(Reader *r) {
     return 0;
 }
 
-/* The value as an object (a new reference); a row cannot become one. */
+/* The value as an object (a new reference); a row cannot become one. A list counts a use. */
 static PyObject *list_object(Reader *r, List *l);
 
 static PyObject *as_object(Reader *r, const Val *v) {
@@ -321,59 +393,91 @@ static PyObject *as_object(Reader *r, const Val *v) {
         return v->o;
     }
     if (v->kind == K_INT) return PyLong_FromLongLong(v->i);
-    if (v->kind == K_LIST) return Py_XNewRef(list_object(r, &r->lists[v->i]));
+    if (v->kind == K_LIST) {
+        List *l = &r->lists[v->i];
+        l->uses++;
+        l->parent = -1;
+        return Py_XNewRef(list_object(r, l));
+    }
     unsupported(v->kind == K_ROW ? "a trace entry used as a value elsewhere" : "an empty value");
     return NULL;
+}
+
+/* Whether the dict at stack slot `v` is fresh (see Val); its memo slot, if any, in *at. */
+static int is_fresh(const Reader *r, const Val *v, Py_ssize_t *at) {
+    *at = (Py_ssize_t)v->slot - 1;
+    if (v->kind != K_OBJ || !v->fresh) return 0;
+    return *at < 0 || (*at < r->memo_cap && r->memo[*at] == ((Memo)v->o | M_FRESH));
 }
 
 /* The unpickler's slots grow on demand; an index far past the filled ones is refused here
  * rather than allocated (a real pickle numbers its slots in order). */
 static int memo_put(Reader *r, Py_ssize_t idx) {
-    if (r->sp == 0) return unsupported("memoizing an empty stack");
+    if (r->sp <= fence(r)) return unsupported("memoizing below a mark");
     if (idx < 0 || idx > r->memo_len + (1 << 20)) return unsupported("a memo index out of range");
+    if (r->memo_len > r->pos / 4 + MEMO_SLACK) return unsupported("a memo fuller than a snapshot's");
     if (idx >= r->memo_cap) {
-        Py_ssize_t cap = r->memo_cap ? r->memo_cap : r->memo_hint;
+        Py_ssize_t cap = r->memo_cap ? r->memo_cap : 1024;
         while (cap <= idx) cap *= 2;
-        Val *p = PyMem_RawRealloc(r->memo, cap * sizeof(Val));
+        Memo *p = PyMem_Realloc(r->memo, (size_t)cap * sizeof(Memo));
         if (!p) {
             PyErr_NoMemory();
             return -1;
         }
-        memset(p + r->memo_cap, 0, (cap - r->memo_cap) * sizeof(Val));
+        memset(p + r->memo_cap, 0, (size_t)(cap - r->memo_cap) * sizeof(Memo));
         r->memo = p;
         r->memo_cap = cap;
     }
-    Val *slot = &r->memo[idx];
-    if (slot->kind == K_EMPTY) r->memo_len++;
-    else val_clear(slot);
     Val *top = &r->stack[r->sp - 1];
-    *slot = *top;
-    slot->slot = 0;
-    if (slot->kind == K_OBJ) {
-        Py_INCREF(slot->o);
-        if (PyDict_CheckExact(top->o) && idx < UINT32_MAX) top->slot = (uint32_t)idx + 1;
+    if (top->kind == K_INT) { /* one int object, shared by every read of the slot */
+        PyObject *o = PyLong_FromLongLong(top->i);
+        if (!o) return -1;
+        top->o = o;
+        top->kind = K_OBJ;
     }
+    Memo m;
+    if (top->kind == K_OBJ) {
+        m = (Memo)Py_NewRef(top->o);
+        if (top->fresh) {
+            if (top->slot || idx >= (Py_ssize_t)UINT32_MAX) top->fresh = 0; /* two slots */
+            else {
+                top->slot = (uint32_t)idx + 1;
+                m |= M_FRESH;
+            }
+        }
+    } else if (top->kind == K_ROW) {
+        m = (Memo)top->i << 2 | M_ROW;
+    } else {
+        m = (Memo)top->i << 2 | M_LIST;
+    }
+    Memo *slot = &r->memo[idx];
+    if (*slot) memo_clear(slot);
+    else r->memo_len++;
+    *slot = m;
     return 0;
 }
 
 static int memo_get(Reader *r, Py_ssize_t idx) {
-    if (idx < 0 || idx >= r->memo_cap || r->memo[idx].kind == K_EMPTY)
-        return unsupported("a memo index never set");
-    const Val *v = &r->memo[idx];
-    if (v->kind == K_ROW) return unsupported("a trace entry referenced twice");
-    if (v->kind == K_OBJ) return push_val(r, K_OBJ, Py_NewRef(v->o), 0);
-    return push_val(r, v->kind, NULL, v->i);
+    if (idx < 0 || idx >= r->memo_cap || !r->memo[idx]) return unsupported("a memo index never set");
+    Memo *m = &r->memo[idx];
+    switch (MEMO_TAG(*m)) {
+    case M_ROW: return unsupported("a trace entry referenced twice");
+    case M_LIST: return push_val(r, K_LIST, NULL, (int64_t)(*m >> 2));
+    case M_FRESH: *m &= ~(Memo)3; break; /* read back: no longer fresh */
+    default: break;
+    }
+    return push_val(r, K_OBJ, Py_NewRef(MEMO_OBJ(*m)), 0);
 }
 
 /* -- objects and lists -------------------------------------------------------------------- */
 
 static int objs_grow(Objects *t) {
     size_t cap = t->cap ? t->cap * 2 : 1024;
-    PyObject **keys = PyMem_RawCalloc(cap, sizeof(PyObject *));
-    int32_t *ids = PyMem_RawMalloc(cap * sizeof(int32_t));
+    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
+    int32_t *ids = PyMem_Malloc(cap * sizeof(int32_t));
     if (!keys || !ids) {
-        PyMem_RawFree(keys);
-        PyMem_RawFree(ids);
+        PyMem_Free(keys);
+        PyMem_Free(ids);
         PyErr_NoMemory();
         return -1;
     }
@@ -384,8 +488,8 @@ static int objs_grow(Objects *t) {
         keys[h] = t->keys[k];
         ids[h] = t->ids[k];
     }
-    PyMem_RawFree(t->keys);
-    PyMem_RawFree(t->ids);
+    PyMem_Free(t->keys);
+    PyMem_Free(t->ids);
     t->keys = keys;
     t->ids = ids;
     t->cap = cap;
@@ -398,7 +502,7 @@ static int32_t obj_id(Reader *r, PyObject *o) {
     size_t h = ((uintptr_t)o >> 4) * 0x9E3779B97F4A7C15ull & (t->cap - 1);
     for (; t->keys[h]; h = (h + 1) & (t->cap - 1))
         if (t->keys[h] == o) return t->ids[h];
-    Py_ssize_t n = PyList_GET_SIZE(t->objects);
+    Py_ssize_t n = LIST_SIZE(t->objects);
     if (n >= INT32_MAX) return unsupported("too many objects");
     if (PyList_Append(t->objects, o) < 0) return -1;
     t->keys[h] = o;
@@ -410,7 +514,7 @@ static int32_t obj_id(Reader *r, PyObject *o) {
 static int push_list(Reader *r) {
     if (r->n_lists == r->lists_cap) {
         Py_ssize_t cap = r->lists_cap ? r->lists_cap * 2 : 4096;
-        List *p = PyMem_RawRealloc(r->lists, cap * sizeof(List));
+        List *p = PyMem_Realloc(r->lists, (size_t)cap * sizeof(List));
         if (!p) {
             PyErr_NoMemory();
             return -1;
@@ -423,18 +527,23 @@ static int push_list(Reader *r) {
     l->len = 0;
     l->obj = NULL;
     l->frames = -1;
+    l->uses = 0;
+    l->parent = -1;
     return push_val(r, K_LIST, NULL, r->n_lists++);
 }
 
-/* The list itself (borrowed), built from its items the first time it is needed. */
+/* The list itself (borrowed), built from its items the first time it is needed. Its ids, if
+ * they end `items` and no row took them as frames, are given back. */
 static PyObject *list_object(Reader *r, List *l) {
     if (l->obj) return l->obj;
     PyObject *obj = PyList_New((Py_ssize_t)l->len);
     if (!obj) return NULL;
     const int32_t *ids = (const int32_t *)r->items.data + l->start;
     for (int64_t k = 0; k < l->len; k++)
-        PyList_SET_ITEM(obj, (Py_ssize_t)k, Py_NewRef(PyList_GET_ITEM(r->objs.objects, ids[k])));
+        LIST_SET(obj, (Py_ssize_t)k, Py_NewRef(LIST_ITEM(r->objs.objects, ids[k])));
     l->obj = obj;
+    if (l->frames < 0 && l->start + l->len == (int64_t)r->items.len) r->items.len = (size_t)l->start;
+    else if (l->frames < 0) r->wasted += l->len;
     return obj;
 }
 
@@ -475,7 +584,7 @@ static int read_long(Reader *r, Py_ssize_t n) {
 
 static int short_strs_grow(ShortStrings *t) {
     size_t cap = t->cap ? t->cap * 2 : 256;
-    StrSlot *slots = PyMem_RawCalloc(cap, sizeof(StrSlot));
+    StrSlot *slots = PyMem_Calloc(cap, sizeof(StrSlot));
     if (!slots) {
         PyErr_NoMemory();
         return -1;
@@ -486,7 +595,7 @@ static int short_strs_grow(ShortStrings *t) {
         while (slots[h].str) h = (h + 1) & (cap - 1);
         slots[h] = t->slots[k];
     }
-    PyMem_RawFree(t->slots);
+    PyMem_Free(t->slots);
     t->slots = slots;
     t->cap = cap;
     return 0;
@@ -538,11 +647,11 @@ static inline Py_ssize_t read_size(Reader *r, int n) {
 
 static int key_fields_grow(Reader *r) {
     size_t cap = r->key_fields.cap ? r->key_fields.cap * 2 : 64;
-    PyObject **keys = PyMem_RawCalloc(cap, sizeof(PyObject *));
-    int8_t *fields = PyMem_RawMalloc(cap);
+    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
+    int8_t *fields = PyMem_Malloc(cap);
     if (!keys || !fields) {
-        PyMem_RawFree(keys);
-        PyMem_RawFree(fields);
+        PyMem_Free(keys);
+        PyMem_Free(fields);
         PyErr_NoMemory();
         return -1;
     }
@@ -554,8 +663,8 @@ static int key_fields_grow(Reader *r) {
         keys[h] = key;
         fields[h] = r->key_fields.fields[k];
     }
-    PyMem_RawFree(r->key_fields.keys);
-    PyMem_RawFree(r->key_fields.fields);
+    PyMem_Free(r->key_fields.keys);
+    PyMem_Free(r->key_fields.fields);
     r->key_fields.keys = keys;
     r->key_fields.fields = fields;
     r->key_fields.cap = cap;
@@ -583,6 +692,68 @@ static int field_of(Reader *r, const Val *key) {
     r->key_fields.fields[h] = (int8_t)field;
     if (++r->key_fields.n > r->key_fields.cap / 2 && key_fields_grow(r) < 0) return -1;
     return field;
+}
+
+/* How deep a dict key may nest tuples: hashing one recurses once a level in C, unchecked, and
+ * about 140,000 levels overflow the C stack (the unpickler dies there too). No snapshot holds a
+ * tuple key of more than a few levels; a deeper one is refused with a reason. */
+#define MAX_KEY_NESTING 10000
+
+static int nested_grow(Reader *r) {
+    size_t cap = r->nested.cap ? r->nested.cap * 2 : 64;
+    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
+    uint32_t *depth = PyMem_Malloc(cap * sizeof(uint32_t));
+    if (!keys || !depth) {
+        PyMem_Free(keys);
+        PyMem_Free(depth);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < r->nested.cap; k++) {
+        PyObject *key = r->nested.keys[k];
+        if (!key) continue;
+        size_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 40 & (cap - 1);
+        while (keys[h]) h = (h + 1) & (cap - 1);
+        keys[h] = key;
+        depth[h] = r->nested.depth[k];
+    }
+    PyMem_Free(r->nested.keys);
+    PyMem_Free(r->nested.depth);
+    r->nested.keys = keys;
+    r->nested.depth = depth;
+    r->nested.cap = cap;
+    return 0;
+}
+
+/* How many tuples deep `o` is (0: not a tuple). */
+static uint32_t depth_of(Reader *r, PyObject *o) {
+    if (!PyTuple_CheckExact(o)) return 0;
+    size_t mask = r->nested.cap - 1;
+    size_t h = ((uintptr_t)o >> 4) * 0x9E3779B97F4A7C15ull >> 40 & mask;
+    for (; r->nested.keys[h]; h = (h + 1) & mask)
+        if (r->nested.keys[h] == o) return r->nested.depth[h];
+    return 1;
+}
+
+/* Tuple `t` (borrowed), made of items as deep as `inner` at most; the table holds it, so its
+ * address is not reused meanwhile. */
+static int nested_add(Reader *r, PyObject *t, uint32_t inner) {
+    if (inner == 0) return 0;
+    size_t mask = r->nested.cap - 1;
+    size_t h = ((uintptr_t)t >> 4) * 0x9E3779B97F4A7C15ull >> 40 & mask;
+    while (r->nested.keys[h]) h = (h + 1) & mask;
+    r->nested.keys[h] = Py_NewRef(t);
+    r->nested.depth[h] = inner + 1;
+    if (++r->nested.n > r->nested.cap / 2 && nested_grow(r) < 0) return -1;
+    return 0;
+}
+
+/* Whether `key` may be hashed (-1 and NestedTooDeeply if not). */
+static int key_hashable(Reader *r, PyObject *key) {
+    if (depth_of(r, key) <= MAX_KEY_NESTING) return 0;
+    PyErr_Format(NestedTooDeeply, "a dict key nested too deeply (tuples more than %d levels deep)",
+                 MAX_KEY_NESTING);
+    return -1;
 }
 
 static int int_field(const Val *v, int64_t *out) {
@@ -619,18 +790,21 @@ static int32_t new_frames(Reader *r, int64_t at, int64_t len) {
 static int32_t frames_of(Reader *r, const Val *v) {
     if (v->kind == K_LIST) {
         List *l = &r->lists[v->i];
+        l->uses++;
+        l->parent = -1;
         if (l->frames >= 0) return l->frames;
         if (!l->obj) return l->frames = new_frames(r, l->start, l->len);
     } else if (v->kind != K_OBJ || !PyTuple_CheckExact(v->o)) {
         return unsupported("frames that are not a list");
     }
-    PyObject *seq = v->kind == K_LIST ? r->lists[v->i].obj : v->o;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int tuple = v->kind == K_OBJ;
+    PyObject *seq = tuple ? v->o : r->lists[v->i].obj;
+    Py_ssize_t n = tuple ? TUPLE_SIZE(seq) : LIST_SIZE(seq);
     r->copied += n;
     if (r->copied > r->len) return unsupported("frames repeated more than the input holds");
     int64_t at = (int64_t)r->items.len;
     for (Py_ssize_t k = 0; k < n; k++) {
-        int32_t id = obj_id(r, PySequence_Fast_ITEMS(seq)[k]);
+        int32_t id = obj_id(r, tuple ? TUPLE_ITEM(seq, k) : LIST_ITEM(seq, k));
         if (id < 0) return -1;
         if (push_i32(&r->items, id) < 0) return -1;
     }
@@ -650,6 +824,7 @@ static int make_row(Reader *r, Val *items, Py_ssize_t n) {
         Val *v = &items[k + 1];
         if (f < 0) return -1;
         if (v->kind == K_ROW) return unsupported("a trace entry inside another");
+        if (f == F_NOT_STR && items[k].kind == K_OBJ && key_hashable(r, items[k].o) < 0) return -1;
         if (f == F_NOT_STR && (items[k].kind == K_OBJ ? PyObject_Hash(items[k].o) == -1
                                                       : items[k].kind != K_INT))
             return unsupported("an unhashable key"); /* the unpickler fails on it */
@@ -713,10 +888,17 @@ static void drop(Reader *r, Py_ssize_t from) {
     while (r->sp > from) val_clear(&r->stack[--r->sp]);
 }
 
-/* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a run of
- * ids at the end of `items` and they are objects; into the list itself otherwise. */
+/* A list longer than this is no frames list: it is built (ids and then the list would take
+ * more memory than the unpickler's list alone). */
+#define MAX_ID_RUN 65536
+/* Lists built after their ids were kept leave those ids behind: past this many, lists are built
+ * from the start, so ids and lists together never take much more than the lists alone. */
+#define MAX_WASTED ((int64_t)1 << 20)
+
+/* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a short run
+ * of ids at the end of `items` and they are objects; into the list itself otherwise. */
 static int append_items(Reader *r, Py_ssize_t mark) {
-    if (mark < 1) return unsupported("append without a list");
+    if (mark <= fence(r) || mark > r->sp) return unsupported("append across a mark");
     Val *target = &r->stack[mark - 1];
     if (target->kind != K_LIST) return unsupported("append to something other than a list");
     List *l = &r->lists[target->i];
@@ -733,11 +915,11 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         if (!list) return -1;
         RowList *rl = row_list_of(r, list);
         if (!rl) {
-            if (PyList_GET_SIZE(list) != 0) return unsupported("trace entries after other items");
+            if (LIST_SIZE(list) != 0) return unsupported("trace entries after other items");
             if (r->n_row_lists == MAX_ROW_LISTS) return unsupported("too many lists of entries");
             if (r->n_row_lists == r->row_lists_cap) {
                 Py_ssize_t cap = r->row_lists_cap ? r->row_lists_cap * 2 : 8;
-                RowList *p = PyMem_RawRealloc(r->row_lists, cap * sizeof(RowList));
+                RowList *p = PyMem_Realloc(r->row_lists, (size_t)cap * sizeof(RowList));
                 if (!p) return PyErr_NoMemory(), -1;
                 r->row_lists = p;
                 r->row_lists_cap = cap;
@@ -746,12 +928,14 @@ static int append_items(Reader *r, Py_ssize_t mark) {
             Py_INCREF(list);
             rl->list = list;
             rl->start = rl->end = items[0].i;
+            rl->index = target->i;
         }
         for (Py_ssize_t k = 0; k < n; k++) {
             if (items[k].i != rl->end) return unsupported("trace entries out of order");
             rl->end++;
         }
-    } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len) {
+    } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len &&
+               l->len + n <= MAX_ID_RUN && r->wasted <= MAX_WASTED) {
         for (Py_ssize_t k = 0; k < n; k++) {
             int32_t id = obj_id(r, items[k].o);
             if (id < 0) return -1;
@@ -762,13 +946,22 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         PyObject *list = list_object(r, l);
         if (!list) return -1;
         if (row_list_of(r, list)) return unsupported("a list of trace entries holding something else");
+        PyObject *slice = PyList_New(n); /* added at once, as the unpickler adds them */
+        if (!slice) return -1;
         for (Py_ssize_t k = 0; k < n; k++) {
             PyObject *o = as_object(r, &items[k]);
-            if (!o) return -1;
-            int bad = PyList_Append(list, o);
-            Py_DECREF(o);
-            if (bad) return -1;
+            if (!o) {
+                Py_DECREF(slice);
+                return -1;
+            }
+            if (items[k].kind == K_LIST && r->lists[items[k].i].uses == 1)
+                r->lists[items[k].i].parent = target->i;
+            LIST_SET(slice, k, o);
         }
+        Py_ssize_t at = LIST_SIZE(list);
+        int bad = PyList_SetSlice(list, at, at, slice);
+        Py_DECREF(slice);
+        if (bad) return -1;
     }
     drop(r, mark);
     return 0;
@@ -777,7 +970,7 @@ static int append_items(Reader *r, Py_ssize_t mark) {
 /* stack[mark:] (key, value pairs) set in the dict at stack[mark - 1]; a fresh dict given an
  * 'action' becomes the next row instead. */
 static int set_items(Reader *r, Py_ssize_t mark) {
-    if (mark < 1) return unsupported("setitems without a dict");
+    if (mark <= fence(r) || mark > r->sp) return unsupported("setitems across a mark");
     Py_ssize_t n = r->sp - mark;
     if (n % 2) return unsupported("an odd number of items for a dict");
     Val *target = &r->stack[mark - 1];
@@ -785,22 +978,16 @@ static int set_items(Reader *r, Py_ssize_t mark) {
         return unsupported("setitems on something other than a dict");
     PyObject *dict = target->o;
     Val *items = &r->stack[mark];
-    Py_ssize_t refs = Py_REFCNT(dict);
-    Py_ssize_t at = (Py_ssize_t)target->slot - 1;
-    int memoized = refs == 2 && at >= 0 && at < r->memo_cap && r->memo[at].kind == K_OBJ &&
-                   r->memo[at].o == dict;
-    int entry = n && PyDict_GET_SIZE(dict) == 0 && (refs == 1 || memoized)
-                    ? has_action(r, items, n)
-                    : 0;
+    Py_ssize_t at;
+    int fresh = is_fresh(r, target, &at);
+    int entry = n && fresh && DICT_SIZE(dict) == 0 ? has_action(r, items, n) : 0;
     if (entry < 0) return -1;
     if (entry) {
         int64_t row = r->rows;
         if (make_row(r, items, n) < 0) return -1;
-        if (memoized) {
-            Val *slot = &r->memo[at];
-            Py_DECREF(slot->o);
-            slot->kind = K_ROW;
-            slot->i = row;
+        if (at >= 0) { /* the memo's reference becomes the row's number */
+            Py_DECREF(dict);
+            r->memo[at] = (Memo)row << 2 | M_ROW;
         }
         Py_DECREF(dict);
         target->kind = K_ROW;
@@ -809,6 +996,7 @@ static int set_items(Reader *r, Py_ssize_t mark) {
         return 0;
     }
     for (Py_ssize_t k = 0; k < n; k += 2) {
+        if (items[k].kind == K_OBJ && key_hashable(r, items[k].o) < 0) return -1;
         PyObject *key = as_object(r, &items[k]);
         if (!key) return -1;
         PyObject *value = as_object(r, &items[k + 1]);
@@ -826,17 +1014,24 @@ static int set_items(Reader *r, Py_ssize_t mark) {
 }
 
 static int make_tuple(Reader *r, Py_ssize_t from) {
-    if (from < 0 || from > r->sp) return unsupported("a tuple of more than the stack");
+    if (from < fence(r) || from > r->sp) return unsupported("a tuple across a mark");
     Py_ssize_t n = r->sp - from;
     PyObject *t = PyTuple_New(n);
     if (!t) return -1;
+    uint32_t inner = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *o = as_object(r, &r->stack[from + k]);
         if (!o) {
             Py_DECREF(t);
             return -1;
         }
-        PyTuple_SET_ITEM(t, k, o);
+        uint32_t d = depth_of(r, o);
+        if (d > inner) inner = d;
+        TUPLE_SET(t, k, o);
+    }
+    if (nested_add(r, t, inner) < 0) {
+        Py_DECREF(t);
+        return -1;
     }
     drop(r, from);
     return push_obj(r, t);
@@ -889,11 +1084,12 @@ static PyObject *run(Reader *r) {
         case '.': /* STOP */
             if (r->sp != 1 || r->nmarks) return unsupported("a stack left over at the end"), NULL;
             if (r->pos != r->len) return unsupported("bytes after the end of the pickle"), NULL;
+            r->top_fresh = is_fresh(r, &r->stack[0], &m);
             return as_object(r, &r->stack[0]);
         case '(': ok = push_mark(r); break;
-        case '0': /* POP */
+        case '0': /* POP: the topmost mark, if nothing is above it */
             if (r->nmarks && r->marks[r->nmarks - 1] == r->sp) { r->nmarks--; break; }
-            if (!r->sp) return unsupported("pop from an empty stack"), NULL;
+            if (r->sp <= fence(r)) return unsupported("pop from an empty stack"), NULL;
             drop(r, r->sp - 1);
             break;
         case '1': /* POP_MARK */
@@ -901,14 +1097,18 @@ static PyObject *run(Reader *r) {
             drop(r, m);
             break;
         case '2': /* DUP */
-            if (!r->sp || r->stack[r->sp - 1].kind == K_ROW) return unsupported("dup"), NULL;
+            if (r->sp <= fence(r) || r->stack[r->sp - 1].kind == K_ROW)
+                return unsupported("dup"), NULL;
             {
-                const Val *v = &r->stack[r->sp - 1];
+                Val *v = &r->stack[r->sp - 1];
+                v->fresh = 0; /* held twice now */
                 ok = v->kind == K_OBJ ? push_val(r, K_OBJ, Py_NewRef(v->o), 0)
                                       : push_val(r, v->kind, NULL, v->i);
             }
             break;
-        case '}': ok = push_obj(r, PyDict_New()); break;
+        case '}':
+            if ((ok = push_obj(r, PyDict_New())) == 0) r->stack[r->sp - 1].fresh = 1;
+            break;
         case ']': ok = push_list(r); break;
         case ')': ok = push_obj(r, PyTuple_New(0)); break;
         case 't': /* TUPLE */
@@ -923,7 +1123,7 @@ static PyObject *run(Reader *r) {
             if ((m = pop_mark(r)) < 0) return NULL;
             ok = append_items(r, m);
             break;
-        case 's': ok = r->sp >= 3 ? set_items(r, r->sp - 2) : unsupported("setitem"); break;
+        case 's': ok = set_items(r, r->sp - 2); break;
         case 'u':
             if ((m = pop_mark(r)) < 0) return NULL;
             ok = set_items(r, m);
@@ -994,17 +1194,36 @@ static PyObject *results(Reader *r, PyObject *top) {
     int64_t covered = 0;
     for (Py_ssize_t k = 0; k < r->n_row_lists; k++)
         covered += r->row_lists[k].end - r->row_lists[k].start;
-    PyObject *lists = NULL, *columns = NULL;
+    PyObject *lists = NULL, *columns = NULL, *parent = Py_None;
     if (covered != r->rows) {
         unsupported("a trace entry outside any list");
         goto fail;
+    }
+    /* Each list of rows is empty here: it must be reachable only through its one place in
+     * one list (the caller checks that this is the result's 'device_traces'), which is
+     * reachable only from there, in a result nothing inside it holds. */
+    int64_t up = -1;
+    for (Py_ssize_t k = 0; k < r->n_row_lists; k++) {
+        const List *l = &r->lists[r->row_lists[k].index];
+        if (l->uses != 1 || l->parent < 0 || (up >= 0 && l->parent != up)) {
+            unsupported("a list of trace entries held elsewhere too");
+            goto fail;
+        }
+        up = l->parent;
+    }
+    if (up >= 0) {
+        if (r->lists[up].uses != 1 || !r->top_fresh || !r->lists[up].obj) {
+            unsupported("the lists of trace entries held elsewhere too");
+            goto fail;
+        }
+        parent = r->lists[up].obj;
     }
     if (!(lists = PyList_New(r->n_row_lists)) || !(columns = PyDict_New())) goto fail;
     for (Py_ssize_t k = 0; k < r->n_row_lists; k++) {
         RowList *rl = &r->row_lists[k];
         PyObject *t = Py_BuildValue("(OLL)", rl->list, (long long)rl->start, (long long)rl->end);
         if (!t) goto fail;
-        PyList_SET_ITEM(lists, k, t);
+        LIST_SET(lists, k, t);
     }
     for (size_t k = 0; k < N_COLUMNS; k++)
         if (put(columns, COLUMNS[k].name, column_bytes(column(r, k))) < 0) goto fail;
@@ -1012,7 +1231,7 @@ static PyObject *results(Reader *r, PyObject *top) {
         put(columns, "action_names", Py_NewRef(r->actions.order)) < 0 ||
         put(columns, "texts", Py_NewRef(r->texts.order)) < 0)
         goto fail;
-    return Py_BuildValue("(NNN)", top, lists, columns);
+    return Py_BuildValue("(NNNO)", top, lists, columns, parent);
 fail:
     Py_XDECREF(lists);
     Py_XDECREF(columns);
@@ -1022,17 +1241,17 @@ fail:
 
 static void reader_free(Reader *r) {
     drop(r, 0);
-    PyMem_RawFree(r->stack);
-    PyMem_RawFree(r->marks);
-    for (Py_ssize_t k = 0; k < r->memo_cap; k++) val_clear(&r->memo[k]);
-    PyMem_RawFree(r->memo);
+    PyMem_Free(r->stack);
+    PyMem_Free(r->marks);
+    for (Py_ssize_t k = 0; k < r->memo_cap; k++) memo_clear(&r->memo[k]);
+    PyMem_Free(r->memo);
     for (size_t k = 0; k < N_COLUMNS; k++) Py_XDECREF(column(r, k)->bytes);
     for (size_t k = 0; k < r->short_strs.cap; k++) Py_XDECREF(r->short_strs.slots[k].str);
-    PyMem_RawFree(r->short_strs.slots);
+    PyMem_Free(r->short_strs.slots);
     for (Py_ssize_t k = 0; k < r->n_lists; k++) Py_XDECREF(r->lists[k].obj);
-    PyMem_RawFree(r->lists);
-    PyMem_RawFree(r->objs.keys);
-    PyMem_RawFree(r->objs.ids);
+    PyMem_Free(r->lists);
+    PyMem_Free(r->objs.keys);
+    PyMem_Free(r->objs.ids);
     Py_XDECREF(r->objs.objects);
     Strings *strs[] = {&r->actions, &r->texts};
     for (int k = 0; k < 2; k++) {
@@ -1041,10 +1260,13 @@ static void reader_free(Reader *r) {
     }
     for (int k = 0; k < 1 + N_STRS; k++) Py_XDECREF(r->last[k].str);
     for (Py_ssize_t k = 0; k < r->n_row_lists; k++) Py_DECREF(r->row_lists[k].list);
-    PyMem_RawFree(r->row_lists);
+    PyMem_Free(r->row_lists);
     for (size_t k = 0; k < r->key_fields.cap; k++) Py_XDECREF(r->key_fields.keys[k]);
-    PyMem_RawFree(r->key_fields.keys);
-    PyMem_RawFree(r->key_fields.fields);
+    PyMem_Free(r->key_fields.keys);
+    PyMem_Free(r->key_fields.fields);
+    for (size_t k = 0; k < r->nested.cap; k++) Py_XDECREF(r->nested.keys[k]);
+    PyMem_Free(r->nested.keys);
+    PyMem_Free(r->nested.depth);
 }
 
 static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {
@@ -1057,7 +1279,6 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
     r.buf = view.buf;
     r.len = view.len;
     r.progress = progress;
-    r.memo_hint = view.len / 24 + 1024;
     r.objs.objects = PyList_New(0);
     r.actions.ids = PyDict_New();
     r.actions.order = PyList_New(0);
@@ -1067,10 +1288,10 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
     int reserved = 0;
     for (size_t k = 0; k < N_COLUMNS; k++) {
         column(&r, k)->item = COLUMNS[k].item;
-        reserved |= col_reserve(column(&r, k), (size_t)view.len / COLUMNS[k].bytes_per + 1024);
+        reserved |= col_reserve(column(&r, k), COLUMN_START);
     }
     if (reserved < 0 || objs_grow(&r.objs) < 0 || short_strs_grow(&r.short_strs) < 0 ||
-        key_fields_grow(&r) < 0)
+        key_fields_grow(&r) < 0 || nested_grow(&r) < 0)
         PyErr_NoMemory();
     else if (r.objs.objects && r.actions.ids && r.actions.order && r.texts.ids && r.texts.order) {
         PyObject *top = run(&r);
@@ -1083,18 +1304,24 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
 
 static PyMethodDef methods[] = {
     {"read_rows", (PyCFunction)(void (*)(void))read_rows, METH_VARARGS | METH_KEYWORDS,
-     "read_rows(data, progress=None) -> (top, [(list, start, end)], columns)"},
+     "read_rows(data, progress=None) -> (top, [(list, start, end)], columns, traces)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows", NULL, -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_rows", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__rows(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     EMPTY_STR = PyUnicode_FromString("");
-    Unsupported = PyErr_NewException("gpumem_widget.snapshot._rows.Unsupported", PyExc_ValueError, NULL);
-    if (!EMPTY_STR || !Unsupported || PyModule_AddObjectRef(m, "Unsupported", Unsupported) < 0 ||
+    Unsupported = PyErr_NewException("gpumem_widget.snapshot.io._rows.Unsupported", PyExc_ValueError, NULL);
+    NestedTooDeeply = PyErr_NewException("gpumem_widget.snapshot.io._rows.NestedTooDeeply",
+                                         PyExc_ValueError, NULL);
+    if (!EMPTY_STR || !Unsupported || !NestedTooDeeply ||
+        PyModule_AddObjectRef(m, "Unsupported", Unsupported) < 0 ||
+        PyModule_AddObjectRef(m, "NestedTooDeeply", NestedTooDeeply) < 0 ||
         PyModule_AddStringConstant(m, "SOURCE_DIGEST", SOURCE_DIGEST) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -4,10 +4,11 @@ CPython's unpickler builds a dict and its int objects for every trace entry befo
 can be read: at millions of entries, most of a conversion's time and memory. The C reader runs
 the same data-only pickle machine but makes each dict holding an 'action' a row of columns;
 everything else (segments, frames, settings) it builds as the unpickler would. Where it cannot
-read a pickle exactly as the unpickler would, it says so and `read` returns None: the caller
-then unpickles as before. It is built with the package (a compiler is needed); without it, when it
-is older than its source, or with GPUMEM_WIDGET_C_READER=0 in the environment, every file takes
-the unpickler's path.
+read a pickle exactly as the unpickler would, or runs out of memory, it says so and `read`
+returns None: the caller then unpickles as before. It is built with the package (a compiler is
+needed; GPUMEM_WIDGET_C_READER_BUILD=required makes a failed build an error, =skip builds none);
+without it, when it is older than its source, or with GPUMEM_WIDGET_C_READER=0 in the
+environment, every file takes the unpickler's path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.metadata
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +95,11 @@ def describe() -> list[str]:
             "a C compiler is found"
         )
     return lines
+
+
+class NestedTooDeeply(Exception):
+    """A dict key nests tuples deeper than hashing it safely allows (the unpickler's path would
+    crash on it): the file is refused, not read another way."""
 
 
 I64 = np.ndarray[Any, np.dtype[np.int64]]
@@ -183,28 +190,58 @@ class TraceRows:
         return values[self.start : self.end]
 
 
+def _releasing(
+    data: Any, progress: Callable[[int, int], None] | None
+) -> Callable[[int, int], None] | None:
+    """`progress`, and for a mapped file, the pages read so far let go of as reading goes on:
+    they would otherwise stay in this process's memory, a file's size more than the unpickler
+    (which reads through a small buffer) needs. A page read again is mapped in again."""
+    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return progress
+    released = told = 0
+
+    def step(done: int, total: int) -> None:  # called every megabyte
+        nonlocal released, told
+        upto = done - done % mmap.PAGESIZE
+        if upto > released:
+            data.madvise(mmap.MADV_DONTNEED, released, upto - released)
+            released = upto
+        if progress is not None and (done == 0 or done - told >= _TELL_EVERY):
+            told = done
+            progress(done, total)
+
+    return step
+
+
+_TELL_EVERY = 8 << 20  # bytes read between two calls of the caller's `progress`
+
+
 def read(
     data: Any, progress: Callable[[int, int], None] | None = None
 ) -> tuple[Any, dict[int, TraceRows]] | None:
     """The unpickled object, whose lists of trace entries are left empty, and those lists'
     entries by the lists' ids; None where only the unpickler can read `data` exactly (or the
     reader is not built). `progress(done, total)` is told the bytes read now and then.
-    MemoryError and KeyboardInterrupt pass through."""
+    Out of memory, it declines too (the unpickler needs less for some crafted files); a key
+    nested too deeply raises NestedTooDeeply; KeyboardInterrupt passes through."""
     if _reader is None:
         return None
     try:
-        top, lists, raw = _reader.read_rows(data, progress)
-    except (MemoryError, KeyboardInterrupt):
+        top, lists, raw, traces_list = _reader.read_rows(data, _releasing(data, progress))
+    except KeyboardInterrupt:
         raise
-    except Exception:  # Unsupported, or what the unpickler would refuse too: it says why
+    except _reader.NestedTooDeeply as e:
+        raise NestedTooDeeply(str(e)) from None
+    except Exception:  # Unsupported, MemoryError, or what the unpickler would refuse too
         return None
 
     arrays: dict[str, Any] = {k: np.frombuffer(raw[k], t) for k, t in _DTYPES.items()}
     columns = RowColumns(
         **arrays, action_names=raw["action_names"], texts=raw["texts"], objects=raw["objects"]
     )
+    # The reader checked that the lists of entries are held only by one list, held only by
+    # the result; that list must be the result's 'device_traces'.
     traces = top.get("device_traces") if isinstance(top, dict) else None
-    held = {id(t) for t in traces} if isinstance(traces, list) else set()
-    if not all(id(lst) in held for lst, _, _ in lists):
+    if lists and traces is not traces_list:
         return None  # entries somewhere else than a device's trace: the unpickler's path
     return top, {id(lst): TraceRows(columns, start, end) for lst, start, end in lists}

@@ -254,8 +254,8 @@ def _read_rows(
         return None
     try:
         got = c_reader.read(data, progress)
-    except MemoryError:
-        raise OutOfMemory(f"{where}: ran out of memory while reading it") from None
+    except c_reader.NestedTooDeeply as e:
+        raise SnapshotLoadError(f"{where}: refused: {e}") from None
     finally:
         data.close()
     return None if got is None else (*got, total)

@@ -1,0 +1,222 @@
+"""Hostile pickles against the C reader (`snapshot/io/_rows.c`): each class of issue 28's
+reproducers reads the same with the reader as with the unpickler alone (the same data or the
+same clean error), or is refused with a reason where the unpickler would crash."""
+
+from __future__ import annotations
+
+import pickle
+import pickletools
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_snapshot_rows import assert_same, both_ways
+
+from gpumem_widget.snapshot import SnapshotLoadError, read_snapshot
+from gpumem_widget.snapshot.io import c_reader
+
+ENTRY = {"action": "alloc", "addr": 4096, "size": 512}
+ISSUE_EXAMPLE = {"segments": [], "device_traces": [[ENTRY]]}
+
+
+def _same_both_ways(tmp_path: Path, data: bytes, name: str = "s.pickle") -> None:
+    """`data` read the same with the reader as without; a file the reader declines is read by
+    the unpickler on both paths, so only one it accepts needs reading twice."""
+    if c_reader.read(data) is None:
+        return
+    path = tmp_path / name
+    path.write_bytes(data)
+    assert_same(*both_ways(path))
+
+
+def _boundaries(data: bytes) -> list[int]:
+    """Where each opcode of `data` starts (and its end)."""
+    return [pos for _, _, pos in pickletools.genops(data) if pos is not None] + [len(data)]
+
+
+def test_the_issue_example_of_a_mark_fence_is_refused_both_ways(tmp_path: Path) -> None:
+    """MARK, MEMOIZE after the first three bytes: the unpickler refuses to memoize below the
+    mark ("unexpected MARK found"); the reader used to read the entry."""
+    data = pickle.dumps(ISSUE_EXAMPLE, 2)
+    data = data[:3] + b"(\x940" + data[3:]  # and a POP that takes the mark away again
+    assert c_reader.read(data) is None
+    path = tmp_path / "fence.pickle"
+    path.write_bytes(data)
+    with pytest.raises(SnapshotLoadError, match="MARK"):
+        read_snapshot(path)
+    assert_same(*both_ways(path))
+
+
+# Every operation that takes stack items, after a MARK placed right before it.
+FENCED = [b"\x94", b"0", b"2", b"\x85", b"\x86", b"\x87", b"a", b"s", b"q\x05", b"r\x05\0\0\0"]
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_no_operation_reaches_below_a_mark(tmp_path: Path, protocol: int) -> None:
+    data = pickle.dumps(ISSUE_EXAMPLE, protocol)
+    for at in _boundaries(data)[1:]:
+        for op in FENCED:
+            for after in (b"", b"0", b"00", b"000"):  # POPs that take the mark away again
+                _same_both_ways(tmp_path, data[:at] + b"(" + op + after + data[at:])
+
+
+def test_a_mark_then_an_empty_append_or_setitems_is_read_as_the_unpickler_does(
+    tmp_path: Path,
+) -> None:
+    """APPENDS and SETITEMS right after a mark at the fence: the unpickler refuses them even
+    with nothing to add (the target is below the fence)."""
+    data = pickle.dumps(ISSUE_EXAMPLE, 2)
+    for at in _boundaries(data)[1:]:
+        for ops in (b"((e", b"((u", b"(e", b"(u", b"((t0", b"(1", b"(0"):
+            _same_both_ways(tmp_path, data[:at] + ops + data[at:])
+
+
+def _snap(**extra: Any) -> dict[str, Any]:
+    return {"segments": [], "device_traces": [[dict(ENTRY)]], **extra}
+
+
+def _shared_list_cases() -> dict[str, Any]:
+    cases: dict[str, Any] = {}
+    trace = [dict(ENTRY), {"action": "free_requested", "addr": 4096, "size": 512}]
+    cases["annotations"] = {"segments": [], "device_traces": [trace], "external_annotations": trace}
+    frames_entry = {"action": "alloc", "addr": 0, "size": 1}
+    own = [frames_entry]
+    frames_entry["frames"] = own  # a trace list as its own entry's frames
+    cases["frames"] = {"segments": [], "device_traces": [own]}
+    other = [dict(ENTRY)]
+    cases["other_frames"] = {
+        "segments": [],
+        "device_traces": [other, [{"action": "alloc", "addr": 1, "size": 2, "frames": other}]],
+    }
+    segs = [dict(ENTRY)]
+    cases["segments"] = {"segments": segs, "device_traces": [segs]}
+    traces = [[dict(ENTRY)]]
+    cases["traces_twice"] = {"segments": [], "device_traces": traces, "x": traces}
+    cases["in_a_tuple"] = {"segments": [], "device_traces": traces, "x": (traces[0],)}
+    top: dict[str, Any] = {"segments": [], "device_traces": [[dict(ENTRY)]]}
+    top["external_annotations"] = [top]
+    cases["top_in_itself"] = top
+    t2 = [dict(ENTRY)]
+    cases["listed_twice"] = {"segments": [], "device_traces": [t2, t2]}
+    t3 = [dict(ENTRY)]
+    cases["as_a_key_value"] = {
+        "segments": [],
+        "device_traces": [t3],
+        "allocator_settings": {"a": t3},
+    }
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(_shared_list_cases()))
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_trace_list_held_anywhere_else_reads_as_the_unpickler_reads_it(
+    tmp_path: Path, case: str, protocol: int
+) -> None:
+    """The reader leaves a list of entries empty, so it must not be seen from elsewhere; it
+    used to read `external_annotations` as [] there, and accept a trace list as frames or
+    segments that the unpickler's path refuses."""
+    data = pickle.dumps(_shared_list_cases()[case], protocol)
+    assert c_reader.read(data) is None
+    _same_both_ways(tmp_path, data)
+
+
+def test_plain_snapshots_are_still_read_by_the_reader() -> None:
+    got = c_reader.read(pickle.dumps(_snap(external_annotations=[{"x": 1}]), 4))
+    assert got is not None
+    _, traces = got
+    assert [len(t) for t in traces.values()] == [1]
+
+
+def test_out_of_memory_in_the_reader_falls_back_to_the_unpickler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class OutOfMemory:
+        Unsupported = ValueError
+        NestedTooDeeply = c_reader.NestedTooDeeply
+
+        @staticmethod
+        def read_rows(data: Any, progress: Any = None) -> Any:
+            raise MemoryError
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_snap(), 4))
+    monkeypatch.setattr(c_reader, "_reader", OutOfMemory)
+    assert c_reader.read(path.read_bytes()) is None
+    assert len(read_snapshot(path).traces[0]) == 1
+
+
+def _deep_key(levels: int) -> bytes:
+    """{'segments': [], 'device_traces': [], ((...(1,)...),): 0}: a tuple key nested
+    `levels` deep, made with one TUPLE1 a level."""
+    body = b"}(X\x08\0\0\0segments]X\r\0\0\0device_traces]uK\x01" + b"\x85" * levels + b"K\x00s."
+    return b"\x80\x02" + body
+
+
+def test_a_shallow_tuple_key_reads_the_same_both_ways(tmp_path: Path) -> None:
+    _same_both_ways(tmp_path, _deep_key(50))
+    assert c_reader.read(_deep_key(50)) is not None
+
+
+def test_a_key_nested_too_deeply_is_refused_not_a_crash(tmp_path: Path) -> None:
+    """Hashing a 300,000-deep tuple overflows the C stack in CPython's `tuplehash`: the reader
+    refuses such a key (in a child process, so a crash would not take pytest with it)."""
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(_deep_key(300_000))
+    code = (
+        "import sys\n"
+        "from gpumem_widget.snapshot import SnapshotLoadError, read_snapshot\n"
+        "try:\n"
+        f"    read_snapshot({str(path)!r})\n"
+        "except SnapshotLoadError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "nested too deeply" in done.stdout
+
+
+def _memo_flood(n: int) -> bytes:
+    """A list of one int read back from the memo `n` times, in one APPENDS."""
+    return b"\x80\x02]K\x07q\x00(" + b"h\x00" * n + b"e."
+
+
+def _memoize_flood(n: int) -> bytes:
+    """One int memoized `n` times over."""
+    return b"\x80\x04K\x07" + b"\x94" * n + b"."
+
+
+def test_crafted_floods_are_left_to_the_unpickler(tmp_path: Path) -> None:
+    """A stack or a memo beyond any snapshot's would need more memory in the reader (per
+    item) than in the unpickler: the reader declines them early."""
+    for data in (_memo_flood(2_000_000), _memoize_flood(2_000_000)):
+        assert c_reader.read(data) is None
+    _same_both_ways(tmp_path, _memo_flood(300_000))
+    _same_both_ways(tmp_path, _memoize_flood(300_000))
+
+
+def test_a_memoized_int_is_one_object_shared_as_in_the_unpickler() -> None:
+    data = (
+        b"\x80\x02}(X\x08\0\0\0segments]X\r\0\0\0device_traces]"
+        b"X\x01\0\0\0x](J\x00\x10\x00\x00q\x01h\x01h\x01eu."
+    )
+    got = c_reader.read(data)
+    assert got is not None
+    xs = got[0]["x"]
+    assert xs == [4096] * 3 == pickle.loads(data)["x"]
+    assert xs[0] is xs[1] is xs[2]
+
+
+def test_a_long_list_of_shared_objects_reads_the_same_both_ways(tmp_path: Path) -> None:
+    """Past a frames list's length the reader builds a list as the unpickler does, the ids it
+    kept so far given back."""
+    name, frame = "cell:1", {"filename": "a.py", "line": 1, "name": "f"}
+    snap = _snap(external_annotations=[name] * 100_000 + [frame] * 70_000)
+    data = pickle.dumps(snap, 4)
+    got = c_reader.read(data)
+    assert got is not None
+    assert got[0]["external_annotations"] == snap["external_annotations"]
+    _same_both_ways(tmp_path, data)
