@@ -345,13 +345,17 @@ def _same_totals(view: dict[str, Any], snap: Any) -> None:
     """The preview's figures are the full active view's: every base column, the peak, the OOMs
     (with their tags), the warnings; its one series is the sum of the full view's series."""
     from gpumem_widget.snapshot.views.panel import TOP_SITES, WIDTH
+    from gpumem_widget.wire.drilldown import FLOOR
     from gpumem_widget.wire.protocol import unpack_table
 
     for d in view["devices"]:
         got = d["active"]
         full = active_memory_view(snap, d["device"], WIDTH, TOP_SITES, axis="event")
         mine, theirs = unpack_table(got["table"]), unpack_table(full["table"])
-        series = [c for c in theirs if c.startswith("g") or c == "other"]
+        # The series, not their floors (a column's lowest instant, drawn under each range).
+        series = [
+            c for c in theirs if (c.startswith("g") or c == "other") and not c.endswith(FLOOR)
+        ]
         assert np.array_equal(mine["g0"], sum((theirs[c] for c in series), np.zeros(WIDTH)))
         for column in ("t", "event", "total", "time", "min", "reserved"):
             assert np.array_equal(mine[column], theirs[column], equal_nan=True), column
