@@ -175,7 +175,7 @@ native-check: $(BIN)/python
 # list against the page). The GPU ones (overhead, kernel_cost, modules, estimate) measure what
 # matters only on a CUDA machine; elsewhere they measure host mode or the CPU.
 BENCHES := load session overhead kernel_cost modules estimate snapshot snapshot_views drilldown \
-	reader report segments history vars workers send_traits
+	reader reader_memory report segments history vars workers send_traits
 bench: setup
 	for b in $(BENCHES); do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	node benchmarks/browser_chart.mjs
