@@ -25,7 +25,6 @@ from gpumem_widget.wire import protocol
 from gpumem_widget.wire.workers import SCREEN_POINTS, decimate
 from gpumem_widget.workers import agent as agent_module
 from gpumem_widget.workers.address import VARIABLES, AddressError, WorkerAddress
-from gpumem_widget.workers.agent import _Cell
 from gpumem_widget.workers.hub import WorkerHub, cell_usage
 from gpumem_widget.workers.messages import (
     MAX_MESSAGE_BYTES,
@@ -40,6 +39,7 @@ from gpumem_widget.workers.messages import (
     decode_control,
     decode_worker,
 )
+from gpumem_widget.workers.readings import Cell
 from gpumem_widget.workers.signing import Signer, new_key
 from gpumem_widget.workers.store import SERIES_CAPACITY, WorkerStore
 
@@ -419,12 +419,12 @@ def test_the_store_is_bounded_in_workers_and_samples() -> None:
 def test_the_worker_measures_a_cell_exact_passive_or_as_a_lower_bound() -> None:
     base = (reading(0, 100, peak=100),)
     # Exact mode: counters reset at the start, so the peak counter is the cell's.
-    c = _Cell(5, True, base, rss=10)
+    c = Cell(5, True, base, rss=10)
     r = c.report((reading(0, 150, peak=400),), passive=False)
     d = r.devices[0]
     assert (d.allocated_before, d.peak_allocated, d.peak_exact) == (100, 400, True)
     # Passive, no new high: a lower bound from the edges and the sampled maximum.
-    c = _Cell(5, False, (reading(0, 100, peak=1000),), rss=10)
+    c = Cell(5, False, (reading(0, 100, peak=1000),), rss=10)
     c.observe((reading(0, 300, peak=1000),), rss=30)
     d = c.report((reading(0, 120, peak=1000),), passive=True).devices[0]
     assert (d.peak_allocated, d.peak_exact) == (300, False)
