@@ -200,7 +200,7 @@ def measure_block(ip: Any, s: Session) -> tuple[list[int], list[int]]:
 def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
     """The same 128 trivial cells early in a session and after 2,500 more: the messages the
     hooks send are no bigger (the figures' digits aside) and the hooks make no more Python
-    calls (the median cell: a cell now and then also wakes the sampler or meets a new timeline
+    calls (the plain cell: a cell now and then also wakes the sampler or meets a new timeline
     base, at any session length), so nothing they do grows with the ledger or the history."""
     s = session()
     run_trivial_cells(ip, 2 * BAND_BLOCK)
@@ -217,10 +217,10 @@ def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
     # The band table (once a block: 20 bytes a band) is bounded by MAX_BANDS, the window's
     # base (once every WIRE_BLOCK cells) by WINDOW_BYTES.
     assert max(late_sizes) < 20 * MAX_BANDS + WINDOW_BYTES + 2**16, max(late_sizes)
-    assert statistics.median(late_calls) <= statistics.median(early_calls) * 1.02, (
-        statistics.median(early_calls),
-        statistics.median(late_calls),
-    )
+    # The plain cell's calls (the fewest): how many cells also wake the sampler or meet a new
+    # timeline base depends on the machine's load (a busy one made it half of them), not on the
+    # session's length, so the median moves with the load and the plain cell is what is pinned.
+    assert min(late_calls) <= min(early_calls) * 1.02, (min(early_calls), min(late_calls))
 
 
 def test_the_rss_read_keeps_following_a_forked_child() -> None:
