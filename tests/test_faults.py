@@ -191,7 +191,15 @@ def test_a_storm_of_interrupts_loses_no_row(tmp_path: Path) -> None:
     missing = [n for n in returned if n not in rows]
     assert missing == [], missing[:20]
     assert all(rows[n] == "KeyboardInterrupt" for n in interrupted)
-    assert "Error in callback" not in proc.stdout + proc.stderr
+    # A SIGINT can land in IPython's own post_execute callbacks (DisplayPublisher's), which
+    # IPython reports as "Error in callback <its method>": the user's Ctrl-C meeting IPython,
+    # outside any hook of ours. None of the extension's callbacks may be named, no frame shown.
+    ours = [
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.startswith("Error in callback") and "gpumem_widget" in line
+    ]
+    assert ours == [], ours[:3]
     assert "gpumem_widget/live" not in proc.stdout + proc.stderr  # no frame of ours shown
 
 
