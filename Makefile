@@ -117,7 +117,7 @@ endif
 # Each run's address space is capped: uncapped, a test of these grew to 23 GB on Python 3.12
 # (killed for memory); capped, the allocation fails at once, as the tests expect.
 TEST_MEMORY_KB ?= 8000000
-VERSION_TESTS ?= tests/test_snapshot_rows.py tests/test_snapshot_load.py tests/test_cli.py \
+VERSION_TESTS ?= tests/test_snapshot_rows.py tests/test_snapshot_reader_hostile.py tests/test_cli.py \
 	tests/test_wheels.py::test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2
 
 test-pythons:
