@@ -109,7 +109,7 @@ test: setup buildvenv browser lint typecheck js-test pytest native-check
 # a venv of its own (.venv-3.X), with the package (its C reader built for that version) and its
 # dependencies but no torch: PyPI has only CUDA builds of torch for those (several GB each), and
 # this machine's CPU build is for 3.11. So they run the tests that need no torch: the C reader
-# against the unpickler, loading (pickle protocol 5 too) and the command line.
+# against the unpickler on real and hostile files, pickle protocol 5, and the command line.
 ifndef TEST_PYTHONS
 TEST_PYTHONS := $(foreach v,10 11 12 13 14,$(shell command -v python3.$(v))) \
 	$(wildcard $(HOME)/.pyenv/versions/3.1*/bin/python3.1?)
