@@ -121,8 +121,7 @@ def compile(cmd, **kwargs):
     raise OSError("not compiled: only the command is wanted")
 hatch_build.subprocess.run = compile
 hatch_build.build()
-if "limited" in hatch_build.inspect.signature(hatch_build.build).parameters:
-    hatch_build.build(limited=True)
+hatch_build.build(limited=True)
 print(json.dumps({"commands": seen, "source": str(hatch_build.SOURCE)}))
 """
 
@@ -132,7 +131,7 @@ def test_the_reader_is_named_abi3_exactly_when_it_is_built_under_the_limited_api
 ) -> None:
     """hatch_build.py tags a binary wheel abi3 by the reader's name (`_rows.abi3.so`, what
     every CPython from this one on imports): that name and Py_LIMITED_API go together."""
-    env = {**os.environ, "GPUMEM_WIDGET_NATIVE": ""}
+    env = {**os.environ, "GPUMEM_WIDGET_C_READER_BUILD": ""}
     made = _run([str(build_python), "-c", COMMAND, str(ROOT)], env=env)
     found = json.loads(made.stdout.splitlines()[-1])
     source = Path(found["source"])
