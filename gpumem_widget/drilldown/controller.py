@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from gpumem_widget.snapshot import Snapshot
     from gpumem_widget.snapshot.io.load import Source
     from gpumem_widget.snapshot.views.grid import Axis
+    from gpumem_widget.wire.messages import BrowserMessageType
     from gpumem_widget.wire.payloads import (
         Alive,
         AliveError,
@@ -165,6 +166,10 @@ class _LoadingBar:
         }
 
 
+# The browser's messages this controller answers (through the widget's dispatcher).
+ANSWERS: tuple[BrowserMessageType, ...] = ("load", "alive_at", "view", "search")
+
+
 class Drilldown:
     """Holds the current snapshot and writes the ``drilldown``/``drilldown_alive`` traits."""
 
@@ -176,12 +181,12 @@ class Drilldown:
         self._lock = threading.Lock()
         self._current: _Current | None = None
         self._pending: tuple[Mapping[str, Any], str] | None = None
-        widget.messages.on(self._on_msg, "load", "alive_at", "view", "search")
+        widget.messages.on(self._on_msg, *ANSWERS)
 
     def retarget(self, widget: GpuMemWidget) -> None:
         """Publish to a new widget (the old one was closed), with the current views."""
         self.widget = widget
-        widget.messages.on(self._on_msg, "load", "alive_at", "view", "search")
+        widget.messages.on(self._on_msg, *ANSWERS)
         with self._lock:
             current, pending = self._current, self._pending
         if current is not None:
