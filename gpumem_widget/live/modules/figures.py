@@ -14,15 +14,14 @@ start and end, and at each switch of backward from one module to another:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpumem_widget.snapshot.model.tags import parent_path, path_depth, tree_key
 from gpumem_widget.units import format_bytes
 
-_TOKENS = re.compile(r"\d+|\D+")
-_PARENT = re.compile(r"(.*)(?:\.[^.\[\]]+|\[[^\[\]]*\])$")  # gpt.h.3 -> gpt.h; xs[2] -> xs
+__all__ = ["CellFigures", "ModuleFigures", "parent_path"]
 
 
 class _Entry(Protocol):
@@ -102,7 +101,7 @@ class CellFigures:
             )
             row.parameters, row.gradients, row.compiled = f.parameters, f.gradients, f.compiled
         # Deepest first, so each parent sums children already complete.
-        for path in sorted(rows, key=_depth, reverse=True):
+        for path in sorted(rows, key=path_depth, reverse=True):
             row, measured = rows[path], own.get(path)
             if measured is not None:
                 row.backward_added += measured.backward_added
@@ -118,7 +117,7 @@ class CellFigures:
                 up.recompute_kept += row.recompute_kept
                 up.parameters += row.parameters
                 up.gradients += row.gradients
-        return [rows[p] for p in sorted(rows, key=_tree_key)]
+        return [rows[p] for p in sorted(rows, key=tree_key)]
 
     def format(self, limit: int = 60) -> str:
         rows = self.rows()
@@ -131,7 +130,7 @@ class CellFigures:
         )
         lines = [f"{title}: per module (forward kept: saved activations and outputs)", head]
         for r in rows[:limit]:
-            name = "  " * _depth(r.path) + r.path + (" (compiled)" if r.compiled else "")
+            name = "  " * path_depth(r.path) + r.path + (" (compiled)" if r.compiled else "")
             lines.append(
                 f"{name:<40} {r.calls:>5} {format_bytes(r.forward_kept):>10} "
                 f"{format_bytes(r.backward_added):>10} {format_bytes(r.backward_high):>10} "
@@ -142,28 +141,6 @@ class CellFigures:
         if any(r.compiled for r in rows):
             lines.append("(compiled): torch.compile runs it as one piece; its submodules unseen")
         return "\n".join(lines)
-
-
-def parent_path(path: str) -> str | None:
-    m = _PARENT.fullmatch(path)
-    return m.group(1) if m is not None and m.group(1) else None
-
-
-def _depth(path: str) -> int:
-    depth, p = 0, parent_path(path)
-    while p is not None:
-        depth, p = depth + 1, parent_path(p)
-    return depth
-
-
-def _tree_key(path: str) -> list[list[Any]]:
-    """Ancestors first, numbers in order (h.2 before h.10)."""
-    chain = [path]
-    p = parent_path(path)
-    while p is not None:
-        chain.append(p)
-        p = parent_path(p)
-    return [[int(t) if t.isdigit() else t for t in _TOKENS.findall(c)] for c in chain[::-1]]
 
 
 def _parameter_bytes(parameters: Iterable[Any]) -> tuple[int, int]:
