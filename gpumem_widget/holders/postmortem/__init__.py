@@ -15,12 +15,13 @@ from gpumem_widget.holders.postmortem.advice import Suggestion, current_alloc_co
 from gpumem_widget.holders.postmortem.devices import DeviceOom
 from gpumem_widget.holders.postmortem.message import OomMessage, parse_oom_message
 from gpumem_widget.holders.postmortem.observer import OomEvent, OomRecorder
-from gpumem_widget.holders.postmortem.report import PostMortem, build_postmortem
+from gpumem_widget.holders.postmortem.report import OomPlace, PostMortem, build_postmortem
 
 __all__ = [
     "DeviceOom",
     "OomEvent",
     "OomMessage",
+    "OomPlace",
     "OomRecorder",
     "PostMortem",
     "Suggestion",
