@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from gpumem_widget.holders.postmortem.devices import DeviceOom, size_text
+from gpumem_widget.holders.postmortem.place import OomPlace
 from gpumem_widget.holders.report import Holder, HoldersReport
 from gpumem_widget.wire import payloads
-
-if TYPE_CHECKING:
-    from gpumem_widget.holders.postmortem.report import OomPlace
 
 # Fragmentation worth a suggestion: this share of reserved memory, and at least this much.
 FRAGMENTATION_MIN_SHARE: Final = 0.05

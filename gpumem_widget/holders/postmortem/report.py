@@ -5,50 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from gpumem_widget.holders.postmortem.advice import Suggestion, suggest
 from gpumem_widget.holders.postmortem.devices import DeviceOom, device_figures, size_text
 from gpumem_widget.holders.postmortem.message import parse_oom_message
 from gpumem_widget.holders.postmortem.observer import OomEvent
+from gpumem_widget.holders.postmortem.place import PLACE_SOURCES, OomPlace
 from gpumem_widget.holders.report import HoldersReport
 from gpumem_widget.wire import payloads
-
-
-@dataclass(frozen=True, slots=True)
-class OomPlace:
-    """Where the failing allocation was asked for: the allocator metadata of the thread that
-    made it, read back (with the module tracer on, ``cell:12 backward gpt.h.3.mlp``)."""
-
-    tag: str
-    cell: int | None
-    phase: str | None  # forward, backward, optimizer, recompute, other; None: not the tracer's
-    module: str | None
-    source: Literal["observer", "snapshot"]  # read in the OOM observer, or off the snapshot
-
-    def text(self) -> str:
-        """ "backward of gpt.h.3.mlp"; "backward, in no module"; another tool's metadata as is."""
-        if self.phase is None:
-            return f"allocator metadata {self.tag!r}"
-        if self.module is None:
-            return f"{self.phase}, in no module"
-        return f"{self.phase} of {self.module}"
-
-    def to_wire(self) -> payloads.OomPlace:
-        return {
-            "tag": self.tag,
-            "cell": self.cell,
-            "phase": self.phase,
-            "module": self.module,
-            "source": self.source,
-            "text": self.text(),
-        }
-
-
-_PLACE_SOURCES = {
-    "observer": "the failing thread's tag, read in the OOM observer",
-    "snapshot": "the tag of the OOM's entry in the recorded snapshot",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +51,7 @@ class PostMortem:
         lines = [f"CUDA out of memory{cell}" + (f" on cuda:{d.device}" if d else "")]
         if self.place is not None:
             lines.append(
-                f"  while running: {self.place.text()} [{_PLACE_SOURCES[self.place.source]}]"
+                f"  while running: {self.place.text()} [{PLACE_SOURCES[self.place.source]}]"
             )
         if d is not None:
             lines += _format_device(d)
