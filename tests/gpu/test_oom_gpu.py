@@ -197,5 +197,6 @@ def test_an_oom_mid_backward_of_a_traced_model_names_the_module_and_phase(shell:
         assert alone is not None
         assert (alone.phase, alone.module, alone.source) == ("backward", "net.1", "snapshot")
     finally:
+        shell.run_line_magic("gpumem", "record off")  # also ends the tracer's reason to be on
         torch.cuda.memory._record_memory_history(None)
         shell.run_line_magic("gpumem", "modules auto")
