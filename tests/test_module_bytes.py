@@ -8,7 +8,7 @@ import pytest
 from traced_step import ACT, GRAD, GRAD_IN, LEAVES, LOGITS, LOSS, PARAMS, PEAK, traced_step
 
 from gpumem_widget.snapshot import open_snapshot
-from gpumem_widget.snapshot.model.tags import Tag, parent_path, path_depth, tree_key
+from gpumem_widget.snapshot.model.tags import Tag, ancestors, parent_path, tree_key
 from gpumem_widget.snapshot.views.module_bytes import (
     interval_tags,
     module_tree,
@@ -116,5 +116,5 @@ def test_module_paths_nest_by_their_dots() -> None:
     assert parent_path("gpt.h.3.mlp") == "gpt.h.3"
     assert parent_path("xs[2]") == "xs"
     assert parent_path("gpt") is None
-    assert path_depth("gpt.h.3") == 2
+    assert ancestors("gpt.h.3") == ["gpt.h", "gpt"]
     assert sorted(["gpt.h.10", "gpt.h.2", "gpt"], key=tree_key) == ["gpt", "gpt.h.2", "gpt.h.10"]

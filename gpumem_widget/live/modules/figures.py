@@ -18,10 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpumem_widget.snapshot.model.tags import parent_path, path_depth, tree_key
+from gpumem_widget.snapshot.model.tags import ancestors, parent_path, tree_key
 from gpumem_widget.units import format_bytes
-
-__all__ = ["CellFigures", "ModuleFigures", "parent_path"]
 
 
 class _Entry(Protocol):
@@ -101,7 +99,7 @@ class CellFigures:
             )
             row.parameters, row.gradients, row.compiled = f.parameters, f.gradients, f.compiled
         # Deepest first, so each parent sums children already complete.
-        for path in sorted(rows, key=path_depth, reverse=True):
+        for path in sorted(rows, key=_depth, reverse=True):
             row, measured = rows[path], own.get(path)
             if measured is not None:
                 row.backward_added += measured.backward_added
@@ -117,7 +115,7 @@ class CellFigures:
                 up.recompute_kept += row.recompute_kept
                 up.parameters += row.parameters
                 up.gradients += row.gradients
-        return [rows[p] for p in sorted(rows, key=tree_key)]
+        return [rows[p] for p in sorted(rows, key=_tree_key)]
 
     def format(self, limit: int = 60) -> str:
         rows = self.rows()
@@ -130,7 +128,7 @@ class CellFigures:
         )
         lines = [f"{title}: per module (forward kept: saved activations and outputs)", head]
         for r in rows[:limit]:
-            name = "  " * path_depth(r.path) + r.path + (" (compiled)" if r.compiled else "")
+            name = "  " * _depth(r.path) + r.path + (" (compiled)" if r.compiled else "")
             lines.append(
                 f"{name:<40} {r.calls:>5} {format_bytes(r.forward_kept):>10} "
                 f"{format_bytes(r.backward_added):>10} {format_bytes(r.backward_high):>10} "
@@ -141,6 +139,14 @@ class CellFigures:
         if any(r.compiled for r in rows):
             lines.append("(compiled): torch.compile runs it as one piece; its submodules unseen")
         return "\n".join(lines)
+
+
+def _depth(path: str) -> int:
+    return len(ancestors(path))
+
+
+def _tree_key(path: str) -> list[list[Any]]:
+    return tree_key(path)
 
 
 def _parameter_bytes(parameters: Iterable[Any]) -> tuple[int, int]:

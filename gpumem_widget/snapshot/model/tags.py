@@ -4,13 +4,13 @@ module tracer on (`live.modules`), the phase and the module too: ``cell:12 backw
 
 `live.tracker` writes the plain tag at each cell's start, the tracer the longer ones; the
 snapshot views read them back. Metadata from other tools is kept as it is (`parse_tag` gives
-None for it). Module paths nest by their dots (`parent_path`, `tree_key`).
+None for it).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Final, Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 CELL_TAG_PREFIX: Final = "cell:"
 Phase = Literal["forward", "backward", "optimizer", "recompute", "other"]
@@ -63,35 +63,36 @@ def cell_of_tag(tag: str) -> int | None:
     return parsed.cell if parsed is not None else None
 
 
-_TOKENS = re.compile(r"\d+|\D+")
-_PARENT = re.compile(r"(.*)(?:\.[^.\[\]]+|\[[^\[\]]*\])$")  # gpt.h.3 -> gpt.h; xs[2] -> xs
-
-
-def parent_path(path: str) -> str | None:
-    """The module a qualified name sits in (``gpt.h.3.mlp`` -> ``gpt.h.3``); None at the top."""
-    m = _PARENT.fullmatch(path)
-    return m.group(1) if m is not None and m.group(1) else None
-
-
-def path_depth(path: str) -> int:
-    """How many modules a qualified name sits in (``gpt`` 0, ``gpt.h.3`` 2)."""
-    depth, p = 0, parent_path(path)
-    while p is not None:
-        depth, p = depth + 1, parent_path(p)
-    return depth
-
-
-def tree_key(path: str) -> list[list[Any]]:
-    """Sorts module paths in tree order: ancestors first, numbers in order (h.2 before h.10)."""
-    chain = [path]
-    p = parent_path(path)
-    while p is not None:
-        chain.append(p)
-        p = parent_path(p)
-    return [[int(t) if t.isdigit() else t for t in _TOKENS.findall(c)] for c in chain[::-1]]
-
-
 def _cell_number(word: str) -> int | None:
     if word.startswith(CELL_TAG_PREFIX) and word[len(CELL_TAG_PREFIX) :].isdigit():
         return int(word[len(CELL_TAG_PREFIX) :])
     return None
+
+
+# Module paths as the tracer names them (`live.modules.names`): ``gpt.h.3.mlp``, ``layers[2]``,
+# ``models['a'].fc``.
+_PARENT = re.compile(r"(.*)(?:\.[^.\[\]]+|\[[^\[\]]*\])$")  # gpt.h.3 -> gpt.h; xs[2] -> xs
+_TOKENS = re.compile(r"\d+|\D+")
+
+
+def parent_path(path: str) -> str | None:
+    """The module containing `path` (None for a top-level one)."""
+    m = _PARENT.fullmatch(path)
+    return m.group(1) if m is not None and m.group(1) else None
+
+
+def ancestors(path: str) -> list[str]:
+    """`path`'s containing modules, nearest first."""
+    chain: list[str] = []
+    p = parent_path(path)
+    while p is not None:
+        chain.append(p)
+        p = parent_path(p)
+    return chain
+
+
+def tree_key(path: str) -> list[list[int | str]]:
+    """A sort key that lists a module tree in order: ancestors first, numbers in order (h.2
+    before h.10)."""
+    chain = [*reversed(ancestors(path)), path]
+    return [[int(t) if t.isdigit() else t for t in _TOKENS.findall(c)] for c in chain]

@@ -26,9 +26,9 @@ from gpumem_widget.snapshot.model.tags import (
     PHASES,
     Phase,
     Tag,
+    ancestors,
     parent_path,
     parse_tag,
-    path_depth,
     tree_key,
 )
 from gpumem_widget.snapshot.views.grid import group_peaks
@@ -196,12 +196,12 @@ def module_tree(
     if not paths:
         return ()
     node = {p: i for i, p in enumerate(paths)}
-    depth = np.array([path_depth(p) for p in paths], np.int64)
+    depth = np.array([len(ancestors(p)) for p in paths], np.int64)
     # ancestor[k][m]: module m's ancestor at depth k (itself at its own depth), or none.
     ancestor = np.full((int(depth.max()) + 1, len(t.modules) + 1), len(paths), np.int64)
     for m, chain in enumerate(chains):
         for p in chain:
-            ancestor[path_depth(p), m] = node[p]
+            ancestor[len(ancestors(p)), m] = node[p]
     peak = int(np.argmax(rep.active)) if rep.n_events else -1
     alive = iv.alive_after(peak)
     module = np.where(t.module < 0, len(t.modules), t.module)
@@ -233,9 +233,4 @@ def module_tree(
 
 
 def _with_ancestors(path: str) -> list[str]:
-    out: list[str] = []
-    p: str | None = path
-    while p is not None:
-        out.append(p)
-        p = parent_path(p)
-    return out
+    return [path, *ancestors(path)]
