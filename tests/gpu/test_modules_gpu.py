@@ -261,3 +261,17 @@ def test_explain_names_the_peak_of_a_recorded_traced_step(shell: Any, cell: Cell
     assert out["peak"]["module"] is None or out["peak"]["module"].startswith("stack")
     text = gpumem_widget.explain(format="text")
     assert f"in cell {n}" in text.splitlines()[0]
+
+
+def test_explain_while_recording_takes_a_snapshot_now(shell: Any, cell: Cell) -> None:
+    cell(SETUP)
+    shell.run_line_magic("gpumem", "record on")
+    try:
+        step = cell("out = stack(x)\nout.square().mean().backward()\nopt.step()\n")
+        out = gpumem_widget.explain(format="json")
+    finally:
+        shell.run_line_magic("gpumem", "record off")
+    assert out["based_on"] == "snapshot"
+    assert out["source"].startswith("a snapshot taken now (recording since ")
+    assert out["peak"]["cell"] == step.execution_count
+    assert out["peak"]["phase"] is not None  # `record on` turned the tracer on
