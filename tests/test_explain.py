@@ -238,3 +238,27 @@ def test_nothing_to_explain_and_bad_input(
         ip.run_line_magic("gpumem", "explain /nonexistent/file.pickle")
     with pytest.raises(ValueError, match="format"):
         gpumem_widget.explain(format="yaml")  # type: ignore[call-overload]
+
+
+def test_a_real_traced_recordings_peak(tmp_path: Path) -> None:
+    """A named transformer trained with the tracer on, recorded on an H200: the peak's bytes,
+    cell and phase are the replay's and the raw entry's own tag."""
+    import gzip
+    import pickle
+
+    from gpumem_widget.snapshot.model.tags import parse_tag
+
+    path = SNAPSHOTS / "train_modules.pickle.gz"
+    snap = open_snapshot(path)
+    out = explain_snapshot(snap, path.name).to_json()
+    rep = snap.replay()
+    peak = int(rep.active.argmax())
+    with gzip.open(path) as f:
+        (trace,) = [t for t in pickle.load(f)["device_traces"] if t]
+    tag = parse_tag(trace[peak]["user_metadata"])
+    assert tag is not None
+    assert out["peak"]["bytes"] == int(rep.active[peak])
+    assert (out["peak"]["cell"], out["peak"]["phase"], out["peak"]["module"]) == tuple(tag)
+    assert sum(p["bytes"] for p in out["phases"]) == out["peak"]["bytes"]
+    assert all(m["module"] is None or m["module"].startswith("gpt") for m in out["modules"])
+    assert out["advice"][0]["key"] == "gradient_checkpointing"

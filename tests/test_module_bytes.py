@@ -118,3 +118,55 @@ def test_module_paths_nest_by_their_dots() -> None:
     assert parent_path("gpt") is None
     assert ancestors("gpt.h.3") == ["gpt.h", "gpt"]
     assert sorted(["gpt.h.10", "gpt.h.2", "gpt"], key=tree_key) == ["gpt", "gpt.h.2", "gpt.h.10"]
+
+
+# On a real recording: a named transformer trained with the tracer on, on an H200 -------------
+TRAIN_MODULES = f"{FIXTURES}/train_modules.pickle.gz"
+
+
+def raw_trace(path: str) -> list[dict[str, object]]:
+    import gzip
+    import pickle
+
+    with gzip.open(path) as f:
+        snap = pickle.load(f)  # our own fixture
+    (trace,) = [t for t in snap["device_traces"] if t]
+    return list(trace)
+
+
+def test_on_a_real_traced_recording_the_tree_is_an_independent_replays() -> None:
+    """Each node's exact highest bytes, checked against a replay written here: each
+    allocation's tag parsed from the raw entries, its life from the replay, the level after
+    every entry by a running sum."""
+    from gpumem_widget.snapshot.model.tags import parse_tag
+
+    snap = open_snapshot(TRAIN_MODULES)
+    iv = snap.intervals()
+    trace = raw_trace(TRAIN_MODULES)
+    recorded = iv.start >= 0
+    module_of = [
+        (parse_tag(str(trace[int(s)].get("user_metadata", ""))) if s >= 0 else None)
+        for s in iv.start
+    ]
+    nodes = module_tree(snap)
+    assert {n.path for n in nodes} >= {"gpt", "gpt.h", "gpt.h.3.mlp", "gpt.head", "gpt.wte"}
+    n = iv.n_events
+    for node in nodes:
+        inside = np.array(
+            [
+                t is not None
+                and t.module is not None
+                and (t.module == node.path or t.module.startswith(node.path + "."))
+                for t in module_of
+            ]
+        )
+        delta = np.zeros(n + 1, np.int64)
+        np.add.at(delta, iv.start[inside & recorded], iv.size[inside & recorded])
+        np.subtract.at(delta, iv.end[inside], iv.size[inside])
+        levels = np.cumsum(delta[:n])
+        assert node.highest == int(levels.max(initial=0)), node.path
+        assert node.allocations == int((inside & recorded).sum()), node.path
+    at = modules_at(snap)
+    assert sum(s.bytes for s in at.shares) == at.total == int(snap.replay().active.max())
+    peak_tag = parse_tag(str(trace[at.event].get("user_metadata", "")))
+    assert at.running == peak_tag
