@@ -1,6 +1,5 @@
 """Bytes by module and phase, read from the module tracer's tags (``cell:12 backward gpt.h.3``,
-`model.tags`): the one aggregation the Snapshot tab's By-module view, `explain`, the reports
-and the command line share.
+`model.tags`): the one aggregation `explain`, the reports and the command line share.
 
 - `interval_tags`: each allocation's tag read as columns (cell, phase, module), each distinct
   string parsed once;
