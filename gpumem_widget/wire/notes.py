@@ -1,8 +1,8 @@
 """What features add to a cell's record (``Cell.notes``, keyed by feature: `live/notes.py`):
 estimates (`estimator/result.py`), post-mortems (`holders/postmortem/`), leak hints
 (`holders/leaks.py`), the previous run's peak (`live/history/writer.py`) and the module tracer's
-phase spans and per-module figures (`live/modules/`; the running cell's spans go in `Status`). `js/src/wire/notes.ts`
-mirrors it."""
+phase spans and per-module figures (`live/modules/`; the running cell's spans go in `Status`).
+`js/src/wire/notes.ts` mirrors it."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 spans, and the modules that held the most, as a rolled-up tree, when figures were measured.
 
 A module's weight is what it held during the cell: what its forward kept (saved activations and
-output), what its backward added, and its gradients. The heaviest `MAX_MODULES` come with their
-ancestors (`gpt` -> `gpt.h` -> `gpt.h.3` -> `gpt.h.3.mlp`), in tree order.
+output), what its backward added, and its gradients; ties (a cell that ran no backward) go to
+the module with more parameters. The heaviest `MAX_MODULES` come with their ancestors (`gpt`
+-> `gpt.h` -> `gpt.h.3` -> `gpt.h.3.mlp`), in tree order.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ FIGURES_HINT = (
 )
 
 
-def weight(row: ModuleFigures) -> int:
-    return row.forward_kept + row.recompute_kept + max(0, row.backward_added) + row.gradients
+def weight(row: ModuleFigures) -> tuple[int, int]:
+    held = row.forward_kept + row.recompute_kept + max(0, row.backward_added) + row.gradients
+    return held, row.parameters
 
 
 def module_rows(figures: CellFigures) -> tuple[list[payloads.ModuleRow], int]:
@@ -30,7 +32,7 @@ def module_rows(figures: CellFigures) -> tuple[list[payloads.ModuleRow], int]:
     by_path = {r.path: r for r in rows}
     chosen: set[str] = set()
     for r in sorted(rows, key=weight, reverse=True):
-        if weight(r) <= 0:
+        if weight(r) == (0, 0):
             break
         chain: list[str] = []
         p: str | None = r.path

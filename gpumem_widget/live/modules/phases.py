@@ -107,9 +107,7 @@ class PhaseLog:
                 "start": round(s.start, 6),
                 "end": round(s.end, 6),
                 "merged": s.merged,
-                "seconds": {
-                    PHASE_NAMES[p]: round(v, 6) for p, v in enumerate(s.seconds) if v > 0
-                },
+                "seconds": {PHASE_NAMES[p]: round(v, 6) for p, v in enumerate(s.seconds) if v > 0},
             }
             for s in spans
         ]

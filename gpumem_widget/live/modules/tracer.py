@@ -26,9 +26,9 @@ code), and so is one being traced by dynamo (the hooks do nothing while compilin
 Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
 `Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
 formatting and build nothing per call. The cell's phase spans (`phases.py`, for the live chart)
-are checked only where the tag changes, and written only when the phase does. Hooks never return a value: results and the autograd
-graph are untouched. Everything is removed by `uninstall`; hooks left on live graph nodes do
-nothing once the tracer is off.
+are checked only where the tag changes, and written only when the phase does. Hooks never
+return a value: results and the autograd graph are untouched. Everything is removed by
+`uninstall`; hooks left on live graph nodes do nothing once the tracer is off.
 """
 
 from __future__ import annotations
