@@ -241,6 +241,7 @@ def test_the_status_and_the_record_carry_the_spans_and_the_modules(shell: Any) -
     assert list(rows) == ["net", "net.0"]
     assert rows["net.0"]["parameters"] == (4 * 8 + 8) * 4
     assert rows["net"]["gradients"] == 0  # zero_grad set them to None
+    assert note["allocator"] is torch.cuda.is_available()  # without CUDA: no byte read, said
     assert rows["net.0"]["calls"] == 2
     assert rows["net.0"]["depth"] == 1
     # The browser gets the note with the record.

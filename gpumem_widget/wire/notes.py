@@ -214,4 +214,6 @@ class ModulesNote(TypedDict):
     phases: PhaseSpans | None
     modules: list[ModuleRow] | None  # None: not measured in this cell
     modules_left_out: int  # rows of the full table not shown (`%gpumem modules table --cell N`)
+    # False without CUDA: forward and backward bytes were not measurable (they read 0).
+    allocator: bool
     hint: str | None  # how to get what is missing

@@ -72,7 +72,19 @@ def cell_note(phases: PhaseLog | None, figures: CellFigures | None) -> payloads.
     spans = phases.wire() if phases is not None and not phases.empty else None
     if figures is not None and figures.modules:
         rows, left_out = module_rows(figures)
-        return {"phases": spans, "modules": rows, "modules_left_out": left_out, "hint": None}
+        return {
+            "phases": spans,
+            "modules": rows,
+            "modules_left_out": left_out,
+            "allocator": figures.reads_allocator,
+            "hint": None,
+        }
     if spans is None:
         return None
-    return {"phases": spans, "modules": None, "modules_left_out": 0, "hint": FIGURES_HINT}
+    return {
+        "phases": spans,
+        "modules": None,
+        "modules_left_out": 0,
+        "allocator": True,
+        "hint": FIGURES_HINT,
+    }

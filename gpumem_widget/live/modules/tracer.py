@@ -191,6 +191,7 @@ class ModuleTracer:
         self.read_allocated: AllocatedReader = (
             allocated if allocated is not None else default_allocated(torch)
         )
+        self.reads_allocator = allocated is not None or torch.cuda.is_available()
         self.installed = False
         self.error: str | None = None  # the first hook that failed, and why
         self.cell: int | None = None
@@ -270,7 +271,7 @@ class ModuleTracer:
         self._entries.clear()  # in place: the hooks hold this dict
         self._frames_for(cell)
         self.names.new_cell()
-        self.figures = CellFigures(cell) if self.measure else None
+        self.figures = CellFigures(cell, self.reads_allocator) if self.measure else None
         self.phases.close()
         self.phases = PhaseLog(cell, self.clock)
         if self.installed:

@@ -20,6 +20,8 @@ const COLUMNS: readonly Column[] = [
   ["calls", (r) => r.calls, String, "Forward calls in this cell"],
 ];
 
+const ALLOCATOR_COLUMNS = new Set(["forward kept", "recompute kept", "backward added", "backward high"]);
+
 export function modulesSection(note: ModulesNote, executionCount: number): HTMLElement {
   const section = document.createElement("section");
   section.className = "gpumem-note";
@@ -35,9 +37,11 @@ export function modulesSection(note: ModulesNote, executionCount: number): HTMLE
     section.append(para("gpumem-note-meta", note.hint ?? "per-module figures were not measured for this cell: `%gpumem modules on --figures`"));
     return section;
   }
-  // Only the columns some row has a figure in (recompute: only with checkpointing).
+  // Only the columns some row has a figure in (recompute: only with checkpointing); without CUDA,
+  // none of the allocator's (they would read 0, which is not what the forward kept).
   const rows = note.modules;
-  const columns = COLUMNS.filter(([head, figure]) => head === "forward kept" || rows.some((r) => figure(r) !== 0));
+  const columns = COLUMNS.filter(([head, figure]) => (note.allocator ? head === "forward kept" || rows.some((r) => figure(r) !== 0) : !ALLOCATOR_COLUMNS.has(head) && rows.some((r) => figure(r) !== 0)));
+  if (!note.allocator) section.append(para("gpumem-note-meta", "no CUDA device: what each module's forward kept and its backward added are read from the CUDA allocator, so are not measured here"));
   const wrap = document.createElement("div");
   wrap.className = "gpumem-note-table gpumem-modules-table";
   const table = document.createElement("table");

@@ -210,6 +210,7 @@ export interface ModulesNote {
   phases: PhaseSpans | null;
   modules: ModuleRow[] | null; // null: not measured in this cell
   modules_left_out: number;
+  allocator: boolean; // false without CUDA: forward and backward bytes were not measurable
   hint: string | null;
 }
 
@@ -504,6 +505,7 @@ function parseModulesNote(raw: unknown): ModulesNote {
     phases: parsePhaseSpans(n["phases"]),
     modules,
     modules_left_out: optional(n, "modules_left_out", isNumber, 0),
+    allocator: optional(n, "allocator", isBool, true),
     hint: optional(n, "hint", isStringOrNull, null),
   };
 }
