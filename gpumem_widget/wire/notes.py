@@ -188,7 +188,7 @@ class PhaseSpans(TypedDict):
     cell: int | None
     spans: list[PhaseSpan]
     seconds: dict[str, float]  # by phase, the whole cell (closed spans)
-    counts: dict[str, int]  # by phase: how many spans, before merging
+    counts: dict[str, int]  # by phase: how many closed spans, before merging
     merged: bool  # whether some spans were merged to fit
 
 

@@ -91,7 +91,7 @@ class PhaseLog:
 
     def wire(self) -> payloads.PhaseSpans:
         """The spans (at most `MAX_SPANS`; the open one, if any, last with ``end`` None) and
-        the exact totals per phase."""
+        the exact totals per phase of the closed ones."""
         with self._lock:
             spans = list(self._spans)
             phase, since = self.phase, self._since
@@ -121,7 +121,6 @@ class PhaseLog:
                     "seconds": {},
                 }
             )
-            counts[phase] += 1
         return {
             "cell": self.cell,
             "spans": out,
