@@ -1,7 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { phaseTotals, spansIn, spanTooltip } from "../src/memory/phases";
 import { parseNotes, parsePhaseSpans, type PhaseSpans } from "../src/wire/notes";
-import { parseStatus } from "../src/wire/protocol";
+import { joinCells, parseCells, parseStatus } from "../src/wire/protocol";
+import { fixture } from "./wire";
 
 // As `PhaseLog.wire()` makes them (gpumem_widget/live/modules/phases.py).
 const STEP = {
@@ -75,5 +76,38 @@ describe("phase spans", () => {
     expect(o[0]).toBe("[13] forward 500 ms so far");
     expect(o[1]).toMatch(/\u2013now$/);
     expect(o[o.length - 1]).toBe("cell [13]: no phase finished yet");
+  });
+});
+
+describe("the kernel's real output (test/fixtures/wire.json)", () => {
+  it("the running cell's spans: two steps done, the third's forward open; a record's note", () => {
+    const status = parseStatus(fixture.state["status"], []);
+    const running = status.running_phases as PhaseSpans;
+    expect(running.cell).toBe(status.running_cell);
+    expect(running.spans.map((s) => s.phase)).toEqual(["forward", "backward", "optimizer", "forward", "backward", "optimizer", "forward"]);
+    expect(running.spans.map((s) => s.end === null)).toEqual([false, false, false, false, false, false, true]);
+    expect(running.counts).toEqual({ forward: 2, backward: 2, optimizer: 2 });
+    const drawn = spansIn([[running.cell as number, running]], 0, Infinity, (status.running_started ?? 0) + 10);
+    expect(drawn[drawn.length - 1]?.end).toBe((status.running_started ?? 0) + 10);
+    const { cells } = parseCells(joinCells(fixture.state["cells"], fixture.state["cells_tail"]));
+    const training = cells.find((c) => c.notes.modules !== null);
+    const rows = training?.notes.modules?.modules ?? [];
+    expect(rows.map((r) => [r.path, r.depth])).toEqual([
+      ["gpt", 0],
+      ["gpt.h", 1],
+      ["gpt.h.0", 2],
+      ["gpt.h.0.attn", 3],
+      ["gpt.h.0.mlp", 3],
+      ["gpt.h.1", 2],
+      ["gpt.h.1.attn", 3],
+      ["gpt.h.1.mlp", 3],
+      ["gpt.h.2", 2],
+      ["gpt.h.2.attn", 3],
+      ["gpt.h.2.mlp", 3],
+    ]);
+    const mib = 2 ** 20;
+    expect(rows.find((r) => r.path === "gpt.h.2.mlp")?.forward_kept).toBe(3 * 64 * mib);
+    expect(rows.find((r) => r.path === "gpt")?.forward_kept).toBe((64 + 128 + 192 + 3 * 32) * mib);
+    expect(rows.find((r) => r.path === "gpt")?.backward_added).toBe(3 * 16 * mib);
   });
 });
