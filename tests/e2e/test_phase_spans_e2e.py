@@ -140,9 +140,10 @@ def test_phase_spans_and_modules_as_a_user_sees_them(
         lines = text.splitlines()
         assert lines[0] == f"[{TRAIN}] {s['phase']} {js_duration(s['end'] - s['start'])}"
         assert lines[-1] == f"cell [{TRAIN}]: {totals}"
-    assert 0.2 <= seconds["forward"] / STEPS < 0.4
-    assert 0.3 <= seconds["backward"] / STEPS < 0.5
-    assert 0.15 <= seconds["optimizer"] / STEPS < 0.35
+    # At least the sleeps; at most much more on a loaded machine.
+    assert 0.2 <= seconds["forward"] / STEPS < 0.5
+    assert 0.3 <= seconds["backward"] / STEPS < 0.6
+    assert 0.15 <= seconds["optimizer"] / STEPS < 0.45
 
     # The details: the module tree, in the record's order, with the record's figures.
     shown = r["modules"]
