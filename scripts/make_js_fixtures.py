@@ -59,6 +59,9 @@ from gpumem_widget.holders.postmortem import OomEvent, build_postmortem  # noqa:
 from gpumem_widget.holders.report import Holder, HoldersReport, TensorSummary  # noqa: E402
 from gpumem_widget.live import notes  # noqa: E402
 from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, Ledger  # noqa: E402
+from gpumem_widget.live.modules.figures import CellFigures  # noqa: E402
+from gpumem_widget.live.modules.note import cell_note  # noqa: E402
+from gpumem_widget.live.modules.phases import PhaseLog  # noqa: E402
 from gpumem_widget.snapshot import open_snapshot  # noqa: E402
 from gpumem_widget.snapshot.views import panel  # noqa: E402
 from gpumem_widget.snapshot.views.segment_views import segment_map  # noqa: E402
@@ -217,6 +220,33 @@ def postmortem_note(execution_count: int, holders: HoldersReport) -> dict[str, A
     return pm.to_wire()
 
 
+def phase_log(cell: int, start: float, steps: int, open_phase: int | None = None) -> PhaseLog:
+    """The tracer's phase log of `steps` training steps from `start` (forward 10 ms, backward
+    20 ms, a 1 ms gap, optimizer 5 ms, a 2 ms gap), then `open_phase` still running."""
+    now = [start]
+    log = PhaseLog(cell, clock=lambda: now[0])
+    for _ in range(steps):
+        for phase, took in ((0, 0.010), (1, 0.020), (4, 0.001), (3, 0.005), (4, 0.002)):
+            log.enter(phase)
+            now[0] += took
+    if open_phase is not None:
+        log.enter(open_phase)
+        now[0] += 0.004
+    return log
+
+
+def modules_note(cell: int, start: float) -> payloads.ModulesNote | None:
+    """What the module tracer adds to a training cell's record (the real `cell_note`)."""
+    f = CellFigures(cell)
+    for i in range(3):
+        f.forward(f"gpt.h.{i}.mlp", (i + 1) * 64 * MiB, recompute=False)
+        f.forward(f"gpt.h.{i}.attn", 32 * MiB, recompute=False)
+        f.backward(f"gpt.h.{i}.mlp", 16 * MiB, 3 * GiB)
+    log = phase_log(cell, start, steps=2)
+    log.close()
+    return cell_note(log, f)
+
+
 def ledger() -> list[CellRecord]:
     est = training_estimate()
     holders = notebook_holders()
@@ -264,12 +294,11 @@ def ledger() -> list[CellRecord]:
         usage(0, before, before, peak=predicted * 14 // 10, exact=True, nvml=True),
         usage(1, 0, 0, exact=True, nvml=True),
     )
-    return [
-        *cells,
-        with_estimate_note(close, est),
-        oom,
-        with_estimate_note(far, est),
-    ]
+    far = with_estimate_note(far, est)
+    far = dataclasses.replace(
+        far, notes={**far.notes, "modules": modules_note(6, far.started + 0.001)}
+    )
+    return [*cells, with_estimate_note(close, est), oom, far]
 
 
 def status() -> payloads.Status:
@@ -295,6 +324,8 @@ def status() -> payloads.Status:
         },
         "running_cell": RUNNING_CELL,
         "running_started": T0 + 0.49,
+        # Two steps done and the third's forward running (the tracer's own log).
+        "running_phases": phase_log(RUNNING_CELL, T0 + 0.495, steps=2, open_phase=0).wire(),
         "session_peak": [{"device": 0, "allocated": 5 * GiB, "reserved": 6 * GiB}],
         # As Session._processes writes it, largest first; on cuda:1 the kernel holds only the
         # stray context a worker's synchronize() made, and NVML has no figure for one process.

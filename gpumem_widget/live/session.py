@@ -142,6 +142,8 @@ class Session:
             ("leaks", notes.LeakCheck(self.ledger.recent_runs)),
             # The same source's peak in the previous run of this notebook (on-disk history).
             ("history", lambda cell: self.history.compare(cell.record)),
+            # The module tracer's phase spans and heaviest modules (when it was on).
+            ("modules", lambda cell: modules.cell_note(cell.record.execution_count)),
         )
         self.error: str | None = None
         # Worker processes reporting here (`workers.hub.listen`; the extension starts it).
@@ -264,6 +266,7 @@ class Session:
             "history": self.history.state(),
             "running_cell": self.tracker.running_cell,
             "running_started": self.tracker.running_started,
+            "running_phases": modules.running_phases(self.tracker.running_cell),
             "processes": processes,
             "hints": self._stray_contexts(processes),
             "session_peak": [

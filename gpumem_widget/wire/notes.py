@@ -1,7 +1,8 @@
 """What features add to a cell's record (``Cell.notes``, keyed by feature: `live/notes.py`):
 estimates (`estimator/result.py`), post-mortems (`holders/postmortem/`), leak hints
-(`holders/leaks.py`) and the previous run's peak (`live/history/writer.py`). `js/src/wire/notes.ts`
-mirrors it."""
+(`holders/leaks.py`), the previous run's peak (`live/history/writer.py`) and the module tracer's
+phase spans and per-module figures (`live/modules/`; the running cell's spans go in `Status`).
+`js/src/wire/notes.ts` mirrors it."""
 
 from __future__ import annotations
 
@@ -179,3 +180,52 @@ class LeakHint(TypedDict):
     device: str
     bytes: int
     execution_counts: list[int]
+
+
+class PhaseSpan(TypedDict):
+    """A stretch of a cell in one phase; a merged span (``merged`` > 1, when a cell had more
+    than `phases.MAX_SPANS`) is drawn in the phase most of its time was in."""
+
+    phase: str  # "forward" | "backward" | "recompute" | "optimizer"
+    start: float  # unix seconds
+    end: float | None  # None: the running cell's current phase, still open
+    merged: int  # how many spans it stands for (1: one, exact)
+    seconds: dict[str, float]  # time in each phase within it (empty while open)
+
+
+class PhaseSpans(TypedDict):
+    """A cell's phase spans (`live/modules/phases.py`), at most MAX_SPANS, and its exact
+    totals by phase."""
+
+    cell: int | None
+    spans: list[PhaseSpan]
+    seconds: dict[str, float]  # by phase, the whole cell (closed spans)
+    counts: dict[str, int]  # by phase: how many closed spans, before merging
+    merged: bool  # whether some spans were merged to fit
+
+
+class ModuleRow(TypedDict):
+    """One module's live figures in one cell (bytes; `live/modules/figures.py`), rolled up."""
+
+    path: str  # `gpt.h.3.mlp`
+    depth: int  # in the tree shown (0: a root)
+    calls: int
+    forward_kept: int  # what its forward left allocated: saved activations and its output
+    recompute_kept: int
+    backward_added: int  # allocated less freed while backward was in it (children included)
+    backward_high: int  # the most allocated seen at its backward's boundaries
+    parameters: int
+    gradients: int
+    compiled: bool
+
+
+class ModulesNote(TypedDict):
+    """`notes["modules"]`: for a cell the module tracer saw, its phases and, when measured,
+    the modules that held the most (each with its ancestors, in tree order)."""
+
+    phases: PhaseSpans | None
+    modules: list[ModuleRow] | None  # None: not measured in this cell
+    modules_left_out: int  # rows of the full table not shown (`%gpumem modules table --cell N`)
+    # False without CUDA: forward and backward bytes were not measurable (they read 0).
+    allocator: bool
+    hint: str | None  # how to get what is missing

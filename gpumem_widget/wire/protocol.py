@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypedDict
 
 from gpumem_widget.wire.cell_usage import DeviceCellUsage
+from gpumem_widget.wire.notes import PhaseSpans
 from gpumem_widget.wire.table import (
     TIME_COLUMN,
     Dtype,
@@ -255,6 +256,8 @@ class Status(TypedDict):
     processes: dict[str, list[ProcessUse]]  # by device index (as a string), largest first
     hints: list[str]  # sentences worth the user's attention, e.g. a stray CUDA context
     session_peak: list[SessionPeak]
+    # The running cell's phase spans while the module tracer is on (`live/modules/phases.py`).
+    running_phases: PhaseSpans | None
 
 
 class StatusError(TypedDict):

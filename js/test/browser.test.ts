@@ -251,7 +251,7 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", () => {
   it("follows JupyterLab's dark theme and fits 400 px", async () => {
     await mount({ samples: 5000, devices: 1, cells: 5, width: 400 });
     const swatch = (): Promise<string> =>
-      page.locator(".gpumem-legend-item .gpumem-swatch").first().evaluate((el) => getComputedStyle(el).backgroundColor);
+      page.locator(".gpumem-legend .gpumem-legend-item .gpumem-swatch").first().evaluate((el) => getComputedStyle(el).backgroundColor);
     const light = await swatch();
     await page.evaluate(() => (document.body.dataset["jpThemeLight"] = "false"));
     await expect.poll(swatch).not.toBe(light);

@@ -275,3 +275,68 @@ def test_explain_while_recording_takes_a_snapshot_now(shell: Any, cell: Cell) ->
     assert out["source"].startswith("a snapshot taken now (recording since ")
     assert out["peak"]["cell"] == step.execution_count
     assert out["peak"]["phase"] is not None  # `record on` turned the tracer on
+def test_the_cells_note_equals_the_recorded_snapshot(shell: Any, cell: Cell) -> None:
+    """What the browser is sent for the step (its record's `notes["modules"]`: the live
+    figures of the modules that held the most, and the phase spans) against the allocator's
+    own record of the same step, entry by entry."""
+    n, trace = traced_step(cell, shell)
+    from gpumem_widget.extension import current_session
+
+    session = current_session()
+    assert session is not None
+    record = next(r for r in session.records() if r.execution_count == n)
+    note = record.notes["modules"]
+    assert note["allocator"] is True
+    rows = {r["path"]: r for r in note["modules"]}
+    assert note["modules_left_out"] == 0
+    assert set(rows) == {"stack"} | {f"stack.{i}" for i in range(L)} | {
+        f"stack.{i}.{j}" for i in range(L) for j in (0, 1)
+    }
+    states = replay(trace)
+    first_backward = next(
+        i for i, e in enumerate(trace) if e["action"] == "alloc" and phase_of(e) == "backward"
+    )
+    at_backward = next(live for i, live in reversed(states) if i < first_backward)
+    at_end = states[-1][1]
+
+    def under(path: str, phase: str, live: dict[int, tuple[int, str]]) -> int:
+        return bytes_by(
+            live,
+            lambda t: (
+                t is not None
+                and t.phase == phase
+                and t.module is not None
+                and (t.module == path or t.module.startswith(path + "."))
+            ),
+        )
+
+    for path, row in rows.items():
+        # Its forward kept what, at backward's start, is still tagged with its (or its
+        # submodules') forward; the gradients made in its backward are its gradients.
+        assert row["forward_kept"] == under(path, "forward", at_backward), path
+        assert row["gradients"] == under(path, "backward", at_end), path
+        assert row["calls"] == 1, path
+    assert rows["stack"]["forward_kept"] == 2 * L * B * D * F32
+
+    # The phases: forward, backward, optimizer, as the tags of the allocations say.
+    spans = note["phases"]["spans"]
+    assert [s["phase"] for s in spans] == ["forward", "backward", "optimizer"]
+    end = record.started + record.duration
+    assert record.started <= spans[0]["start"] <= spans[-1]["end"] <= end
+    tagged = [
+        (e, t.phase)
+        for e in trace
+        if e["action"] == "alloc"
+        and (t := parse_tag(e.get("user_metadata", ""))) is not None
+        and t.phase in ("forward", "backward", "optimizer")
+    ]
+    order = [p for i, (_, p) in enumerate(tagged) if i == 0 or tagged[i - 1][1] != p]
+    assert order == ["forward", "backward", "optimizer"]
+    times = [e.get("time_us", 0) / 1e6 for e, _ in tagged]
+    if all(record.started - 1 <= t <= end + 1 for t in times):  # unix time (torch >= 2.1)
+        # Each allocation fell in its phase's span (the allocator's clock and Python's agree
+        # to well under the 2 ms allowed).
+        by_phase = {s["phase"]: s for s in spans}
+        for (_, phase), t in zip(tagged, times, strict=True):
+            s = by_phase[phase]
+            assert s["start"] - 0.002 <= t <= s["end"] + 0.002, (phase, t, s)

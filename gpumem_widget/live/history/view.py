@@ -53,6 +53,7 @@ def past_session_widget(
         },
         "running_cell": None,
         "running_started": None,
+        "running_phases": None,
         "processes": {},
         "hints": [
             f"A past session of {past.notebook}, read only (session {past.short_id}, pid "

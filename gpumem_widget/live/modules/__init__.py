@@ -4,7 +4,9 @@ Modes: ``auto`` (the default: on while a cell runs under ``%%gpumem`` and while 
 record on`` records), ``on``, ``off``. While it is on, each allocation carries
 ``cell:N phase module`` on every thread that runs the model (autograd's included); user
 threads get the cell's tag with `tagged_thread`. Per-module figures (`figures.py`) are
-measured only when asked (they read the allocator at every module boundary).
+measured only when asked (they read the allocator at every module boundary). While it is on,
+each cell's phase spans (`phases.py`) are kept too: the running cell's go out in the widget's
+status, a finished cell's in its record (`note.py`).
 
 Importing this package imports neither torch nor the tracer: the session calls
 `cell_started` / `cell_finished` at every cell, and they cost nothing while the tracer is off.
@@ -20,14 +22,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpumem_widget.snapshot.model.tags import cell_tag
+from gpumem_widget.wire import payloads
 
 if TYPE_CHECKING:
     from gpumem_widget.live.modules.figures import CellFigures
+    from gpumem_widget.live.modules.phases import PhaseLog
     from gpumem_widget.live.modules.tracer import MetadataSink, ModuleTracer
 
 Mode = Literal["auto", "on", "off"]
 Reason = Literal["cell", "recording"]
-KEEP_FIGURES = 32  # cells whose per-module figures are kept
+KEEP_FIGURES = 32  # cells whose per-module figures (and phase spans) are kept
 
 
 @dataclass
@@ -37,6 +41,7 @@ class _Control:
     reasons: set[Reason] = field(default_factory=set)
     tracer: ModuleTracer | None = None
     figures: OrderedDict[int | None, CellFigures] = field(default_factory=OrderedDict)
+    phases: OrderedDict[int | None, PhaseLog] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wanted(self) -> bool:
@@ -112,7 +117,7 @@ def _apply(cell: int | None) -> bool:
             t.install(cell, measure=_control.measure)
         return True
     if t is not None and t.installed:
-        _keep(t.end_cell())
+        _keep(t.end_cell(), t.phases)
         t.uninstall()
     return False
 
@@ -150,17 +155,44 @@ def cell_finished() -> None:
     """Every cell's end (before its tag is cleared): nothing unless the tracer is on."""
     t = _control.tracer
     if t is not None and t.installed:
-        _keep(t.end_cell())
+        _keep(t.end_cell(), t.phases)
 
 
-def _keep(figures: CellFigures | None) -> None:
+def _keep(figures: CellFigures | None, phases: PhaseLog) -> None:
+    if not phases.empty:
+        _bounded(_control.phases, phases.cell, phases)
     if figures is None or not figures.modules:
         return  # a cell that ran no module (`%gpumem modules` itself) hides no earlier one
-    kept = _control.figures
-    kept[figures.cell] = figures
-    kept.move_to_end(figures.cell)
+    _bounded(_control.figures, figures.cell, figures)
+
+
+def _bounded(kept: OrderedDict[int | None, Any], cell: int | None, value: Any) -> None:
+    kept[cell] = value
+    kept.move_to_end(cell)
     while len(kept) > KEEP_FIGURES:
         kept.popitem(last=False)
+
+
+def running_phases(cell: int | None) -> payloads.PhaseSpans | None:
+    """The running cell's phase spans so far (the widget's status); None while the tracer is
+    off or saw no phase of it."""
+    t = _control.tracer
+    if t is None or not t.installed or cell is None:
+        return None
+    phases = t.phases
+    return phases.wire() if phases.cell == cell and not phases.empty else None
+
+
+def cell_note(cell: int) -> payloads.ModulesNote | None:
+    """A finished cell's ``notes["modules"]``: its phase spans and heaviest modules, if the
+    tracer saw it."""
+    from gpumem_widget.live.modules.note import cell_note as make
+
+    phases = _control.phases.get(cell)
+    figures = _control.figures.get(cell)
+    if phases is None and figures is None:
+        return None
+    return make(phases, figures)
 
 
 def cell_figures(cell: int | None = None) -> CellFigures | None:

@@ -47,8 +47,10 @@ class ModuleFigures:
 class CellFigures:
     """The per-module figures of one cell, filled by the tracer's hooks."""
 
-    def __init__(self, cell: int | None) -> None:
+    def __init__(self, cell: int | None, reads_allocator: bool = True) -> None:
         self.cell = cell
+        # False without CUDA: forward and backward bytes then read 0, parameters stay true.
+        self.reads_allocator = reads_allocator
         self.modules: dict[str, ModuleFigures] = {}
 
     def _of(self, path: str) -> ModuleFigures:

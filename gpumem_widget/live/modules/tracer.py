@@ -25,9 +25,10 @@ code), and so is one being traced by dynamo (the hooks do nothing while compilin
 
 Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
 `Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
-formatting and build nothing per call. Hooks never return a value: results and the autograd
-graph are untouched. Everything is removed by `uninstall`; hooks left on live graph nodes do
-nothing once the tracer is off.
+formatting and build nothing per call. The cell's phase spans (`phases.py`, for the live chart)
+are checked only where the tag changes, and written only when the phase does. Hooks never
+return a value: results and the autograd graph are untouched. Everything is removed by
+`uninstall`; hooks left on live graph nodes do nothing once the tracer is off.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from typing import Any
 
 from gpumem_widget.live.modules.figures import CellFigures
 from gpumem_widget.live.modules.names import ModuleNames
+from gpumem_widget.live.modules.phases import PhaseLog
 from gpumem_widget.snapshot.model.tags import Phase, module_tag
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = range(5)
@@ -116,6 +119,8 @@ class Entry:
             if tag is not st.last:
                 st.last = tag
                 tracer.sink(tag)
+                if tracer.phases.phase != BACKWARD:
+                    tracer.phases.enter(BACKWARD)
         except Exception as err:  # never into the user's backward
             tracer.failed("backward entry hook", err)
 
@@ -176,6 +181,7 @@ class ModuleTracer:
         names: ModuleNames,
         sink: MetadataSink | None = None,
         allocated: AllocatedReader | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         import torch
 
@@ -185,11 +191,14 @@ class ModuleTracer:
         self.read_allocated: AllocatedReader = (
             allocated if allocated is not None else default_allocated(torch)
         )
+        self.reads_allocator = allocated is not None or torch.cuda.is_available()
         self.installed = False
         self.error: str | None = None  # the first hook that failed, and why
         self.cell: int | None = None
         self.figures: CellFigures | None = None  # per-module figures, when asked for
         self.measure = False  # read allocated bytes at module boundaries
+        self.clock = clock
+        self.phases = PhaseLog(None, clock)  # the running cell's phase spans
         self._entries: dict[int, Entry] = {}
         self.version = 0
         self.thread_states: dict[int, dict[str, Any]] = {}
@@ -262,16 +271,20 @@ class ModuleTracer:
         self._entries.clear()  # in place: the hooks hold this dict
         self._frames_for(cell)
         self.names.new_cell()
-        self.figures = CellFigures(cell) if self.measure else None
+        self.figures = CellFigures(cell, self.reads_allocator) if self.measure else None
+        self.phases.close()
+        self.phases = PhaseLog(cell, self.clock)
         if self.installed:
             self._reset_thread(self.local)
 
     def end_cell(self) -> CellFigures | None:
-        """The cell ended: the calling thread's frames unwind; its figures, if measured."""
+        """The cell ended: the calling thread's frames unwind, its phase spans close (`phases`
+        keeps them); its figures, if measured."""
         figures = self.figures
         if figures is not None:
             figures.finish(self._entries_by_path())
         self._reset_thread(self.local)
+        self.phases.close()
         return figures
 
     def _reset_thread(self, st: _Thread) -> None:
@@ -324,6 +337,8 @@ class ModuleTracer:
         if tag is not st.last:
             st.last = tag
             self.sink(tag)
+        if frame.phase != self.phases.phase:
+            self.phases.enter(frame.phase)
 
     def failed(self, where: str, error: Exception) -> None:
         """A hook failed: said once (log and `error`); the user's code goes on, its tags may
@@ -370,6 +385,8 @@ class ModuleTracer:
                 if tag is not st.last and not e.pure:
                     st.last = tag
                     sink(tag)
+                    if frame.phase != tracer.phases.phase:
+                        tracer.phases.enter(frame.phase)
                 parent = prev.entry
                 if parent is not None and prev.phase == FORWARD and args:
                     if len(args) == 1 and type(args[0]) is tensor:  # the usual call, inlined
@@ -421,6 +438,8 @@ class ModuleTracer:
                 if tag is not st.last and (prev.entry is None or not prev.entry.pure):
                     st.last = tag
                     sink(tag)
+                    if prev.phase != tracer.phases.phase:
+                        tracer.phases.enter(prev.phase)
             except Exception as err:  # never into the user's forward
                 tracer.failed("forward hook", err)
 

@@ -1,6 +1,7 @@
 // The live chart: one uPlot panel per CUDA device shown (allocated, reserved, NVML process and
 // device use, capacity as a ceiling) and a small host RSS panel, sharing one time range; a strip
-// of cell bands above them, the running cell's band open-ended to the newest sample; a cell's
+// of cell bands above them, the running cell's band open-ended to the newest sample, and under
+// them each cell's forward/backward/recompute/optimizer spans (the module tracer's); a cell's
 // estimate as a dashed line across its band; a legend with current values per panel; zoom
 // (drag), pan (shift-drag), a "follow live" toggle. Nothing here draws until `draw()`, which the
 // widget calls once per frame.
@@ -14,6 +15,8 @@ import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
 import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "../common/format";
 import type { Timeline } from "./timeline_store";
 import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo } from "../wire/protocol";
+import { PHASES, type PhaseSpans } from "../wire/notes";
+import { spansIn, spanTooltip, type DrawnSpan } from "./phases";
 import { readPalette, type Palette } from "../common/theme";
 
 interface SeriesSpec {
@@ -103,6 +106,12 @@ export class Chart {
   private bands = new Map<number, HTMLElement>();
   private readonly runningBand: HTMLElement;
   private running: { executionCount: number; started: number } | null = null;
+  // The module tracer's phase spans: a thin strip under the bands, and its legend.
+  private readonly phaseStrip: HTMLElement;
+  private readonly phaseLegend: HTMLElement;
+  private readonly phasePool: HTMLElement[] = [];
+  private runningPhases: PhaseSpans | null = null;
+  private drawnPhases: DrawnSpan[] = [];
   private selected: number | null = null;
   private width = 0;
   private dirty = true;
@@ -132,7 +141,7 @@ export class Chart {
     const showAll = button("Show all", () => this.showAll());
     showAll.title = "Show every sample and follow live (or double-click the chart)";
     this.hoverText = div("gpumem-hover-time");
-    this.toolbar.append(...(opts.toolbarStart ? [opts.toolbarStart] : []), followLabel, zoomOut, showAll, this.hoverText);
+    this.toolbar.append(...(opts.toolbarStart ? [opts.toolbarStart] : []), followLabel, zoomOut, showAll);
     this.toolbar.title = "Drag to zoom, shift-drag to pan, double-click to show all";
 
     this.strip = div("gpumem-strip");
@@ -147,13 +156,32 @@ export class Chart {
       const n = Number(band?.dataset["executionCount"]);
       if (band && Number.isFinite(n)) this.opts.onSelectCell(n);
     });
+    this.phaseStrip = div("gpumem-phase-strip");
+    this.phaseStrip.hidden = true;
+    this.phaseStrip.addEventListener("pointermove", (e) => this.onPhaseHover(e));
+    this.phaseStrip.addEventListener("pointerleave", () => this.hideTooltip());
+    this.phaseLegend = div("gpumem-phase-legend");
+    this.phaseLegend.hidden = true;
+    this.phaseLegend.title = "The module tracer's phases of each cell (%gpumem modules)";
+    for (const phase of PHASES) {
+      const item = div("gpumem-legend-item gpumem-legend-item--static");
+      item.dataset["phase"] = phase;
+      const swatch = document.createElement("span");
+      swatch.className = "gpumem-swatch gpumem-phase-swatch";
+      swatch.dataset["phase"] = phase;
+      const label = document.createElement("span");
+      label.textContent = phase;
+      item.append(swatch, label);
+      this.phaseLegend.append(item);
+    }
     this.panelsEl = div("gpumem-panels");
     this.empty = div("gpumem-empty");
     this.empty.textContent = "Waiting for the first samples\u2026";
     this.tooltip = div("gpumem-tooltip");
     this.tooltip.hidden = true;
     opts.root.append(this.tooltip);
-    this.el.append(this.toolbar, this.strip, this.panelsEl, this.empty);
+    this.toolbar.append(this.phaseLegend, this.hoverText);
+    this.el.append(this.toolbar, this.strip, this.phaseStrip, this.panelsEl, this.empty);
 
     this.resizeObserver = new ResizeObserver((entries) => {
       const w = Math.floor(entries[entries.length - 1]?.contentRect.width ?? 0);
@@ -177,10 +205,17 @@ export class Chart {
     this.invalidate();
   }
 
-  /** The cell running now (`started`: unix seconds, kernel clock), or null when idle. */
-  setRunning(executionCount: number | null, started: number | null): void {
+  /** The cell running now (`started`: unix seconds, kernel clock), or null when idle; its phase
+   * spans so far, while the module tracer is on. */
+  setRunning(executionCount: number | null, started: number | null, phases: PhaseSpans | null = null): void {
     const running = executionCount !== null && started !== null ? { executionCount, started } : null;
-    if (JSON.stringify(running) === JSON.stringify(this.running)) return;
+    const runningPhases = running && phases?.cell === running.executionCount ? phases : null;
+    if (JSON.stringify([running, runningPhases]) === JSON.stringify([this.running, this.runningPhases])) return;
+    this.runningPhases = runningPhases;
+    if (JSON.stringify(running) === JSON.stringify(this.running)) {
+      this.invalidate();
+      return;
+    }
     this.running = running;
     if (running) {
       this.runningBand.dataset["executionCount"] = String(running.executionCount);
@@ -699,6 +734,7 @@ export class Chart {
     // on screen they are slivers: the canvas draws them, the strip shows none.
     const visible = this.visibleBands(min, max);
     const shown = visible.length <= MAX_STRIP_BANDS ? visible : [];
+    this.placePhases(plot, width, visible.length <= MAX_STRIP_BANDS);
     const keep = new Set(shown.map((b) => b.execution_count));
     for (const [n, el] of this.bands) {
       if (!keep.has(n)) {
@@ -731,6 +767,78 @@ export class Chart {
     band.classList.toggle("gpumem-band--narrow", w < 26);
   }
 
+  /** The phase spans of the cells on screen (none when the bands are slivers). */
+  private placePhases(plot: uPlot, width: number, show: boolean): void {
+    const { min, max } = this.shown;
+    const cells: [number, PhaseSpans][] = [];
+    if (show) {
+      for (const [n, cell] of this.cells) {
+        const phases = cell.notes.modules?.phases;
+        if (phases && phases.spans.length > 0) cells.push([n, phases]);
+      }
+      const running = this.runningSpan();
+      if (running && this.running && this.runningPhases) cells.push([this.running.executionCount, this.runningPhases]);
+    }
+    const now = this.runningSpan()?.max ?? this.dataExtent()?.max ?? 0;
+    const spans = spansIn(cells, min, max, now);
+    this.drawnPhases = spans;
+    this.phaseStrip.hidden = spans.length === 0;
+    this.phaseLegend.hidden = spans.length === 0;
+    this.phaseStrip.style.width = `${width}px`;
+    this.phaseStrip.style.marginLeft = `${Y_AXIS_WIDTH}px`;
+    const present = new Set<string>(spans.map((s) => s.phase));
+    for (const item of this.phaseLegend.querySelectorAll<HTMLElement>(".gpumem-legend-item")) {
+      item.hidden = !present.has(item.dataset["phase"] ?? "");
+    }
+    spans.forEach((s, i) => {
+      let el = this.phasePool[i];
+      if (!el) {
+        el = div("gpumem-phase");
+        this.phasePool.push(el);
+        this.phaseStrip.append(el);
+      }
+      const left = Math.max(0, plot.valToPos(s.start, "x"));
+      const right = Math.min(width, plot.valToPos(s.end, "x"));
+      el.hidden = false;
+      el.dataset["phase"] = s.phase;
+      el.dataset["cell"] = String(s.cell);
+      el.dataset["index"] = String(i);
+      el.dataset["merged"] = String(s.span.merged);
+      el.dataset["open"] = String(s.span.end === null);
+      el.style.left = `${left}px`;
+      el.style.width = `${Math.max(1, right - left)}px`;
+    });
+    for (let i = spans.length; i < this.phasePool.length; i++) (this.phasePool[i] as HTMLElement).hidden = true;
+  }
+
+  private onPhaseHover(e: PointerEvent): void {
+    const el = (e.target as Element).closest<HTMLElement>(".gpumem-phase");
+    const span = el ? this.drawnPhases[Number(el.dataset["index"])] : undefined;
+    if (!span) {
+      this.hideTooltip();
+      return;
+    }
+    this.showTooltip(spanTooltip(span), "phase", e);
+    this.tooltip.dataset["phase"] = span.phase;
+  }
+
+  private showTooltip(lines: readonly string[], kind: string, e: PointerEvent): void {
+    this.tooltip.replaceChildren(
+      ...lines.map((line, i) => {
+        const el = div(i === 0 ? "gpumem-tooltip-head" : i === lines.length - 1 ? "gpumem-tooltip-figures" : "gpumem-tooltip-source");
+        el.textContent = line;
+        return el;
+      }),
+    );
+    this.tooltip.dataset["outcome"] = kind;
+    delete this.tooltip.dataset["phase"];
+    this.tooltip.hidden = false;
+    const rootBox = this.opts.root.getBoundingClientRect();
+    const maxLeft = Math.max(0, rootBox.width - this.tooltip.offsetWidth - 4);
+    this.tooltip.style.left = `${Math.min(maxLeft, Math.max(0, e.clientX - rootBox.left + 12))}px`;
+    this.tooltip.style.top = `${e.clientY - rootBox.top + 16}px`;
+  }
+
   private onStripHover(e: PointerEvent): void {
     const band = (e.target as Element).closest<HTMLElement>(".gpumem-band");
     const n = Number(band?.dataset["executionCount"]);
@@ -746,19 +854,7 @@ export class Chart {
       : bare
         ? [`[${n}]  ${formatDuration(bare.duration)}  ${bare.outcome === "ok" ? "" : bare.outcome}`.trimEnd(), "an older cell: click to load its record"]
         : [`[${n}]  running`, `started ${formatClock(running?.min ?? 0)}, ${formatDuration((running?.max ?? 0) - (running?.min ?? 0))} so far`];
-    this.tooltip.replaceChildren(
-      ...lines.map((line, i) => {
-        const el = div(i === 0 ? "gpumem-tooltip-head" : i === lines.length - 1 ? "gpumem-tooltip-figures" : "gpumem-tooltip-source");
-        el.textContent = line;
-        return el;
-      }),
-    );
-    this.tooltip.dataset["outcome"] = cell ? outcome(cell) : bare ? bare.outcome : "running";
-    this.tooltip.hidden = false;
-    const rootBox = this.opts.root.getBoundingClientRect();
-    const maxLeft = Math.max(0, rootBox.width - this.tooltip.offsetWidth - 4);
-    this.tooltip.style.left = `${Math.min(maxLeft, Math.max(0, e.clientX - rootBox.left + 12))}px`;
-    this.tooltip.style.top = `${e.clientY - rootBox.top + 16}px`;
+    this.showTooltip(lines, cell ? outcome(cell) : bare ? bare.outcome : "running", e);
   }
 
   private hideTooltip(): void {

@@ -1,10 +1,12 @@
 // The selected cell in full: per-device figures (before → after, change, peaks), memory outside
 // PyTorch (NVML's process use minus what the allocator reserved), host RSS, what features noted
-// (estimate, OOM post-mortem, leak hints, others), and the source.
+// (estimate, OOM post-mortem, leak hints, the module tracer's phases and modules, others), and
+// the source.
 
 import { outcome, outcomeLabel, type Mode } from "./cells";
 import { formatBytes, formatClock, formatDelta, formatDuration } from "../common/format";
 import { noteSections } from "./notes_view";
+import { modulesSection } from "./modules_view";
 import type { CellRecord, DeviceCellUsage, DeviceInfo } from "../wire/protocol";
 import { workerSection } from "./worker_figures";
 
@@ -67,6 +69,7 @@ export class Details {
     const parts: HTMLElement[] = [head];
     if (mode === "cuda" && cell.devices.length > 0) parts.push(deviceTable(cell.devices, devices));
     parts.push(hostLine(cell), ...workerSection(cell.workers), ...noteSections(cell.notes));
+    if (cell.notes.modules) parts.push(modulesSection(cell.notes.modules, cell.execution_count));
     const missing = Object.entries(cell.missing ?? {});
     if (missing.length > 0) {
       const list = document.createElement("ul");

@@ -84,7 +84,7 @@ export class MemoryTab implements Tab {
       if (!this.devices.some((d) => d.index === this.deviceChoice)) this.deviceChoice = null;
       this.deviceSelect.update(this.devices, this.status.mode, this.deviceChoice);
       this.chart.setLayout(this.devices, this.status.mode, this.deviceChoice);
-      this.chart.setRunning(this.status.running_cell, this.status.running_started);
+      this.chart.setRunning(this.status.running_cell, this.status.running_started, this.status.running_phases);
     }
     if (stale.has("cells")) {
       const { cells, problems } = parseCells(joinCells(host.model.get("cells"), host.model.get("cells_tail")));

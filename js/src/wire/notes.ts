@@ -1,7 +1,9 @@
 // What features add to a cell's record (`cells[i].notes`, keyed by feature: gpumem_widget/live/
 // notes.py): mirrors gpumem_widget/wire/notes.py, the shapes the to_wire() of
 // estimator/result.py (Estimate, Comparison), holders/postmortem/ (PostMortem) and
-// holders/leaks.py (LeakHint), and History.compare in live/history/writer.py (PreviousRun) build.
+// holders/leaks.py (LeakHint), History.compare in live/history/writer.py (PreviousRun) and the
+// module tracer's live/modules/note.py (ModulesNote, PhaseSpans: also the status's running_phases)
+// build.
 // Change both sides together.
 //
 // A note this version cannot read, or a feature it does not know, is kept as it came (`other`)
@@ -180,20 +182,65 @@ export interface OtherNote {
   problem: string | null; // why a known feature's note could not be read
 }
 
+export const PHASES = ["forward", "backward", "recompute", "optimizer"] as const;
+export type PhaseName = (typeof PHASES)[number];
+
+/** A stretch of a cell in one phase; a merged one (`merged` > 1) is drawn in its main phase. */
+export interface PhaseSpan {
+  phase: PhaseName;
+  start: number; // unix seconds (kernel clock)
+  end: number | null; // null: the running cell's current phase, still open
+  merged: number; // how many spans it stands for (1: exact)
+  seconds: Partial<Record<PhaseName, number>>; // time in each phase within it
+}
+
+/** A cell's phase spans (at most the kernel's MAX_SPANS) and its exact totals by phase. */
+export interface PhaseSpans {
+  cell: number | null;
+  spans: PhaseSpan[];
+  seconds: Partial<Record<PhaseName, number>>;
+  counts: Partial<Record<PhaseName, number>>;
+  merged: boolean;
+}
+
+/** One module's live figures in one cell (bytes), rolled up over its submodules. */
+export interface ModuleRow {
+  path: string;
+  depth: number;
+  calls: number;
+  forward_kept: number; // saved activations and output, left by its forward
+  recompute_kept: number;
+  backward_added: number;
+  backward_high: number;
+  parameters: number;
+  gradients: number;
+  compiled: boolean;
+}
+
+/** `notes.modules`: the module tracer's phases and (when measured) heaviest modules. */
+export interface ModulesNote {
+  phases: PhaseSpans | null;
+  modules: ModuleRow[] | null; // null: not measured in this cell
+  modules_left_out: number;
+  allocator: boolean; // false without CUDA: forward and backward bytes were not measurable
+  hint: string | null;
+}
+
 export interface CellNotes {
   estimate: EstimateNote | null;
   postmortem: PostMortem | null;
   leaks: LeakHint[];
   history: PreviousRun | null;
+  modules: ModulesNote | null;
   other: OtherNote[];
 }
 
 /** Shared by every record without notes, so frozen throughout. */
-export const NO_NOTES: CellNotes = Object.freeze({ estimate: null, postmortem: null, leaks: Object.freeze([]), history: null, other: Object.freeze([]) }) as unknown as CellNotes;
+export const NO_NOTES: CellNotes = Object.freeze({ estimate: null, postmortem: null, leaks: Object.freeze([]), history: null, modules: null, other: Object.freeze([]) }) as unknown as CellNotes;
 
 export function parseNotes(raw: unknown): CellNotes {
   if (!isObject(raw) || Object.keys(raw).length === 0) return NO_NOTES;
-  const notes: CellNotes = { estimate: null, postmortem: null, leaks: [], history: null, other: [] };
+  const notes: CellNotes = { estimate: null, postmortem: null, leaks: [], history: null, modules: null, other: [] };
   for (const [key, value] of Object.entries(raw)) {
     try {
       switch (key) {
@@ -208,6 +255,9 @@ export function parseNotes(raw: unknown): CellNotes {
           break;
         case "history":
           notes.history = parsePreviousRun(value);
+          break;
+        case "modules":
+          notes.modules = parseModulesNote(value);
           break;
         default:
           notes.other.push({ key, value, problem: null });
@@ -424,5 +474,63 @@ function parsePreviousRun(raw: unknown): PreviousRun {
     regression: optional(h, "regression", isBool, false),
     threshold_ratio: optional(h, "threshold_ratio", isNumber, 0.2),
     threshold_bytes: optional(h, "threshold_bytes", isNumber, 64 * 2 ** 20),
+  };
+}
+
+const isPhase = (v: unknown): v is PhaseName => typeof v === "string" && (PHASES as readonly string[]).includes(v);
+
+function byPhase(v: unknown): Partial<Record<PhaseName, number>> {
+  const out: Partial<Record<PhaseName, number>> = {};
+  if (isObject(v)) for (const [k, n] of Object.entries(v)) if (isPhase(k) && isNumber(n)) out[k] = n;
+  return out;
+}
+
+/** A cell's phase spans (a note's, or the status's `running_phases`); null when absent. */
+export function parsePhaseSpans(raw: unknown): PhaseSpans | null {
+  if (raw == null) return null;
+  const what = "phases";
+  const p = object(raw, what);
+  const spans = items(p["spans"], (s): PhaseSpan | null => {
+    const start = s["start"];
+    const end = s["end"];
+    if (!isPhase(s["phase"]) || !isNumber(start) || !(end === null || isNumber(end))) return null;
+    return { phase: s["phase"], start, end, merged: optional(s, "merged", isNumber, 1), seconds: byPhase(s["seconds"]) };
+  });
+  return {
+    cell: num(p, "cell"),
+    spans,
+    seconds: byPhase(p["seconds"]),
+    counts: byPhase(p["counts"]),
+    merged: optional(p, "merged", isBool, false),
+  };
+}
+
+function parseModulesNote(raw: unknown): ModulesNote {
+  const what = "notes.modules";
+  const n = object(raw, what);
+  const modules = Array.isArray(n["modules"])
+    ? items(n["modules"], (r): ModuleRow | null =>
+        isString(r["path"])
+          ? {
+              path: r["path"],
+              depth: optional(r, "depth", isNumber, 0),
+              calls: optional(r, "calls", isNumber, 0),
+              forward_kept: optional(r, "forward_kept", isNumber, 0),
+              recompute_kept: optional(r, "recompute_kept", isNumber, 0),
+              backward_added: optional(r, "backward_added", isNumber, 0),
+              backward_high: optional(r, "backward_high", isNumber, 0),
+              parameters: optional(r, "parameters", isNumber, 0),
+              gradients: optional(r, "gradients", isNumber, 0),
+              compiled: optional(r, "compiled", isBool, false),
+            }
+          : null,
+      )
+    : null;
+  return {
+    phases: parsePhaseSpans(n["phases"]),
+    modules,
+    modules_left_out: optional(n, "modules_left_out", isNumber, 0),
+    allocator: optional(n, "allocator", isBool, true),
+    hint: optional(n, "hint", isStringOrNull, null),
   };
 }

@@ -19,7 +19,7 @@ import {
   ProtocolError,
 } from "./json";
 import type { CellUsageFigures } from "./cell_usage";
-import { parseNotes, type CellNotes } from "./notes";
+import { parseNotes, parsePhaseSpans, type CellNotes, type PhaseSpans } from "./notes";
 import { decodeTable, TIME_COLUMN, type Column } from "./table";
 import { parseWorkerRows, type WorkerCellUsage } from "./worker_rows";
 
@@ -103,6 +103,7 @@ export interface Status {
   error: string | null;
   running_cell: number | null;
   running_started: number | null; // unix seconds (kernel clock), null when idle
+  running_phases: PhaseSpans | null; // the running cell's phase spans (module tracer on)
   session_peak: SessionPeak[];
   processes: Map<number, ProcessUse[]>; // by device index; absent where NVML has no list
   hints: string[]; // sentences for the user, e.g. a stray CUDA context on a device
@@ -194,6 +195,7 @@ export function parseStatus(raw: unknown, devices: readonly DeviceInfo[]): Statu
     error: optional(s, "error", isStringOrNull, null),
     running_cell: optional(s, "running_cell", isNumberOrNull, null),
     running_started: optional(s, "running_started", isNumberOrNull, null),
+    running_phases: isObject(s["running_phases"]) ? parsePhaseSpans(s["running_phases"]) : null,
     session_peak: peaks,
     processes: parseProcesses(s["processes"]),
     hints: Array.isArray(s["hints"]) ? s["hints"].filter((h): h is string => typeof h === "string") : [],
