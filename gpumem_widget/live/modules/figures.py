@@ -14,15 +14,12 @@ start and end, and at each switch of backward from one module to another:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpumem_widget.snapshot.model.tags import ancestors, parent_path, tree_key
 from gpumem_widget.units import format_bytes
-
-_TOKENS = re.compile(r"\d+|\D+")
-_PARENT = re.compile(r"(.*)(?:\.[^.\[\]]+|\[[^\[\]]*\])$")  # gpt.h.3 -> gpt.h; xs[2] -> xs
 
 
 class _Entry(Protocol):
@@ -144,26 +141,12 @@ class CellFigures:
         return "\n".join(lines)
 
 
-def parent_path(path: str) -> str | None:
-    m = _PARENT.fullmatch(path)
-    return m.group(1) if m is not None and m.group(1) else None
-
-
 def _depth(path: str) -> int:
-    depth, p = 0, parent_path(path)
-    while p is not None:
-        depth, p = depth + 1, parent_path(p)
-    return depth
+    return len(ancestors(path))
 
 
 def _tree_key(path: str) -> list[list[Any]]:
-    """Ancestors first, numbers in order (h.2 before h.10)."""
-    chain = [path]
-    p = parent_path(path)
-    while p is not None:
-        chain.append(p)
-        p = parent_path(p)
-    return [[int(t) if t.isdigit() else t for t in _TOKENS.findall(c)] for c in chain[::-1]]
+    return tree_key(path)
 
 
 def _parameter_bytes(parameters: Iterable[Any]) -> tuple[int, int]:

@@ -9,6 +9,7 @@ None for it).
 
 from __future__ import annotations
 
+import re
 from typing import Final, Literal, NamedTuple
 
 CELL_TAG_PREFIX: Final = "cell:"
@@ -66,3 +67,32 @@ def _cell_number(word: str) -> int | None:
     if word.startswith(CELL_TAG_PREFIX) and word[len(CELL_TAG_PREFIX) :].isdigit():
         return int(word[len(CELL_TAG_PREFIX) :])
     return None
+
+
+# Module paths as the tracer names them (`live.modules.names`): ``gpt.h.3.mlp``, ``layers[2]``,
+# ``models['a'].fc``.
+_PARENT = re.compile(r"(.*)(?:\.[^.\[\]]+|\[[^\[\]]*\])$")  # gpt.h.3 -> gpt.h; xs[2] -> xs
+_TOKENS = re.compile(r"\d+|\D+")
+
+
+def parent_path(path: str) -> str | None:
+    """The module containing `path` (None for a top-level one)."""
+    m = _PARENT.fullmatch(path)
+    return m.group(1) if m is not None and m.group(1) else None
+
+
+def ancestors(path: str) -> list[str]:
+    """`path`'s containing modules, nearest first."""
+    chain: list[str] = []
+    p = parent_path(path)
+    while p is not None:
+        chain.append(p)
+        p = parent_path(p)
+    return chain
+
+
+def tree_key(path: str) -> list[list[int | str]]:
+    """A sort key that lists a module tree in order: ancestors first, numbers in order (h.2
+    before h.10)."""
+    chain = [*reversed(ancestors(path)), path]
+    return [[int(t) if t.isdigit() else t for t in _TOKENS.findall(c)] for c in chain]
