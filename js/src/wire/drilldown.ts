@@ -151,11 +151,10 @@ export interface ModulesStacked extends Stacked {
 
 function parseModules(raw: unknown, what: string): ModulesStacked | null {
   if (raw === undefined || raw === null) return null; // a kernel before the view existed
-  const stacked = parseStacked(raw, what, false);
   const r = raw as Json;
   const groups = field(r, "groups", what, isArray, "a list");
   return {
-    ...stacked,
+    ...parseStacked(raw, what, false),
     traced: r["traced"] === true,
     reason: optional(r, "reason", isStringOrNull, null),
     reading: optional(r, "reading", isStringOrNull, null),
@@ -507,7 +506,7 @@ export interface ModuleTree {
   event: number;
   traced: boolean;
   root: ModuleNode; // "active": every byte alive then, once
-  truncated: number;
+  truncated: number; // the smallest modules left out
 }
 
 function parseModuleTree(raw: unknown): ModuleTree | null {
@@ -520,19 +519,16 @@ function parseModuleTree(raw: unknown): ModuleTree | null {
   const bytes = column(columns, "bytes", what);
   const count = column(columns, "count", what);
   const phase = PHASES.map((p) => column(columns, p, what));
-  const nodes: ModuleNode[] = [];
-  for (let i = 0; i < n; i++) {
-    const label = labels[i];
+  const nodes: ModuleNode[] = labels.map((label, i) => {
     const phases = Object.fromEntries(PHASES.map((p, k) => [p, phase[k]?.[i] ?? 0])) as ModuleNode["phases"];
-    nodes.push({ label: isString(label) ? label : "?", bytes: bytes[i] ?? 0, phases, count: count[i] ?? 0, depth: 0, children: [] });
-  }
+    return { label: isString(label) ? label : "?", bytes: bytes[i] ?? 0, phases, count: count[i] ?? 0, depth: 0, children: [] };
+  });
   for (let i = 1; i < n; i++) {
     const p = parent[i] ?? -1;
     const up = nodes[p];
     if (!up || p >= i) throw new ProtocolError(`${what}: row ${i} has parent ${p}`);
-    const node = nodes[i] as ModuleNode;
-    node.depth = up.depth + 1;
-    up.children.push(node);
+    const node = nodes[i] as ModuleNode; // parents come first: its depth is final here
+    up.children.push(Object.assign(node, { depth: up.depth + 1 }));
   }
   return { event: optional(raw, "event", isNumber, -1), traced: raw["traced"] === true, root: nodes[0] as ModuleNode, truncated: optional(raw, "truncated", isNumber, 0) };
 }
