@@ -79,6 +79,8 @@ async function facts(page) {
       idle: [...document.querySelectorAll(".gpumem-drilldown-idle")].map((e) => e.textContent),
       warnings: [...document.querySelectorAll(".gpumem-drilldown-warnings li")].map((e) => e.textContent),
       summary: document.querySelector(".gpumem-drilldown-summary").textContent,
+      reading: document.querySelector(".gpumem-drilldown-reading:not([hidden])")?.textContent ?? null,
+      moduleRows: [...document.querySelectorAll(".gpumem-drilldown-modules:not([hidden]) tr[data-module]")].map((r) => ({ module: r.dataset.module, bytes: Number(r.dataset.bytes), depth: Number(r.dataset.depth) })),
       alive: { text: heading.textContent, total: Number(heading.dataset.totalBytes), event: Number(heading.dataset.event) },
     };
   });
@@ -201,6 +203,11 @@ async function heading(page) {
 
 const actions = {
   async overview() {},
+  async modules(page) {
+    await page.click(".gpumem-drilldown-mode[data-mode='modules']");
+    await page.click(".gpumem-drilldown-subtabs [data-tab='modules']");
+    await settle(page);
+  },
   async categories(page) {
     await page.click(".gpumem-drilldown-mode[data-mode='categories']");
     await settle(page);

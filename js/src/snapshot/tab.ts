@@ -603,7 +603,7 @@ export class DrilldownPanel {
       if (shown === "segments" && !this.disposeSegments) this.disposeSegments = renderSegmentMap(panes.segments, alive.segments);
     };
     nav.append(...buttons);
-    this.alive.append(nav, panes.allocations, panes.segments);
+    this.alive.append(nav, panes.allocations, panes.modules, panes.segments);
     show(this.aliveTab);
   }
 
