@@ -602,6 +602,7 @@ def peak_reading(
         if mask.any():
             parts.append((int(iv.size[mask].sum()), label))
     parts.sort(key=lambda part: -part[0])
-    said = [f"{text} {format_bytes(b)}" for b, text in parts[:READING_PARTS] if b > 0]
-    more = " …" if len(parts) > READING_PARTS else ""
+    # The largest parts; a part under 0.5 % of the peak is left to the "…".
+    said = [f"{text} {format_bytes(b)}" for b, text in parts[:READING_PARTS] if b >= total / 200]
+    more = " …" if len(parts) > len(said) else ""
     return f"peak {format_bytes(total)}{where}: " + ", ".join(said) + more
