@@ -297,18 +297,19 @@ def module_memory(
     level = choose_level(tags, top)
     ax = axis_x(snap, rep, axis, collapse_idle)
     grid = screen_grid(rep, ax.x, width, t0, t1)
-    # Ranking first: each module's (at the level) and each metadata string's exact peak.
+    # Ranking first, only where some are summed: each module's (at the level) and each metadata
+    # string's exact peak.
     is_module = tags.kind == MODULE
     outside = len(tags.paths)  # one group more: every allocation in no module
     by_node = np.append(tags.cut(level), outside)[np.where(is_module, tags.node, outside)]
-    module_peaks, _ = group_peaks(iv, by_node, len(tags.paths) + 1, grid.lo, grid.hi)
+    module_peaks = np.zeros(outside + 1, np.int64)
+    if len(np.unique(by_node[is_module])) > top:
+        module_peaks, _ = group_peaks(iv, by_node, outside + 1, grid.lo, grid.hi)
     is_meta = tags.kind == METADATA
-    by_string = np.where(is_meta, tags.metadata, len(tags.strings))
-    meta_peaks = (
-        group_peaks(iv, by_string, len(tags.strings) + 1, grid.lo, grid.hi)[0][:-1]
-        if is_meta.any()
-        else np.zeros(0, np.int64)
-    )
+    meta_peaks = np.zeros(len(tags.strings), np.int64)  # in order found, unless ranked
+    if len(tags.strings) > TOP_METADATA:
+        by_string = np.where(is_meta, tags.metadata, len(tags.strings))
+        meta_peaks = group_peaks(iv, by_string, len(tags.strings) + 1, grid.lo, grid.hi)[0][:-1]
     series = _series(tags, level, top, module_peaks[:-1], meta_peaks)
     n = len(series.kinds)
     group = series.of_interval
