@@ -371,7 +371,25 @@ def test_the_by_module_legend_states_each_modules_exact_maximum(
     peak, _ = independent_peak(raw("train_modules"), 0)
     assert f["reading"].startswith(f"peak {format_bytes(peak)} in backward: ")
     assert "activations saved by gpt.h.0–h.3" in f["reading"]
-    rows = {r["module"]: r["bytes"] for r in f["moduleRows"]}
+    at_peak = result["modulePeak"]["rows"]  # before the click below
+    rows = {r["module"]: r["bytes"] for r in at_peak}
     assert rows["active"] == peak
-    assert rows["active"] == sum(r["bytes"] for r in f["moduleRows"] if r["depth"] == 1)
+    assert rows["active"] == sum(r["bytes"] for r in at_peak if r["depth"] == 1)
     assert rows["gpt"] >= sum(rows[f"gpt.h.{i}"] for i in range(4))
+
+
+def test_a_click_on_a_column_shows_the_module_tree_then(
+    drawn: tuple[dict[str, Any], Bridge],
+) -> None:
+    """By module, a click on a column (not the peak's): the module tree at that column's peak
+    entry, its rows summing to the independent replay's active bytes right after it."""
+    result, _ = drawn
+    clicked = result["moduleClick"]  # the last theme's click; both click the same column
+    event = clicked["heading"]["event"]
+    truth = independent_active(raw("train_modules"), 0)[event + 1]
+    assert clicked["heading"]["text"].startswith("Peak within this column at entry ")
+    assert clicked["heading"]["total"] == truth
+    rows = clicked["rows"]
+    assert rows[0] == {"module": "active", "bytes": truth, "depth": 0}
+    assert sum(r["bytes"] for r in rows if r["depth"] == 1) == truth
+    assert any(r["module"].startswith("gpt.h.") for r in rows)
