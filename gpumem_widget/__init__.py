@@ -23,6 +23,7 @@ from gpumem_widget.version import __version__
 
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate, EstimateError, available_bytes, estimate
+    from gpumem_widget.live.explain import Which
     from gpumem_widget.live.export import Format
     from gpumem_widget.live.history.past_sessions import PastSession, PastSessions
     from gpumem_widget.live.ledger import CellRecord, DeviceCellUsage, LedgerRecords
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from gpumem_widget.reporting.page import Progress
     from gpumem_widget.snapshot import Snapshot, SnapshotLoadError, export_memory_viz, open_snapshot
     from gpumem_widget.snapshot.io.load import Source
+    from gpumem_widget.snapshot.views.explain import Explanation
     from gpumem_widget.wire.payloads import CompareView
     from gpumem_widget.workers import WorkerCellUsage, attach, detach
 
@@ -181,6 +183,44 @@ def tagged_thread(cell: int | None = None) -> ContextDecorator:
     return modules.tagged_thread(cell if cell is not None else _running_cell)
 
 
+@overload
+def explain(
+    format: None = None, *, source: Which = "auto", snapshot: Source | Snapshot | None = None
+) -> Explanation: ...
+@overload
+def explain(
+    format: Literal["text"], *, source: Which = "auto", snapshot: Source | Snapshot | None = None
+) -> str: ...
+@overload
+def explain(
+    format: Literal["json"], *, source: Which = "auto", snapshot: Source | Snapshot | None = None
+) -> dict[str, Any]: ...
+def explain(
+    format: Literal["text", "json"] | None = None,
+    *,
+    source: Which = "auto",
+    snapshot: Source | Snapshot | None = None,
+) -> Explanation | str | dict[str, Any]:
+    """The latest peak in a few lines (`%gpumem explain`): where it was (cell, phase, module),
+    what was alive then by module, phase and category, what would help, what is not known.
+
+    Based on a snapshot taken now while recording, else the newest the Snapshot tab holds,
+    else the ledger's latest cell with the module tracer's live figures; `source` ("snapshot"
+    or "ledger") insists on one, `snapshot` explains that file or object instead. Returns an
+    `Explanation` (shown as text; ``.to_json()``), or with `format` its text or its JSON
+    (schema ``gpumem_widget.explain/1``: `snapshot.views.explain`)."""
+    from gpumem_widget.live.explain import explain as explain_peak
+
+    e = explain_peak(current_session(), source=source, snapshot=snapshot)
+    if format is None:
+        return e
+    if format == "text":
+        return e.format()
+    if format == "json":
+        return e.to_json()
+    raise ValueError(f"format must be 'text', 'json' or None, not {format!r}")
+
+
 def _running_cell() -> int | None:
     session = current_session()
     return session.tracker.running_cell if session is not None else None
@@ -242,6 +282,7 @@ __all__ = [
     "current_session",
     "detach",
     "estimate",
+    "explain",
     "export_ledger",
     "export_memory_viz",
     "history",

@@ -2,6 +2,7 @@
 
     gpumem-widget report rank0.pickle rank1.pickle -o report.html
     gpumem-widget summary rank0.pickle
+    gpumem-widget explain rank0.pickle [--json]
 
 Bad input (a missing, truncated, hostile or foreign file) ends with one line on stderr and exit
 status 1; nothing in a snapshot file is ever run. Progress goes to stderr when it is a terminal.
@@ -69,7 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     summary.add_argument("snapshots", nargs="+", type=Path, metavar="SNAPSHOT")
     summary.add_argument("--top", type=int, default=10, help="how many sites to list (10)")
-    for p in (report, summary):
+    explain = sub.add_parser(
+        "explain",
+        help="the peak in a few lines: where (cell, phase, module), what was alive, what helps",
+        description="Explain each snapshot's peak: where it was (cell, phase and module, from "
+        "the module tracer's tags), what was alive then by module, phase and category, the "
+        "OOM if any, what would help and what is not known. --json prints one JSON object per "
+        "snapshot (schema gpumem_widget.explain/1), one per line.",
+    )
+    explain.add_argument("snapshots", nargs="+", type=Path, metavar="SNAPSHOT")
+    explain.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    for p in (report, summary, explain):
         p.add_argument(
             "--max-bytes",
             type=parse_bytes,
@@ -100,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "report":
             return _report(args, progress)
+        if args.command == "explain":
+            return _explain(args, progress)
         return _summary(args, progress)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -215,6 +228,20 @@ def _summary(args: argparse.Namespace, progress: _Progress) -> int:
         progress(f"summarizing {label}")
         for device in summarize(snap, label, top=max(args.top, 1)):
             print(device.format(top=args.top))
+    return 0
+
+
+def _explain(args: argparse.Namespace, progress: _Progress) -> int:
+    import json
+
+    from gpumem_widget.snapshot.views.explain import explain_snapshot
+
+    for i, (label, snap) in enumerate(_load(args.snapshots, args, progress)):
+        e = explain_snapshot(snap, label)
+        if args.json:
+            print(json.dumps(e.to_json()))
+        else:
+            print(("\n" if i else "") + e.format())
     return 0
 
 

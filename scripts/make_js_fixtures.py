@@ -202,7 +202,9 @@ def notebook_holders() -> HoldersReport:
 def postmortem_note(execution_count: int, holders: HoldersReport) -> dict[str, Any]:
     recorded = json.loads(OOM_FIXTURE.read_text())
     e = recorded["observer"][-1]
-    event = OomEvent(e["device"], e["requested"], e["limit"], e["free"], T0, e["stats"])
+    # With the module tracer on, the observer reads the failing thread's tag (a backward).
+    tag = f"cell:{execution_count} backward model.layers.3.mlp"
+    event = OomEvent(e["device"], e["requested"], e["limit"], e["free"], T0, e["stats"], tag=tag)
     pm = build_postmortem(
         torch.cuda.OutOfMemoryError(recorded["message"]),
         {0: recorded["stats_after"]},
@@ -210,6 +212,7 @@ def postmortem_note(execution_count: int, holders: HoldersReport) -> dict[str, A
         holders=holders,
         execution_count=execution_count,
         alloc_conf=recorded["alloc_conf"],
+        place=notes.oom_place([event]),
     )
     return pm.to_wire()
 

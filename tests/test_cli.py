@@ -205,3 +205,54 @@ def test_a_bad_rank_file_among_many_is_named(
     assert main(["summary", str(TAGGED), str(bad)]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert str(bad) in line
+
+
+def traced_file(tmp_path: Path) -> Path:
+    """A traced training step (tests/traced_step.py) as a `_dump_snapshot` file."""
+    from traced_step import traced_step
+
+    path = tmp_path / "traced.pickle"
+    path.write_bytes(pickle.dumps(traced_step()))
+    return path
+
+
+def test_summary_shows_the_module_table(tmp_path: Path) -> None:
+    from gpumem_widget.reporting.summary import module_rows
+    from gpumem_widget.snapshot import open_snapshot
+    from gpumem_widget.snapshot.views.module_bytes import module_tree
+    from gpumem_widget.units import format_bytes
+
+    path = traced_file(tmp_path)
+    done = run_cli("summary", str(path), "--top", "10", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "  running at the peak         backward of gpt.head (cell 3)" in out
+    assert "by module, each with its submodules" in out
+    rows = module_rows(module_tree(open_snapshot(path)))
+    for label, at_peak, highest, count in rows:
+        line = f"    {format_bytes(at_peak):>10}  {format_bytes(highest):>10}  {count:>8,}  {label}"
+        assert line in out.splitlines(), line
+    untagged = run_cli("summary", str(TAGGED), cwd=tmp_path)
+    assert "by module" not in untagged.stdout  # recorded without the tracer
+
+
+def test_explain_prints_the_peak_as_text_and_json_lines(tmp_path: Path) -> None:
+    path = traced_file(tmp_path)
+    text = run_cli("explain", str(path), cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == (
+        "Peak 111.00 MiB on cuda:0, in cell 3, in backward of gpt.head [from traced.pickle]"
+    )
+    lines = run_cli("explain", str(path), str(TAGGED), "--json", cwd=tmp_path)
+    assert lines.returncode == 0, lines.stderr
+    first, second = (json.loads(line) for line in lines.stdout.splitlines())
+    assert (first["schema"], first["source"], first["peak"]["module"]) == (
+        "gpumem_widget.explain/1",
+        "traced.pickle",
+        "gpt.head",
+    )
+    assert second["source"] == TAGGED.name
+    assert second["modules"] == []
+    bad = run_cli("explain", str(tmp_path / "missing.pickle"), cwd=tmp_path)
+    assert bad.returncode == 1
+    assert len(bad.stderr.strip().splitlines()) == 1

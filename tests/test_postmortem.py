@@ -337,3 +337,159 @@ def test_the_recorder_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 def test_install_without_cuda_attaches_nothing() -> None:
     assert OomRecorder.install() is None
+
+
+# Where the OOM happened: the module and phase the failing thread was running -----------------
+SNAPSHOTS = pathlib.Path(__file__).parent / "fixtures" / "snapshots"
+
+MID_BACKWARD = """
+import torch
+from torch import nn
+
+class OomInBackward(torch.autograd.Function):
+    '''Its backward fails as a CUDA allocation does: the allocator calls its OOM observer on
+    the thread that asked (with the figures recorded on an H200), then raises.'''
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+    @staticmethod
+    def backward(ctx, grad):
+        observer(*observed)
+        raise torch.OutOfMemoryError(message)
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+    def forward(self, x):
+        return OomInBackward.apply(self.fc(x))
+
+net = nn.Sequential(nn.Linear(4, 4), Mlp(), nn.Linear(4, 4))
+"""
+
+
+def test_an_oom_mid_backward_names_the_module_and_phase(
+    recorded: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through a real shell and the session's hooks, with the module tracer on: backward fails
+    inside ``net.1``; the OOM observer, called on the thread running that backward, reads the
+    tracer's tag there, and the post-mortem says where."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from recorded_cuda import recorded_readers
+
+    from gpumem_widget.live import modules
+    from gpumem_widget.live.session import Session
+
+    ip = InteractiveShell.instance()
+    session = Session(shell=ip, readers=recorded_readers(), idle_interval=0.05)
+    recorder = OomRecorder()  # CUDA's allocator would call it; here the failing backward does
+    recorder.thread_tag = modules.thread_tag
+    session.oom = session.postmortems.oom = recorder
+    ip.events.register("pre_run_cell", session.pre_run_cell)
+    ip.events.register("post_run_cell", session.post_run_cell)
+    e = recorded["observer"][-1]
+    ip.user_ns.update(
+        observer=recorder,
+        observed=(e["device"], e["requested"], e["limit"], e["free"]),
+        message=recorded["message"],
+    )
+    try:
+        ip.run_cell(MID_BACKWARD, store_history=True).raise_error()
+        modules.set_mode("on", session.tracker.running_cell)
+        failed = ip.run_cell("net(torch.randn(2, 4)).sum().backward()", store_history=True)
+        assert isinstance(failed.error_in_exec, torch.OutOfMemoryError)
+        n = failed.execution_count
+        record = session.records()[-1]
+        assert record.oom
+        place = record.notes["postmortem"]["place"]
+        assert place == {
+            "tag": f"cell:{n} backward net.1",
+            "cell": n,
+            "phase": "backward",
+            "module": "net.1",
+            "source": "observer",
+            "text": "backward of net.1",
+        }
+        pm = session.last_postmortem
+        assert pm is not None
+        assert "  while running: backward of net.1 [the failing thread's tag" in pm.format()
+        checkpointing = next(s for s in pm.suggestions if s.key == "gradient_checkpointing")
+        assert "backward of net.1" in checkpointing.detail
+        # The tracer unwound: the next cell's code runs in no module and no phase.
+        after = ip.run_cell(
+            "import gpumem_widget.live.modules as m; tag = m.thread_tag()", store_history=True
+        )
+        assert ip.user_ns["tag"] == f"cell:{after.execution_count}"
+    finally:
+        modules.reset()
+        ip.events.unregister("pre_run_cell", session.pre_run_cell)
+        ip.events.unregister("post_run_cell", session.post_run_cell)
+        session.stop()
+
+
+def test_the_place_is_read_off_the_snapshot_when_the_observer_had_none() -> None:
+    """A traced step that runs out of memory in gpt.h.1.mlp.0's backward, written into the
+    allocator model: its ``oom`` entry carries the tracer's tag."""
+    from traced_step import traced_step
+
+    from gpumem_widget.live.notes import oom_place
+
+    snap = traced_step(capacity=160 * MiB, oom_in="gpt.h.1.mlp.0", cell=7)
+    place = oom_place([OomEvent(0, GiB, 160 * MiB, 0, 0.0, snapshot=snap)])
+    assert place is not None
+    assert (place.cell, place.phase, place.module, place.source) == (
+        7,
+        "backward",
+        "gpt.h.1.mlp.0",
+        "snapshot",
+    )
+    # The observer's own reading wins where it has one.
+    place = oom_place([OomEvent(0, GiB, 0, 0, 0.0, snapshot=snap, tag="cell:7 forward gpt.wte")])
+    assert place is not None
+    assert (place.module, place.source) == ("gpt.wte", "observer")
+
+
+def test_without_the_tracer_the_post_mortem_names_no_place(recorded: dict[str, Any]) -> None:
+    """The OOM recorded on an H200 without the tracer (tests/fixtures/snapshots/oom.*): no tag
+    on its entries, so the post-mortem says nothing of modules; a plain cell tag neither."""
+    import gzip
+    import pickle
+
+    from gpumem_widget.live.notes import oom_place
+
+    with gzip.open(SNAPSHOTS / "oom.pickle.gz") as f:
+        snap = pickle.load(f)  # our own fixture
+    (device,) = [i for i, t in enumerate(snap["device_traces"]) if t]
+    assert any(e["action"] == "oom" for e in snap["device_traces"][device])
+    assert oom_place([event_of(recorded, device=device, snapshot=snap)]) is None
+    assert oom_place([event_of(recorded, tag="cell:4")]) is None
+    other = oom_place([event_of(recorded, tag="warmup step 3")])  # another tool's metadata
+    assert other is not None
+    assert other.text() == "allocator metadata 'warmup step 3'"
+    pm = build_postmortem(recorded["message"], {}, events=[event_of(recorded)])
+    assert pm.place is None
+    assert pm.to_wire()["place"] is None
+    assert "while running" not in pm.format()
+
+
+def test_the_recorder_reads_the_failing_threads_tag() -> None:
+    import threading
+
+    tags = {"autograd": "cell:3 backward gpt.h.0"}
+    recorder = OomRecorder()
+    recorder.thread_tag = lambda: tags.get(threading.current_thread().name)
+    t = threading.Thread(target=lambda: recorder(0, GiB, 80 * GiB, 0), name="autograd")
+    t.start()
+    t.join()
+    recorder(0, GiB, 80 * GiB, 0)  # the kernel's thread: no tag of the tracer
+    first, second = recorder.drain()
+    assert first.tag == "cell:3 backward gpt.h.0"
+    assert second.tag is None
+
+    def broken() -> str:
+        raise RuntimeError("tracer gone")
+
+    recorder.thread_tag = broken
+    recorder(0, GiB, 80 * GiB, 0)  # a tag is a nicety: the event still comes
+    (event,) = recorder.drain()
+    assert event.requested == GiB

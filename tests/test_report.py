@@ -420,3 +420,26 @@ def test_bytes_axes_tick_at_round_binary_steps() -> None:
     assert ticks[4] == [0]
     for row in ticks:
         assert all(t == int(t) for t in row)
+
+
+def test_a_traced_snapshots_report_has_the_module_table(tmp_path: Path) -> None:
+    """The same rows as `gpumem-widget summary` (`module_rows`), read back from the page."""
+    from traced_step import traced_step
+
+    from gpumem_widget.reporting.summary import module_rows
+
+    snap = open_snapshot(traced_step())
+    out = report(tmp_path / "traced.html", session=None, snapshots=[("step", snap)])
+    page = out.read_text()
+    assert "By module (the module tracer's tags; each with its submodules)" in shown_text(page)
+    (summary,) = summarize(snap, "step")
+    rows = module_rows(summary.modules)
+    sources = [source_columns(m) for m in models(page, "ColumnDataSource")]
+    (table_data,) = [s for s in sources if "highest" in s and "module" in s]
+    assert [m.replace("\u00a0", " ") for m in table_data["module"]] == [r[0] for r in rows]
+    assert list(table_data["at_peak"]) == [float(r[1]) for r in rows]
+    assert list(table_data["highest"]) == [float(r[2]) for r in rows]
+    assert list(table_data["allocations"]) == [r[3] for r in rows]
+    assert table_data["highest_text"][0] == format_bytes(rows[0][2])
+    untraced = report(tmp_path / "untraced.html", session=None, snapshots=[TAGGED]).read_text()
+    assert "By module" not in shown_text(untraced)

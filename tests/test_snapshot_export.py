@@ -96,3 +96,28 @@ def test_export_refuses_what_it_cannot_load(tmp_path: Path) -> None:
     with pytest.raises(SnapshotLoadError):
         export_memory_viz({"nonsense": True}, tmp_path / "x.pickle")
     assert not list(tmp_path.iterdir())
+
+
+def test_export_keeps_every_entrys_user_metadata_for_memory_viz(tmp_path: Path) -> None:
+    """memory_viz shows each allocation's ``user_metadata``: the module tracer's tags (and an
+    OOM's) go out exactly as they came in, entry for entry, and read back the same."""
+    from traced_step import traced_step
+
+    from gpumem_widget.snapshot.views.module_bytes import interval_tags, module_tree
+
+    source = traced_step(capacity=160 << 20, oom_in="gpt.h.1.mlp.0")
+    out = export_memory_viz(open_snapshot(source), tmp_path / "traced.pickle")
+    with out.open("rb") as f:
+        written = pickle.load(f)
+    want = [e["user_metadata"] for e in source["device_traces"][0]]
+    got = [e["user_metadata"] for e in written["device_traces"][0]]
+    assert got == want
+    assert "cell:3 backward gpt.h.1.mlp.0" in got
+    oom = next(e for e in written["device_traces"][0] if e["action"] == "oom")
+    assert oom["user_metadata"] == "cell:3 backward gpt.h.1.mlp.0"
+    a, b = open_snapshot(source), open_snapshot(out)
+    ta, tb = interval_tags(a), interval_tags(b)
+    assert ta.modules == tb.modules
+    assert np.array_equal(ta.module, tb.module)
+    assert np.array_equal(ta.phase, tb.phase)
+    assert module_tree(a) == module_tree(b)

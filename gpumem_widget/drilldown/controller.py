@@ -201,6 +201,16 @@ class Drilldown:
     def snapshot(self) -> Snapshot | None:
         return self._current.snap if self._current is not None else None
 
+    def latest(self) -> tuple[Snapshot | Mapping[str, Any], str] | None:
+        """The newest snapshot held, with its label: one offered and not shown yet (an OOM's,
+        a `_snapshot()` dict), else the one shown; None when there is none."""
+        with self._lock:
+            if self._pending is not None:
+                return self._pending
+            if self._current is not None:
+                return self._current.snap, self._current.source
+        return None
+
     def show(
         self,
         src: Source | Snapshot,

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpumem_widget.live.ledger import CellRecord
 from gpumem_widget.oom import is_cuda_oom
 
 if TYPE_CHECKING:
     from gpumem_widget.estimator import Estimate
-    from gpumem_widget.holders.postmortem import OomRecorder, PostMortem
+    from gpumem_widget.holders.postmortem import OomEvent, OomPlace, OomRecorder, PostMortem
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,8 @@ class EstimateCheck:
 
 class PostMortems:
     """For a cell that ran out of CUDA memory: what was asked against what was free, who holds
-    memory, and what to do about it. The OOM's snapshot (when recording) is offered to the
+    memory, what the failing thread was running (its module and phase, with the module tracer
+    on), and what to do about it. The OOM's snapshot (when recording) is offered to the
     Snapshot tab; the last post-mortem is kept for `%gpumem postmortem`."""
 
     def __init__(
@@ -91,11 +92,48 @@ class PostMortems:
             holders=holders,
             execution_count=record.execution_count,
             alloc_conf=current_alloc_conf(),
+            place=oom_place(events),
         )
         self.last = pm
         if pm.snapshot is not None:  # kept, computed only when looked at
             self.offer_snapshot(pm.snapshot, f"OOM in cell {record.execution_count}")
         return pm.to_wire()
+
+
+def oom_place(events: Sequence[OomEvent]) -> OomPlace | None:
+    """What the thread whose allocation failed last was running: the tag the OOM observer read
+    on it, else the tag of the last ``oom`` entry of the snapshot taken at the OOM; None where
+    neither names more than the cell (the tracer was off)."""
+    from gpumem_widget.holders.postmortem import OomPlace
+    from gpumem_widget.snapshot.model.tags import parse_tag
+
+    if not events:
+        return None
+    last = events[-1]
+    found: list[tuple[str | None, Literal["observer", "snapshot"]]] = [(last.tag, "observer")]
+    if last.snapshot is not None:
+        found.append((_snapshot_oom_tag(last.snapshot, last.device), "snapshot"))
+    for tag, source in found:
+        if not tag:
+            continue
+        parsed = parse_tag(tag)
+        if parsed is None:  # another tool's metadata: said as it is
+            return OomPlace(tag, None, None, None, source)
+        if parsed.phase is not None and (parsed.phase != "other" or parsed.module is not None):
+            return OomPlace(tag, parsed.cell, parsed.phase, parsed.module, source)
+    return None
+
+
+def _snapshot_oom_tag(snapshot: Mapping[str, Any], device: int) -> str | None:
+    """``user_metadata`` of the last ``oom`` entry of `device`'s trace in a `_snapshot()` dict."""
+    traces = snapshot.get("device_traces")
+    if not isinstance(traces, list) or not 0 <= device < len(traces):
+        return None
+    for entry in reversed(traces[device] or ()):
+        if isinstance(entry, Mapping) and entry.get("action") == "oom":
+            tag = entry.get("user_metadata")
+            return tag if isinstance(tag, str) else None
+    return None
 
 
 class LeakCheck:

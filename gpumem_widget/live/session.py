@@ -53,9 +53,13 @@ def _process_name(pid: int) -> str | None:
 
 
 def _install_oom_recorder() -> OomRecorder | None:
+    """The process's OOM observer, reading the failing thread's tag from the module tracer."""
     from gpumem_widget.holders.postmortem import OomRecorder
 
-    return OomRecorder.install()
+    recorder = OomRecorder.install()
+    if recorder is not None:
+        recorder.thread_tag = modules.thread_tag
+    return recorder
 
 
 def close_widget(widget: GpuMemWidget) -> None:

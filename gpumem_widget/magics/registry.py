@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gpumem_widget.magics.commands import ALLOCATOR_COMMANDS, FEATURE_COMMANDS, REPORT_COMMANDS
 from gpumem_widget.magics.core import CORE_COMMANDS, Command
+from gpumem_widget.magics.explain import EXPLAIN_COMMANDS
 from gpumem_widget.magics.history import HISTORY_COMMANDS
 from gpumem_widget.magics.modules import MODULE_COMMANDS
 from gpumem_widget.magics.workers import WORKER_COMMANDS
@@ -19,6 +20,7 @@ def commands() -> tuple[Command, ...]:
         + FEATURE_COMMANDS
         + REPORT_COMMANDS
         + MODULE_COMMANDS
+        + EXPLAIN_COMMANDS
         + ALLOCATOR_COMMANDS
         + HISTORY_COMMANDS
         + WORKER_COMMANDS

@@ -1,6 +1,7 @@
 """One device of one snapshot, drawn: memory by allocation site and by category over time,
-reserved beside active, the cells, what is alive and the allocator's segment map (with its
-fragmentation figures and advice) at the peak and at each OOM. Every view was reduced in the
+reserved beside active, the cells, the module table (with the module tracer's tags), what is
+alive and the allocator's segment map (with its fragmentation figures and advice) at the peak
+and at each OOM. Every view was reduced in the
 kernel to screen size (`gpumem_widget.snapshot`), so a million-entry trace draws from a few
 thousand numbers."""
 
@@ -28,7 +29,7 @@ from gpumem_widget.reporting.style import (
     table,
     time_figure,
 )
-from gpumem_widget.reporting.summary import DeviceSummary
+from gpumem_widget.reporting.summary import DeviceSummary, module_rows
 from gpumem_widget.snapshot import Snapshot, alive_memory, category_memory, cell_usage
 from gpumem_widget.snapshot.views.active import ActiveMemory
 from gpumem_widget.snapshot.views.alive import AliveMemory, Allocation, CallTree
@@ -87,6 +88,11 @@ def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | 
     parts += [by_category, reserved]
     if slices:
         parts += [div("<h3>Cells</h3>"), _cells_table(slices)]
+    if summary.modules:
+        parts += [
+            div("<h3>By module (the module tracer's tags; each with its submodules)</h3>"),
+            _modules_table(summary),
+        ]
     peak = alive_memory(snap, d, max_nodes=TREE_ROWS * 2)
     parts += _alive("at the peak", peak, summary)
     parts += _segments("at the peak", snap, d, peak.event)
@@ -277,6 +283,29 @@ def _cells_table(cells: Sequence[CellSlice]) -> DataTable:
             bytes_column("peak", "peak"),
             bytes_column("left", "left behind"),
             TableColumn(field="site", title="largest site at its peak", width=380),
+        ],
+    )
+
+
+def _modules_table(summary: DeviceSummary) -> DataTable:
+    """`module_rows`, the same table `gpumem-widget summary` prints."""
+    rows = module_rows(summary.modules)
+    columns: dict[str, list[Any]] = {
+        "module": ["\u00a0" * (len(r[0]) - len(r[0].lstrip(" "))) + r[0].lstrip(" ")
+                   for r in rows],
+        "at_peak": [float(r[1]) for r in rows],
+        "highest": [float(r[2]) for r in rows],
+        "allocations": [r[3] for r in rows],
+    }  # fmt: skip
+    return table(
+        columns,
+        [
+            TableColumn(field="module", title="module", width=360, sortable=False),
+            bytes_column("at_peak", "alive at the peak"),
+            bytes_column("highest", "highest at any instant", width=140),
+            TableColumn(
+                field="allocations", title="allocations", width=80, formatter=NumberFormatter()
+            ),
         ],
     )
 

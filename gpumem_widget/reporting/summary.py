@@ -1,7 +1,9 @@
-"""What one device of a snapshot comes to: peak, top allocation sites, free space, OOMs.
+"""What one device of a snapshot comes to: peak, top allocation sites, free space, OOMs, and with
+the module tracer's tags, what ran at the peak and the module table.
 
 `summarize` computes it once (the active-memory view it reads is also what the report draws);
-`DeviceSummary.format` is the terminal text of `gpumem-widget summary`, `facts` the report's.
+`DeviceSummary.format` is the terminal text of `gpumem-widget summary`, `facts` the report's,
+`module_rows` the module table both show.
 """
 
 from __future__ import annotations
@@ -11,6 +13,13 @@ from dataclasses import dataclass
 
 from gpumem_widget.snapshot import Snapshot, active_memory
 from gpumem_widget.snapshot.views.active import ActiveMemory
+from gpumem_widget.snapshot.views.module_bytes import (
+    ModuleNode,
+    ModulesAt,
+    interval_tags,
+    module_tree,
+    modules_at,
+)
 from gpumem_widget.units import format_bytes
 
 DEFAULT_WIDTH = 1200
@@ -40,6 +49,8 @@ class DeviceSummary:
     active: ActiveMemory
     peak_reserved: int
     free: FreeSpace
+    at_peak: ModulesAt | None = None  # by module and phase, with the module tracer's tags
+    modules: tuple[ModuleNode, ...] = ()  # the rolled-up module tree (empty: no tracer tags)
 
     @property
     def title(self) -> str:
@@ -72,6 +83,16 @@ class DeviceSummary:
         ]
         if a.active_before:
             out.append(("before recording", f"{format_bytes(a.active_before)} already allocated"))
+        running = self.at_peak.running if self.at_peak is not None else None
+        if running is not None and running.phase is not None:
+            what = f"{running.phase} of {running.module}" if running.module else running.phase
+            cell = f" (cell {running.cell})" if running.cell is not None else ""
+            out.append(("running at the peak", f"{what}{cell}"))
+        if self.at_peak is not None and self.at_peak.traced:
+            phases = ", ".join(
+                f"{p or 'no tag'} {format_bytes(b)}" for p, b in self.at_peak.by_phase()
+            )
+            out.append(("alive at the peak by phase", phases))
         for oom in a.ooms:
             tag = f" [{oom.tag}]" if oom.tag else ""
             out.append(
@@ -99,7 +120,30 @@ class DeviceSummary:
                     f"  {format_bytes(g.bytes_allocated):>10}"
                     f"  {g.count:>8,}  {g.label}"
                 )
+        rows = module_rows(self.modules)
+        if rows:
+            lines.append(
+                "  by module, each with its submodules (alive at the peak · exact highest at "
+                "any instant · allocations)"
+            )
+            for label, at_peak, highest, count in rows[: max(top, 1) * 3]:
+                lines.append(
+                    f"    {format_bytes(at_peak):>10}  {format_bytes(highest):>10}"
+                    f"  {count:>8,}  {label}"
+                )
+            if len(rows) > max(top, 1) * 3:
+                lines.append(f"    ... {len(rows) - max(top, 1) * 3} more modules")
         return "\n".join(lines)
+
+
+def module_rows(nodes: tuple[ModuleNode, ...]) -> list[tuple[str, int, int, int]]:
+    """The module table, in tree order: (path indented by depth, bytes alive at the peak, exact
+    highest bytes at any instant, allocations), each module counting its submodules."""
+    return [
+        ("  " * n.depth + n.path, n.at_peak, n.highest, n.allocations)
+        for n in nodes
+        if n.highest or n.allocations
+    ]
 
 
 def utc(t: float) -> str:
@@ -132,6 +176,7 @@ def summarize(
     out = []
     for device in snap.devices:
         replay = snap.replay(device)
+        tags = interval_tags(snap, device)
         out.append(
             DeviceSummary(
                 label=label,
@@ -139,6 +184,8 @@ def summarize(
                 active=active_memory(snap, device, width=width, top=top),
                 peak_reserved=max(int(replay.reserved.max(initial=0)), replay.reserved_before),
                 free=free_space(snap, device),
+                at_peak=modules_at(snap, device, tags=tags),
+                modules=module_tree(snap, device, tags),
             )
         )
     return out

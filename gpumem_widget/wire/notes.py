@@ -150,6 +150,17 @@ class Suggestion(TypedDict):
     command: str | None
 
 
+class OomPlace(TypedDict):
+    """What the thread whose allocation failed was running: its tag, read back."""
+
+    tag: str
+    cell: int | None
+    phase: str | None  # forward, backward, optimizer, recompute, other; None: another tool's tag
+    module: str | None
+    source: str  # "observer" | "snapshot"
+    text: str  # "backward of gpt.h.3.mlp"
+
+
 class PostMortem(TypedDict):
     execution_count: int | None
     error_type: str
@@ -159,6 +170,7 @@ class PostMortem(TypedDict):
     devices: list[DeviceOom]
     holders: Holders | None
     suggestions: list[Suggestion]
+    place: OomPlace | None
 
 
 class LeakHint(TypedDict):

@@ -269,6 +269,8 @@ describe("the Python side's real output (test/fixtures/wire.json)", () => {
     const pmWire = wire(5)["postmortem"] as { devices: Record<string, unknown>[]; suggestions: { key: string }[] };
     expect(pm?.devices[0]).toEqual(pmWire.devices[0]);
     expect(pm?.suggestions.map((s) => s.key)).toEqual(pmWire.suggestions.map((s) => s.key));
+    expect(pm?.place).toEqual((wire(5)["postmortem"] as { place: unknown }).place);
+    expect(pm?.place?.text).toBe("backward of model.layers.3.mlp");
     expect(pm?.holders?.holders.map((h) => [h.name, h.section])).toEqual([
       ["activations (train.py:12)", "traceback"],
       ["model", "user"],

@@ -293,6 +293,9 @@ describe("the recorded state (test/fixtures/wire.json)", () => {
     const text = section.textContent ?? "";
     expect(text).toContain("OutOfMemoryError on cuda:0: asked for 6.00 GiB, 4.00 GiB free of 140 GiB, short by 2.00 GiB");
     const rows = new Map([...section.querySelectorAll(".gpumem-note-oom tbody tr")].map((tr) => [tr.children[0]?.textContent, tr.children[1]?.textContent]));
+    const place = section.querySelector<HTMLElement>("[data-place]");
+    expect(place?.textContent).toBe("While running: backward of model.layers.3.mlp (from the failing thread's tag)");
+    expect(place?.dataset["place"]).toBe("cell:5 backward model.layers.3.mlp");
     expect(rows.get("reserved but unallocated")).toBe("8.00 GiB");
     expect(rows.get("allocator retries")).toBe("1");
     expect(rows.get("allocated at the OOM")).toBe("127 GiB");

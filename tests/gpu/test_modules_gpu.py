@@ -225,3 +225,53 @@ def test_a_user_thread_tagged_with_tagged_thread(shell: Any, cell: Cell) -> None
     big = [e for e in allocs if e["size"] == 4 * 2**20]
     assert len(big) == 1
     assert cell_of_tag(big[0].get("user_metadata", "")) == result.execution_count
+
+
+def test_explain_names_the_peak_of_a_recorded_traced_step(shell: Any, cell: Cell) -> None:
+    """`%%gpumem` records the step (the tracer on by itself); explain() reads the snapshot the
+    tab now holds: its peak is the replay's, named by cell, phase and module, and what was alive
+    then adds up to it by phase; the module table's figures are the replay's too."""
+    import numpy as np
+
+    from gpumem_widget.snapshot.views.module_bytes import modules_at
+
+    cell(SETUP)
+    result = cell("%%gpumem\nout = stack(x)\nout.square().mean().backward()\nopt.step()\n")
+    n = result.execution_count
+    session = gpumem_widget.current_session()
+    assert session is not None
+    snap = session.drilldown.snapshot
+    assert snap is not None
+    out = gpumem_widget.explain(format="json")
+    assert out["based_on"] == "snapshot"
+    rep = snap.replay(out["device"])
+    assert out["peak"]["bytes"] == int(np.max(rep.active))
+    assert out["peak"]["cell"] == n
+    assert out["peak"]["phase"] in ("forward", "backward", "optimizer")
+    assert sum(p["bytes"] for p in out["phases"]) == out["peak"]["bytes"]
+    assert not any("without the module tracer" in u for u in out["unknown"])
+    at = modules_at(snap, out["device"])
+    assert {(m["module"], m["phase"], m["bytes"]) for m in out["modules"]} <= {
+        (s.module, s.phase, s.bytes) for s in at.shares
+    }
+    named = [s for s in at.shares if s.module is not None and s.bytes]
+    assert named, "no module's bytes alive at the peak"
+    assert all(s.module.startswith("stack") for s in named)  # type: ignore[union-attr]
+    assert all(m["module"].startswith("stack") for m in out["modules"] if m["module"])
+    assert out["peak"]["module"] is None or out["peak"]["module"].startswith("stack")
+    text = gpumem_widget.explain(format="text")
+    assert f"in cell {n}" in text.splitlines()[0]
+
+
+def test_explain_while_recording_takes_a_snapshot_now(shell: Any, cell: Cell) -> None:
+    cell(SETUP)
+    shell.run_line_magic("gpumem", "record on")
+    try:
+        step = cell("out = stack(x)\nout.square().mean().backward()\nopt.step()\n")
+        out = gpumem_widget.explain(format="json")
+    finally:
+        shell.run_line_magic("gpumem", "record off")
+    assert out["based_on"] == "snapshot"
+    assert out["source"].startswith("a snapshot taken now (recording since ")
+    assert out["peak"]["cell"] == step.execution_count
+    assert out["peak"]["phase"] is not None  # `record on` turned the tracer on

@@ -126,3 +126,77 @@ def test_an_oom_cell_gets_its_postmortem_and_snapshot_through_the_hooks(shell: A
     assert out_entry in freed["cleared"]
     assert torch.cuda.memory_allocated() == baseline  # exactly the pre-cell baseline
     assert shell.user_ns["keep"].numel() == KEEP  # the user's variable survived
+
+
+MID_BACKWARD = """
+import torch
+from torch import nn
+
+class AskTooMuch(torch.autograd.Function):
+    '''Its backward asks CUDA for more than the device has: a real OOM, on autograd's thread.'''
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+    @staticmethod
+    def backward(ctx, grad):
+        free, _ = torch.cuda.mem_get_info()
+        return grad + torch.empty(free + 2**30, dtype=torch.uint8, device="cuda").sum()
+
+class Mlp(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+    def forward(self, x):
+        return AskTooMuch.apply(self.fc(x))
+
+net = nn.Sequential(nn.Linear(256, 256), Mlp(256), nn.Linear(256, 256)).cuda()
+x = torch.randn(64, 256, device="cuda")
+"""
+
+
+def test_an_oom_mid_backward_of_a_traced_model_names_the_module_and_phase(shell: Any) -> None:
+    """The module tracer on, recording on: backward runs out of memory inside ``net.1`` on
+    autograd's device thread. The OOM observer runs on that thread and reads the tracer's tag;
+    the snapshot taken at the OOM carries the same tag on its ``oom`` entry."""
+    import torch
+
+    import gpumem_widget
+    from gpumem_widget.live.notes import oom_place
+
+    session = gpumem_widget.current_session()
+    assert session is not None
+    shell.run_cell(MID_BACKWARD, store_history=True).raise_error()
+    shell.run_line_magic("gpumem", "modules on")
+    shell.run_line_magic("gpumem", "record on")
+    try:
+        oom = shell.run_cell("net(x).sum().backward()", store_history=True)
+        n, error = oom.execution_count, oom.error_in_exec
+        del oom
+        assert isinstance(error, torch.OutOfMemoryError)
+        record = session.records()[-1]
+        assert record.execution_count == n
+        assert record.oom
+        pm = record.notes["postmortem"]
+        place = pm["place"]
+        assert place is not None, "the post-mortem does not say where the OOM happened"
+        assert (place["cell"], place["phase"], place["module"], place["source"]) == (
+            n,
+            "backward",
+            "net.1",
+            "observer",
+        )
+        assert pm["snapshot_captured"]
+        last = session.last_postmortem
+        assert last is not None
+        assert "while running: backward of net.1" in last.format()
+        # The snapshot's own `oom` entry says the same, with no help from the observer.
+        assert last.snapshot is not None
+        from gpumem_widget.holders.postmortem import OomEvent
+
+        alone = oom_place([OomEvent(0, 0, 0, 0, 0.0, snapshot=last.snapshot)])
+        assert alone is not None
+        assert (alone.phase, alone.module, alone.source) == ("backward", "net.1", "snapshot")
+    finally:
+        shell.run_line_magic("gpumem", "record off")  # also ends the tracer's reason to be on
+        torch.cuda.memory._record_memory_history(None)
+        shell.run_line_magic("gpumem", "modules auto")

@@ -7,20 +7,22 @@ observer (`OomRecorder`: exact, with ``memory_stats`` read inside the callback) 
 error message (rounded to two decimals by PyTorch's ``format_size``).
 
 From the bottom up: `message` (the error's text read), `observer` (the allocator's callback),
-`devices` (each device's figures from both), `advice` (what to do, ranked), `report` (the
-post-mortem assembled, as text and for the widget).
+`devices` (each device's figures from both), `place` (what the failing thread was running),
+`advice` (what to do, ranked), `report` (the post-mortem assembled, as text and for the widget).
 """
 
 from gpumem_widget.holders.postmortem.advice import Suggestion, current_alloc_conf, suggest
 from gpumem_widget.holders.postmortem.devices import DeviceOom
 from gpumem_widget.holders.postmortem.message import OomMessage, parse_oom_message
 from gpumem_widget.holders.postmortem.observer import OomEvent, OomRecorder
+from gpumem_widget.holders.postmortem.place import OomPlace
 from gpumem_widget.holders.postmortem.report import PostMortem, build_postmortem
 
 __all__ = [
     "DeviceOom",
     "OomEvent",
     "OomMessage",
+    "OomPlace",
     "OomRecorder",
     "PostMortem",
     "Suggestion",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpumem_widget.holders.postmortem.devices import DeviceOom, size_text
+from gpumem_widget.holders.postmortem.place import OomPlace
 from gpumem_widget.holders.report import Holder, HoldersReport
 from gpumem_widget.wire import payloads
 
@@ -44,11 +45,14 @@ def current_alloc_conf() -> str | None:
 
 
 def suggest(
-    d: DeviceOom | None, holders: HoldersReport | None, alloc_conf: str | None = None
+    d: DeviceOom | None,
+    holders: HoldersReport | None,
+    alloc_conf: str | None = None,
+    place: OomPlace | None = None,
 ) -> tuple[Suggestion, ...]:
     """Ranked: a request no freeing can satisfy first; then measured remedies, most bytes first
     (so those that cover the shortfall come first); then remedies whose gain cannot be measured
-    here, in a fixed order."""
+    here, in a fixed order. `place`: what the failing thread ran (a backward is training)."""
     shortfall = d.shortfall if d is not None else None
     label = f"cuda:{d.device}" if d is not None else None
     measured: list[Suggestion] = []
@@ -167,13 +171,23 @@ def suggest(
                 ),
             )
         )
-    if holders is not None and _training(holders):
+    in_model = place is not None and place.phase in ("forward", "backward", "recompute")
+    if (holders is not None and _training(holders)) or (
+        place is not None and place.phase in ("backward", "recompute")
+    ):
+        where = (
+            f" The OOM came in {place.text()}: the activations saved for backward are "
+            "what checkpointing gives back."
+            if place is not None and in_model and place.module is not None
+            else ""
+        )
         later.append(
             Suggestion(
                 "gradient_checkpointing",
                 "Enable gradient checkpointing",
                 "torch.utils.checkpoint (or model.gradient_checkpointing_enable() for Hugging "
-                "Face models) recomputes activations in the backward pass instead of keeping them.",
+                "Face models) recomputes activations in the backward pass instead of keeping them."
+                + where,
             )
         )
     if holders is not None and _mostly_float32(holders):

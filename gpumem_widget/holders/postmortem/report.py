@@ -11,6 +11,7 @@ from gpumem_widget.holders.postmortem.advice import Suggestion, suggest
 from gpumem_widget.holders.postmortem.devices import DeviceOom, device_figures, size_text
 from gpumem_widget.holders.postmortem.message import parse_oom_message
 from gpumem_widget.holders.postmortem.observer import OomEvent
+from gpumem_widget.holders.postmortem.place import PLACE_SOURCES, OomPlace
 from gpumem_widget.holders.report import HoldersReport
 from gpumem_widget.wire import payloads
 
@@ -25,6 +26,7 @@ class PostMortem:
     suggestions: tuple[Suggestion, ...]
     events: int  # OOMs the observer saw during the cell (a cell may catch some and retry)
     snapshot: Mapping[str, Any] | None = field(default=None, repr=False)  # at the OOM
+    place: OomPlace | None = None  # what the failing thread was running, where known
 
     @property
     def failed(self) -> DeviceOom | None:
@@ -40,12 +42,17 @@ class PostMortem:
             "devices": [d.to_wire() for d in self.devices],
             "holders": self.holders.to_wire(limit=10) if self.holders is not None else None,
             "suggestions": [s.to_wire() for s in self.suggestions],
+            "place": self.place.to_wire() if self.place is not None else None,
         }
 
     def format(self) -> str:
         cell = f" in cell [{self.execution_count}]" if self.execution_count is not None else ""
         d = self.failed
         lines = [f"CUDA out of memory{cell}" + (f" on cuda:{d.device}" if d else "")]
+        if self.place is not None:
+            lines.append(
+                f"  while running: {self.place.text()} [{PLACE_SOURCES[self.place.source]}]"
+            )
         if d is not None:
             lines += _format_device(d)
         for other in self.devices:
@@ -101,13 +108,15 @@ def build_postmortem(
     holders: HoldersReport | None = None,
     execution_count: int | None = None,
     alloc_conf: str | None = None,
+    place: OomPlace | None = None,
 ) -> PostMortem:
     """Assemble the post-mortem of one cell.
 
     `stats`: ``torch.cuda.memory_stats(i)`` per device index, read after the cell. `events`:
     what `OomRecorder.drain` returned for the cell. `holders`: `holders_for_shell` after the
     cell (the traceback section then shows what the failing frames keep). `alloc_conf`: the
-    allocator configuration in force (`current_alloc_conf`).
+    allocator configuration in force (`current_alloc_conf`). `place`: what the failing thread
+    was running, read from its tag (`live.notes` reads it, from the event or the snapshot).
     """
     message = str(error)
     error_type = type(error).__name__ if isinstance(error, BaseException) else "OutOfMemoryError"
@@ -123,7 +132,8 @@ def build_postmortem(
         message=message,
         devices=devices,
         holders=holders,
-        suggestions=suggest(failed, holders, alloc_conf),
+        suggestions=suggest(failed, holders, alloc_conf, place),
         events=len(events),
         snapshot=snapshot,
+        place=place,
     )

@@ -204,6 +204,15 @@ def cell_figures(cell: int | None = None) -> CellFigures | None:
     return _control.figures.get(cell)
 
 
+def thread_tag() -> str | None:
+    """The calling thread's tag as the tracer set it (None while the tracer is off): what the
+    OOM observer, running on the thread whose allocation failed, reads."""
+    t = _control.tracer
+    if t is None or not t.installed:
+        return None
+    return t.local.cur.tag or None
+
+
 def status() -> str:
     """One line: on or off, and why (`%gpumem modules status`)."""
     c = _control

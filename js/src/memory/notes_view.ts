@@ -98,6 +98,12 @@ function postMortemSection(pm: PostMortem): HTMLElement {
         (failed.shortfall ? `, short by ${formatBytes(failed.shortfall)}` : "")
       : "";
   section.append(para("gpumem-note-verdict", `${pm.error_type}${failed ? ` on cuda:${failed.device}` : ""}${ask}`));
+  if (pm.place) {
+    const from = pm.place.source === "snapshot" ? "the OOM's entry in the snapshot" : "the failing thread's tag";
+    const line = para("gpumem-note-text", `While running: ${pm.place.text} (from ${from})`);
+    line.dataset["place"] = pm.place.tag;
+    section.append(line);
+  }
   if (pm.events > 1) section.append(para("gpumem-note-text", `${pm.events} OOMs during the cell (it caught some and went on)`));
 
   const shown = OOM_ROWS.filter(([, value]) => pm.devices.some((d) => value(d) !== null));

@@ -130,6 +130,17 @@ export interface Suggestion {
   command: string | null;
 }
 
+/** What the thread whose allocation failed was running: its allocator tag, read back (with the
+ * module tracer on, `cell:12 backward gpt.h.3.mlp`). */
+export interface OomPlace {
+  tag: string;
+  cell: number | null;
+  phase: string | null; // forward, backward, optimizer, recompute, other; null: another tool's tag
+  module: string | null;
+  source: string; // "observer" | "snapshot"
+  text: string; // "backward of gpt.h.3.mlp"
+}
+
 export interface PostMortem {
   error_type: string;
   message: string;
@@ -138,6 +149,7 @@ export interface PostMortem {
   devices: OomDevice[];
   holders: Holders | null;
   suggestions: Suggestion[];
+  place: OomPlace | null; // null: the tracer was off (or an older kernel)
 }
 
 export interface LeakHint {
@@ -366,6 +378,19 @@ function parsePostMortem(raw: unknown): PostMortem {
           }
         : null,
     ),
+    place: parsePlace(p["place"]),
+  };
+}
+
+function parsePlace(raw: unknown): OomPlace | null {
+  if (!isObject(raw) || !isString(raw["text"])) return null;
+  return {
+    tag: str(raw, "tag"),
+    cell: num(raw, "cell"),
+    phase: optional(raw, "phase", isStringOrNull, null),
+    module: optional(raw, "module", isStringOrNull, null),
+    source: str(raw, "source"),
+    text: raw["text"],
   };
 }
 
