@@ -14,6 +14,9 @@ bench_snapshot.py makes it). It is loaded and replayed once, untimed; each case 
   grid maxima       what the legend used to read: every site's series over 1,000 columns, max
   search            by frame text, and by an address
   compare           the snapshot against itself (two sides, 1,000 columns)
+  by module         the By-module view (1,000 columns) and the module tree at the peak, on the
+                    same trace tagged as the module tracer tags (``--modules`` of
+                    make_big_snapshot.py), as ratios to that file's overview
 """
 
 from __future__ import annotations
@@ -104,6 +107,31 @@ def main() -> None:
     low = exact > 0
     worst = float(((exact[low] - read[low]) / exact[low]).max())
     print(f"  grid maxima fall short of exact ones by up to {worst:.1%} ({int(low.sum())} sites)")
+    by_module(big_snapshot(None, args.entries, modules=True), args.repeat)
+
+
+def by_module(path: Path, repeat: int) -> None:
+    """The By-module view and the module tree, beside the overview of the same (tagged) file."""
+    from gpumem_widget.snapshot import active_memory_view, categories, open_snapshot
+    from gpumem_widget.snapshot.views.modules import module_tree, modules_view
+
+    snap = open_snapshot(path)
+    snap.replay(0)
+
+    def overview() -> None:
+        active_memory_view(snap, 0, 1000, 10, axis="event")
+        categories(snap, 0, width=1000, axis="event", full_columns=False)
+
+    view = modules_view(snap, 0, 1000, 12, axis="event", full_columns=False)
+    print(f"{path.name}: {len(view['groups'])} series at level {view['level']}")
+    base = timed(overview, repeat)
+    print(f"  {'overview':<22} {base * 1000:8.0f} ms")
+    for name, fn in (
+        ("by module", lambda: modules_view(snap, 0, 1000, 12, axis="event", full_columns=False)),
+        ("module tree at peak", lambda: module_tree(snap, 0)),
+    ):
+        s = timed(fn, repeat)
+        print(f"  {name:<22} {s * 1000:8.0f} ms   x{s / base:5.2f} of the overview")
 
 
 if __name__ == "__main__":

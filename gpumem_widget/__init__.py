@@ -164,6 +164,15 @@ def module_figures(cell: int | None = None) -> ModuleFigureTable | None:
     return modules.cell_figures(cell)
 
 
+def name_modules(**named: Any) -> None:
+    """Name models for the module tracer where no notebook variable reaches them (a script, a
+    function's locals): ``name_modules(gpt=model)`` tags its submodules ``gpt.h.3.mlp``. In a
+    notebook the tracer finds names in your variables by itself."""
+    from gpumem_widget.live import modules
+
+    modules.name_modules(named)
+
+
 def tagged_thread(cell: int | None = None) -> ContextDecorator:
     """A context manager and decorator that tags what the calling thread allocates with the
     running cell's tag (``cell:N``, or `cell`'s), as the kernel's own thread is: PyTorch's
@@ -280,6 +289,7 @@ __all__ = [
     "ledger",
     "load_ipython_extension",
     "module_figures",
+    "name_modules",
     "open_snapshot",
     "report",
     "show_snapshot",

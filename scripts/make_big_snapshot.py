@@ -10,6 +10,9 @@ allocates gradients with no Python stack (the autograd engine's thread), and Ada
 allocates its state once and temporaries every step under `torch/optim` frames. Sizes jitter
 with the sequence length. Deterministic for a seed. Written with `pickle.dump`, as
 `torch.cuda.memory._dump_snapshot` does (``.gz`` when the name ends so).
+
+`--modules`: tagged as the module tracer tags (``cell:N forward gpt.h.3.attn``, ``cell:N backward
+gpt.h.3``, ``cell:N optimizer``), for the By-module view's benchmark; the same entries otherwise.
 """
 
 from __future__ import annotations
@@ -96,10 +99,17 @@ class _Frames:
         return self.cache[key]
 
 
-def build(entries: int = 1_000_000, seed: int = 0) -> dict[str, Any]:
-    """Run simulated training steps until the trace holds `entries` entries; its snapshot."""
+def build(entries: int = 1_000_000, seed: int = 0, modules: bool = False) -> dict[str, Any]:
+    """Run simulated training steps until the trace holds `entries` entries; its snapshot;
+    `modules`: tagged with phase and module too."""
     rng = random.Random(seed)
     sim = AllocatorSim(device=0)
+    cell = ""
+
+    def tag(phase: str, module: str | None = None) -> None:
+        if modules:
+            sim.set_metadata(" ".join(w for w in (cell, phase, module) if w))
+
     frames = _Frames()
     layers, hidden, vocab = 12, 768, 50257
     # Weights before recording: no trace entries, no frames, only blocks in segments.
@@ -120,26 +130,32 @@ def build(entries: int = 1_000_000, seed: int = 0) -> dict[str, Any]:
     step = 0
     while len(sim._trace) < entries - 1:
         if step % 8 == 0:
-            sim.set_metadata(f"cell:{10 + step // 8}")
+            cell = f"cell:{10 + step // 8}"
+            sim.set_metadata(cell)
             sim.advance(rng.randrange(2_000_000, 30_000_000))  # the user between cells
         tokens = 8 * rng.choice((384, 448, 512, 512, 512))
         act = tokens * hidden * 4
         kept: list[int] = [sim.malloc(tokens * 8, frames.forward(40, "add"))]
         for layer in range(layers):
             line = 40 + layer % 3
+            tag("forward", f"gpt.h.{layer}.attn")
             for op, size in (("norm", act), ("linear", 3 * act), ("attn", act), ("linear", act)):
                 kept.append(sim.malloc(size, frames.forward(line, op)))
                 tmp = sim.malloc(rng.choice((512, 4096, act // 8)), frames.forward(line, op))
                 sim.free(tmp)
+            tag("forward", f"gpt.h.{layer}.mlp")
             kept.append(sim.malloc(4 * act, frames.forward(line, "linear")))
             kept.append(sim.malloc(4 * act, frames.forward(line, "gelu")))
             kept.append(sim.malloc(act, frames.forward(line, "add")))
+        tag("forward", "gpt.head")
         logits = sim.malloc(tokens * vocab * 2, frames.forward(88, "linear"))
+        tag("forward")
         loss = sim.malloc(4, frames.loss())
         sim.advance(rng.randrange(1_000, 5_000))
         # Backward: gradients and temporaries from the autograd thread (no Python frames).
         sim.free(logits, [])
         for i, w in enumerate(reversed(weights)):
+            tag("backward", f"gpt.h.{layers - 1 - i * layers // len(weights)}")
             size = sim.live()[w]
             grads.append(sim.malloc(size, []))
             tmp = sim.malloc(max(512, size // 4), [])
@@ -151,6 +167,7 @@ def build(entries: int = 1_000_000, seed: int = 0) -> dict[str, Any]:
         sim.complete_deferred()
         sim.free(loss)
         # AdamW: state once, then temporaries per parameter group.
+        tag("optimizer")
         if not state:
             for w in weights:
                 size = sim.live()[w]
@@ -160,6 +177,7 @@ def build(entries: int = 1_000_000, seed: int = 0) -> dict[str, Any]:
             sim.free(tmp, frames.optimizer("tmp"))
         while grads:
             sim.free(grads.pop(), frames.optimizer("zero_grad"))
+        tag("other")
         if step % 50 == 49:
             sim.empty_cache()
         sim.advance(rng.randrange(20_000, 60_000))
@@ -174,8 +192,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path, help="file to write (.gz: gzip-compressed)")
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modules", action="store_true", help="tag phases and modules too")
     args = parser.parse_args(argv)
-    snap = build(args.entries, args.seed)
+    snap = build(args.entries, args.seed, args.modules)
     opener = gzip.open if args.out.suffix == ".gz" else open
     with opener(args.out, "wb") as f:
         pickle.dump(snap, f, protocol=4)

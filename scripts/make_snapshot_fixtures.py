@@ -16,6 +16,12 @@ Scenarios (all with Python stacks unless said):
                   _set_memory_metadata("cell:N"): a model, AdamW, three training steps, tensors
                   left behind, empty_cache, a last backward; cell windows and the data_ptrs of
                   parameters, gradients and optimizer state at the end.
+  train_modules   a small named transformer (`gpt`: `gpt.wte`, `gpt.h.{0..3}.{ln1,attn,ln2,mlp}`,
+                  `gpt.head`) trained with AdamW in "cells", with the module tracer on (every
+                  allocation tagged ``cell:N phase module``): the model, the optimizer, a first
+                  step, a second step whose gradients stay alive, tensors left behind in no
+                  module. NAME.modules.json: cell windows, module names, parameter and gradient
+                  bytes per module (its own, not its submodules'), the optimizer state's bytes.
   two_snapshots   two snapshots in one recording, each with its own memory_stats.
   expandable      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segment_map/segment_unmap).
   oom             an allocation that cannot fit, with the OOM observer's arguments.
@@ -50,6 +56,7 @@ from typing import Any
 SCENARIOS = (
     "toy_linear",
     "train_tagged",
+    "train_modules",
     "two_snapshots",
     "expandable",
     "oom",
@@ -176,6 +183,121 @@ def train_tagged(out: Path) -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def train_modules(out: Path) -> None:
+    torch = _torch()
+    import torch.nn.functional as F
+    from torch import nn
+
+    import gpumem_widget
+    from gpumem_widget.live import modules
+
+    vocab, d, heads, n_blocks, batch, seq = 2048, 256, 4, 4, 8, 256
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, heads, d // heads).transpose(1, 3).unbind(2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.attn = Attention()
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x: Any) -> Any:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class Gpt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(vocab, d)
+            self.h = nn.ModuleList(Block() for _ in range(n_blocks))
+            self.head = nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx: Any) -> Any:
+            x = self.wte(idx)
+            for block in self.h:
+                x = block(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
+    modules.set_mode("on", None)  # as `%gpumem modules on`; cells as the session marks them
+    cells: list[tuple[int, float, float]] = []
+
+    @contextlib.contextmanager
+    def cell(n: int) -> Iterator[None]:
+        torch.cuda.memory._set_memory_metadata(f"cell:{n}")  # as live.tracker, then the tracer
+        modules.cell_started(n)
+        t0 = time.time()
+        yield
+        torch.cuda.synchronize()
+        cells.append((n, t0, time.time()))
+        modules.cell_finished()
+        torch.cuda.memory._set_memory_metadata("")
+        time.sleep(0.01)
+
+    def step(optimizer: Any, zero: bool) -> None:
+        idx = torch.randint(0, vocab, (batch, seq), device="cuda")
+        logits = gpt(idx)
+        loss = F.cross_entropy(logits.view(-1, vocab), idx.view(-1))
+        loss.backward()
+        optimizer.step()
+        if zero:
+            optimizer.zero_grad(set_to_none=True)
+
+    with cell(1):
+        gpt = Gpt().cuda()
+        gpumem_widget.name_modules(gpt=gpt)  # a script's local: no notebook variable names it
+    with cell(2):
+        optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-3)
+    with cell(3):
+        step(optimizer, zero=True)  # the optimizer's state is made here
+    with cell(4):
+        step(optimizer, zero=False)  # its gradients stay alive, tagged by their modules
+    with cell(5):
+        left_behind = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")  # in no module
+    modules.set_mode("off", None)
+
+    def own_bytes(m: Any, grads: bool) -> int:
+        tensors = [p.grad if grads else p for p in m.parameters(recurse=False)]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    named = dict(gpt.named_modules(prefix="gpt"))
+    facts = {
+        "cells": cells,
+        "modules": sorted(named),
+        "parameters": {k: own_bytes(m, False) for k, m in named.items()},
+        "gradients": {k: own_bytes(m, True) for k, m in named.items()},
+        "optimizer_state": sum(
+            v.numel() * v.element_size()
+            for s in optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v) and v.is_cuda
+        ),
+        "left_behind": left_behind.numel(),
+        "config": {
+            "vocab": vocab,
+            "d": d,
+            "heads": heads,
+            "blocks": n_blocks,
+            "batch": batch,
+            "seq": seq,
+        },
+    }
+    _dump(out, "train_modules", {"modules": facts})
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+
 def two_snapshots(out: Path) -> None:
     torch = _torch()
     torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
@@ -283,6 +405,7 @@ def fragmentation_oom(out: Path) -> None:
 RUN: dict[str, Callable[[Path], None]] = {
     "toy_linear": toy_linear,
     "train_tagged": train_tagged,
+    "train_modules": train_modules,
     "two_snapshots": two_snapshots,
     "expandable": expandable,
     "oom": oom,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import pickle
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,57 @@ def _levels(snapshot: dict[str, Any], device: int) -> tuple[list[int], list[int]
         active.append(active[-1] + d)
         reserved.append(reserved[-1] + r)
     return active, reserved
+
+
+def independent_tag_peaks(
+    snapshot: dict[str, Any], device: int, key: Callable[[str], str], before: str
+) -> dict[str, int]:
+    """Each group's highest live bytes, an allocation's group being `key` of its
+    ``user_metadata`` (`before` for one allocated before the trace), replaying the raw entries
+    one by one as `independent_site_peaks` does."""
+    entries = snapshot["device_traces"][device]
+    level: dict[str, int] = defaultdict(int)
+    live: dict[int, tuple[str, int]] = {}
+    allocated: set[int] = set()
+    for e in entries:
+        if e["action"] == "alloc":
+            allocated.add(e["addr"])
+        elif e["action"] == "free_completed":
+            if e["addr"] in allocated:
+                allocated.discard(e["addr"])
+            else:
+                live[e["addr"]] = (before, e["size"])
+                level[before] += e["size"]
+    for seg in snapshot["segments"]:
+        if seg.get("device", 0) != device:
+            continue
+        for b in seg["blocks"]:
+            if b["state"] != "inactive" and b["address"] not in allocated:
+                live[b["address"]] = (before, b["requested_size"])
+                level[before] += b["requested_size"]
+    peaks = dict(level)
+    for e in entries:
+        if e["action"] == "alloc":
+            group = key(e.get("user_metadata", ""))
+            live[e["addr"]] = (group, e["size"])
+            level[group] += e["size"]
+            peaks[group] = max(peaks.get(group, 0), level[group])
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            group, size = live.pop(e["addr"])
+            level[group] -= size
+    return {k: v for k, v in peaks.items() if v > 0}
+
+
+def alive_tags_at_end(snapshot: dict[str, Any], device: int) -> dict[str, int]:
+    """Bytes alive at the snapshot by the ``user_metadata`` of the alloc that made them (the
+    trace's own allocations only)."""
+    live: dict[int, tuple[str, int]] = {}
+    for e in snapshot["device_traces"][device]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e.get("user_metadata", ""), e["size"])
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    out: dict[str, int] = defaultdict(int)
+    for tag, size in live.values():
+        out[tag] += size
+    return dict(out)

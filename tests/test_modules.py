@@ -743,3 +743,21 @@ def test_tagged_thread_tags_a_user_thread(control: Sink, monkeypatch: pytest.Mon
     t.join()
     assert control.tags("loader2") == ["cell:5", "cell:5 forward Linear#0", "cell:5 forward"]
     assert set_directly == [("loader2", "")]
+
+
+def test_names_given_in_a_script_name_modules_no_variable_reaches(control: Sink) -> None:
+    import gpumem_widget
+
+    def script() -> None:  # the model is a local: no variable of `__main__` reaches it
+        model = Gpt()
+        gpumem_widget.name_modules(gpt=model)
+        modules.set_mode("on", 3)
+        model(torch.randn(2, 8)).sum().backward()
+        modules.set_mode("auto", 3)
+
+    script()
+    assert "cell:3 forward gpt.h.1.mlp.0" in control.tags()
+    assert "cell:3 backward gpt.head" in control.tags()
+    assert not modules._control.given  # held weakly: the model is gone
+    with pytest.raises(TypeError, match=r"not a torch\.nn\.Module"):
+        gpumem_widget.name_modules(gpt=3)

@@ -1,12 +1,12 @@
 """The session's current snapshot, and the drill-down views it publishes to the widget.
 
-A snapshot arrives from `%gpumem snapshot`, `%gpumem record off`, `%%gpumem`, an OOM
-post-mortem, or `gpumem_widget.show_snapshot`. Setting one computes every overview at once
-(active memory by site, categories, reserved beside active, per-cell slices, for each device)
-plus what is alive at the peak with the allocator's segment map there, and publishes them: the
-browser's messages only arrive while no cell runs, so the data is pushed ahead instead of
-waiting to be asked. A click on a time asks for what is alive then
-(`{"type": "alive_at", "t", "device"}`), which only republishes ``drilldown_alive``.
+A snapshot arrives from `%gpumem snapshot`, `%gpumem record off`, `%%gpumem`, an OOM post-mortem, or
+`gpumem_widget.show_snapshot`. Setting one computes every overview at once (active memory by site,
+categories, by module, reserved beside active, per-cell slices, for each device) plus what is alive
+at the peak with the allocator's segment map there, and publishes them: the browser's messages only
+arrive while no cell runs, so the data is pushed ahead instead of waiting to be asked. A click on a
+time asks for what is alive then (`{"type": "alive_at", "t", "device"}`), which only republishes
+``drilldown_alive``.
 
 Nothing here runs in the per-cell hooks: an OOM's snapshot is only kept (`offer`), and computed
 when the browser asks for it (`{"type": "load"}`) or the user shows it.
@@ -121,10 +121,11 @@ def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
 
 def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None = None) -> Alive:
     """What is alive on `device` right after `t` or trace entry `event` (neither: at the peak),
-    with the segment map at the same entry (entries can share a timestamp, so the map follows
-    the entry) and the entry's position on each x axis the tab draws (``x``)."""
+    with the module tree and the segment map at the same entry (entries can share a timestamp, so
+    the map follows the entry) and the entry's position on each x axis the tab draws (``x``)."""
     from gpumem_widget.snapshot import alive_at
     from gpumem_widget.snapshot.views.grid import axis_x
+    from gpumem_widget.snapshot.views.modules import module_tree_view
 
     answer = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
     view = cast("Alive", answer)  # the same dict, its optional keys added below
@@ -133,6 +134,8 @@ def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None =
     snap.release_pages()
     if segments is not None:
         view["segments"] = segments
+    view["modules"] = module_tree_view(snap, device, view["event"], max_nodes=MAX_TREE_NODES)
+    snap.release_pages()
     e = view["event"]
     rep = snap.replay(device)
     time_x = axis_x(snap, rep, "time", collapse_idle=True).x

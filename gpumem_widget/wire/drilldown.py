@@ -1,7 +1,8 @@
 """The Snapshot tab's traits: ``drilldown`` (the overview), ``drilldown_alive`` (what is alive at
 an instant), ``drilldown_view`` (a zoom or another axis), ``drilldown_search`` and
-``drilldown_compare``; the snapshot views (`snapshot/views/`: `active.py`, `search.py`,
-`compare.py`, ...) build them with ``to_wire()``. `js/src/wire/drilldown.ts` mirrors it."""
+``drilldown_compare``; the snapshot views (`snapshot/views/`: `active.py`, `modules.py`,
+`search.py`, `compare.py`, ...) build them with ``to_wire()``. `js/src/wire/drilldown.ts`
+mirrors it."""
 
 from __future__ import annotations
 
@@ -139,6 +140,47 @@ class CategoriesView(StackedView):
     phase_source: Literal["windows", "stacks", "none"]
 
 
+# What a series holds: one module (or the rest of them, summed), bytes tagged with a phase but
+# no module, with a cell only, with no tag, with another tool's metadata, or allocated before
+# recording.
+SeriesKind = Literal["module", "phase", "no_module", "untagged", "metadata", "before_recording"]
+
+
+class ModuleSeries(TypedDict):
+    column: str
+    label: str  # the module's qualified name (gpt.h.3), or what the series holds
+    kind: SeriesKind
+    module: str | None
+    phase: str | None
+    peak_bytes: int  # exact, from the replay, within the view's range
+    peak_event: int
+    count: int
+    summed: bool  # several modules (or metadata strings) in one series
+
+
+class ModulesView(StackedView):
+    view: Literal["modules"]
+    groups: list[ModuleSeries]  # modules first, in tree order
+    level: int  # the module tree's level stacked (0: top-level modules)
+    traced: bool  # the module tracer wrote the tags
+    reason: str | None  # why no module is shown, where none is
+    reading: str | None  # the peak in one line
+
+
+class ModuleTreeView(TypedDict):
+    """Alive right after `event`, by module, rolled up; the rows that hold no module sit under
+    the root too, so the root's bytes are the active total."""
+
+    device: int
+    event: int
+    traced: bool
+    labels: list[str]  # each row's; the root first
+    # parent (-1: the root), bytes, then bytes per phase (forward, backward, optimizer,
+    # recompute, other: no phase), count
+    tree: PackedTable
+    truncated: int  # the smallest modules left out (their bytes are in their ancestors')
+
+
 class Site(TypedDict):
     label: str
     filename: str | None  # None for a label without a frame
@@ -234,6 +276,7 @@ class _RangeViewFields(TypedDict):
     t1: float | None
     sites: ActiveMemoryView
     categories: CategoriesView
+    modules: ModulesView
     bands: list[CellBand]  # each cell's span on `axis`
 
 
@@ -313,6 +356,7 @@ class DeviceOverview(_DeviceOverviewFields, total=False):
     """A device's views; the first view (``partial``) has ``active`` alone."""
 
     categories: CategoriesView
+    modules: ModulesView
     reserved: ReservedFigures
     cells: CellSlicesView
     bands: list[CellBand]
@@ -351,6 +395,7 @@ class AliveX(TypedDict):
 
 class Alive(AliveAtView, total=False):
     segments: SegmentMap  # absent where the segment map could not be made
+    modules: ModuleTreeView  # the module tree at the same entry
     x: AliveX
     id: int  # the request's, so that each answer is a change the browser sees
 

@@ -162,22 +162,24 @@ TRAITS: Final = (
         _SNAPSHOT_TAB,
         "The current snapshot's overview: `{}` when none; `{pending: label}` when one waits for "
         "the browser's `load`; `{loading, stage, fraction}` while a file is converted; else each "
-        "device's active memory by site, categories, reserved memory, cell slices and cell "
-        "bands (`partial`: the first view only so far; `preview`: drawn while the file is still "
-        "converted).",
+        "device's active memory by site, by category and by module, reserved memory, cell "
+        "slices and cell bands (`partial`: the first view only so far; `preview`: drawn while "
+        "the file is still converted).",
     ),
     Trait(
         "drilldown_alive",
         "DrilldownAlive",
         _SNAPSHOT_TAB,
         "What is alive on one device at one instant (the peak at first; then what `alive_at` "
-        "asks), with its segment map where that view exists; `{error}` when a request failed.",
+        "asks), with the module tree then and its segment map where that view exists; `{error}` "
+        "when a request failed.",
     ),
     Trait(
         "drilldown_view",
         "RangeView | NoAnswer",
         _SNAPSHOT_TAB,
-        "A zoomed range or another x axis, re-aggregated at screen resolution (answers `view`).",
+        "A zoomed range or another x axis, re-aggregated at screen resolution (by site, by "
+        "category and by module; answers `view`).",
     ),
     Trait(
         "drilldown_search",

@@ -188,6 +188,26 @@ describe("drill-down panel", () => {
     expect(el.querySelector(".gpumem-drilldown-body")).toBeNull();
   });
 
+  it("says why By module is off for a snapshot recorded without the module tracer", () => {
+    const state = received();
+    const d = parseDrilldown(state["drilldown"]);
+    if (d.kind !== "ready") throw new Error("not ready");
+    const modules = d.overview.devices[0]?.modules;
+    expect(modules?.traced).toBe(false);
+    expect(modules?.reading).toBeNull();
+    // Still every byte, in what no module holds: the columns add up to the active total.
+    for (let k = 0; k < (modules?.t.length ?? 0); k++) expect(modules?.series.reduce((a, s) => a + (s.values[k] ?? 0), 0)).toBeCloseTo(modules?.total[k] ?? NaN, 0);
+    const { el, stop } = mount(state);
+    const button = el.querySelector<HTMLButtonElement>(".gpumem-drilldown-mode[data-mode='modules']");
+    expect(button?.disabled).toBe(true);
+    expect(button?.title).toContain("recorded without the module tracer");
+    const alive = parseAlive(state["drilldown_alive"]);
+    if (alive.kind !== "ready") throw new Error("not ready");
+    expect(alive.alive.modules?.root.bytes).toBe(fixture.expected.alive_total);
+    expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs [data-tab='modules']")?.disabled).toBe(true);
+    stop();
+  });
+
   it("asks the kernel what was alive when a cell is clicked, and shows the answer", () => {
     const { el, model, stop } = mount(received());
     const row = el.querySelector<HTMLElement>(`tr[data-cell='${fixture.expected.cells[0]}']`);

@@ -79,6 +79,8 @@ async function facts(page) {
       idle: [...document.querySelectorAll(".gpumem-drilldown-idle")].map((e) => e.textContent),
       warnings: [...document.querySelectorAll(".gpumem-drilldown-warnings li")].map((e) => e.textContent),
       summary: document.querySelector(".gpumem-drilldown-summary").textContent,
+      reading: document.querySelector(".gpumem-drilldown-reading:not([hidden])")?.textContent ?? null,
+      moduleRows: [...document.querySelectorAll(".gpumem-drilldown-modules:not([hidden]) tr[data-module]")].map((r) => ({ module: r.dataset.module, bytes: Number(r.dataset.bytes), depth: Number(r.dataset.depth) })),
       alive: { text: heading.textContent, total: Number(heading.dataset.totalBytes), event: Number(heading.dataset.event) },
     };
   });
@@ -201,6 +203,21 @@ async function heading(page) {
 
 const actions = {
   async overview() {},
+  async modules(page) {
+    await page.click(".gpumem-drilldown-mode[data-mode='modules']");
+    await page.click(".gpumem-drilldown-subtabs [data-tab='modules']");
+    await settle(page);
+    const rows = () => page.evaluate(() => [...document.querySelectorAll(".gpumem-drilldown-modules:not([hidden]) tr[data-module]")].map((r) => ({ module: r.dataset.module, bytes: Number(r.dataset.bytes), depth: Number(r.dataset.depth) })));
+    result.modulePeak = { heading: await heading(page), rows: await rows() };
+    // A click on a column early in the second step: the module tree at that column's peak entry.
+    const t = await tallest(page);
+    const box = await page.locator(".gpumem-drilldown-chart canvas").boundingBox();
+    const before = await heading(page);
+    await page.mouse.click(box.x + t.plot.left + t.plot.w * 0.62, box.y + t.plot.top + t.plot.h - 3);
+    await page.waitForFunction((e) => Number(document.querySelector(".gpumem-drilldown-alive-heading").dataset.event) !== e, before.event, { timeout: TIMEOUT });
+    await settle(page);
+    result.moduleClick = { heading: await heading(page), rows: await rows() };
+  },
   async categories(page) {
     await page.click(".gpumem-drilldown-mode[data-mode='categories']");
     await settle(page);

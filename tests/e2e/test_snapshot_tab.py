@@ -23,9 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from independent_replay import independent_active, independent_peak, independent_site_peaks, raw
+from independent_replay import (
+    independent_active,
+    independent_peak,
+    independent_site_peaks,
+    independent_tag_peaks,
+    raw,
+)
 from snapshot_bridge import COMPARE, THEME_CSS, Bridge, serve
 from test_lab_e2e import driver_deps  # noqa: F401  (a fixture: playwright-core installed)
+
+from gpumem_widget.units import format_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -40,6 +48,7 @@ SCENARIOS = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.p
 SHOTS = [
     {"scenario": "train_tagged", "action": "overview", "name": "overview"},
     {"scenario": "train_tagged", "action": "categories", "name": "categories"},
+    {"scenario": "train_modules", "action": "modules", "name": "modules", "height": 1100},
     {"scenario": "train_tagged", "action": "time", "name": "wall-clock"},
     {"scenario": "train_tagged", "action": "zoom", "name": "zoom"},
     {"scenario": "train_tagged", "action": "search", "name": "search"},
@@ -333,3 +342,54 @@ def test_at_full_zoom_each_column_is_drawn_from_its_floor_to_its_peak(
     assert checked >= 0.5 * c["columns"], checked
     if name == "train_tagged":
         assert risen > 0.1 * checked, risen  # the steps' rise shows, not one flat block
+
+
+def test_the_by_module_legend_states_each_modules_exact_maximum(
+    drawn: tuple[dict[str, Any], Bridge],
+) -> None:
+    """train_modules, recorded with the module tracer: the By-module legend's maxima are an
+    independent replay's of the raw trace, grouped by the modules the legend names; the reading
+    of the peak is under the chart; the module tree at the peak sums to the active total."""
+    result, _ = drawn
+    (shot,) = [s for s in result["shots"] if s["name"] == "modules" and s["theme"] == "light"]
+    f = shot["facts"]
+    legend = {g["site"]: g["peak"] for g in f["legend"] if g["site"] is not None}
+    shown = [name for name in legend if name.startswith("gpt")]
+    assert shown == ["gpt.h.0", "gpt.h.1", "gpt.h.2", "gpt.h.3", "gpt.head", "gpt.wte"]
+
+    def key(metadata: str) -> str:
+        words = metadata.split(" ")[1:]  # every recorded allocation has its cell: "cell:N ..."
+        if not words:
+            return "(no module)"
+        module = words[1] if len(words) > 1 else None
+        if module is None:
+            return f"(no module) {words[0]}"
+        return next(n for n in shown if module == n or module.startswith(n + "."))
+
+    truth = independent_tag_peaks(raw("train_modules"), 0, key, "before recording")
+    assert legend == truth
+    peak, _ = independent_peak(raw("train_modules"), 0)
+    assert f["reading"].startswith(f"peak {format_bytes(peak)} in backward: ")
+    assert "activations saved by gpt.h.0–h.3" in f["reading"]
+    at_peak = result["modulePeak"]["rows"]  # before the click below
+    rows = {r["module"]: r["bytes"] for r in at_peak}
+    assert rows["active"] == peak
+    assert rows["active"] == sum(r["bytes"] for r in at_peak if r["depth"] == 1)
+    assert rows["gpt"] >= sum(rows[f"gpt.h.{i}"] for i in range(4))
+
+
+def test_a_click_on_a_column_shows_the_module_tree_then(
+    drawn: tuple[dict[str, Any], Bridge],
+) -> None:
+    """By module, a click on a column (not the peak's): the module tree at that column's peak
+    entry, its rows summing to the independent replay's active bytes right after it."""
+    result, _ = drawn
+    clicked = result["moduleClick"]  # the last theme's click; both click the same column
+    event = clicked["heading"]["event"]
+    truth = independent_active(raw("train_modules"), 0)[event + 1]
+    assert clicked["heading"]["text"].startswith("Peak within this column at entry ")
+    assert clicked["heading"]["total"] == truth
+    rows = clicked["rows"]
+    assert rows[0] == {"module": "active", "bytes": truth, "depth": 0}
+    assert sum(r["bytes"] for r in rows if r["depth"] == 1) == truth
+    assert any(r["module"].startswith("gpt.h.") for r in rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ class _Control:
     tracer: ModuleTracer | None = None
     figures: OrderedDict[int | None, CellFigures] = field(default_factory=OrderedDict)
     phases: OrderedDict[int | None, PhaseLog] = field(default_factory=OrderedDict)
+    # Names given with `name_modules` (held weakly), read before the notebook's variables.
+    given: weakref.WeakValueDictionary[str, Any] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wanted(self) -> bool:
@@ -129,8 +134,32 @@ def _make_tracer(sink: MetadataSink | None = None) -> ModuleTracer:
     return ModuleTracer(ModuleNames(_user_namespace), sink=sink)
 
 
+def name_modules(named: Mapping[str, Any]) -> None:
+    """Name modules no notebook variable reaches (a script's or a function's locals): each
+    module is `name`, its submodules ``name.sub``. Read with the variables: where both reach a
+    module, the shorter name wins, as between variables."""
+    import torch
+
+    for name, module in named.items():
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"{name}: not a torch.nn.Module but {type(module).__name__}")
+    _control.given.update(named)
+    t = _control.tracer
+    if t is not None:
+        t.names.new_cell()  # the next unknown module rescans, and finds these
+
+
 def _user_namespace() -> Mapping[str, Any] | None:
-    """The notebook's variables (IPython's user namespace; `__main__`'s outside IPython)."""
+    """The names given by `name_modules`, then the notebook's variables (IPython's user
+    namespace; `__main__`'s outside IPython)."""
+    given = dict(_control.given)
+    variables = _variables()
+    if not given:
+        return variables
+    return {**given, **{k: v for k, v in (variables or {}).items() if k not in given}}
+
+
+def _variables() -> Mapping[str, Any] | None:
     try:
         from IPython import get_ipython
 

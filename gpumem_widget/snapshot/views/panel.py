@@ -1,10 +1,10 @@
 """The Snapshot tab's views of one snapshot, in the form its traits carry.
 
-`overview` is every device's first screen (active memory by site, categories, reserved beside
-active, per-cell slices); `range_view` a zoomed range or another x axis, re-aggregated at
+`overview` is every device's first screen (active memory by site, categories, by module, reserved
+beside active, per-cell slices); `range_view` a zoomed range or another x axis, re-aggregated at
 screen resolution. Composed here from the views below, so the tab's controller
-(`gpumem_widget.drilldown`) and the conversion child (`first`) compute them alike. The views
-are imported where they are used: the controller imports this module as the extension loads.
+(`gpumem_widget.drilldown`) and the conversion child (`first`) compute them alike. The views are
+imported where they are used: the controller imports this module as the extension loads.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # Screen columns and stacked sites: 15 float64 columns of 1,000 rows is 120 KB a device.
 WIDTH = 1000
 TOP_SITES = 10
+TOP_MODULES = 12
 MAX_TREE_NODES = 400
 LARGEST = 30
 # The segment map beside each alive-at answer: about 180 bytes of JSON a block, so these keep it
@@ -68,10 +69,11 @@ def range_view(
     width: int,
     cells: CellSlices | None = None,
 ) -> RangeView:
-    """Sites and categories over [t0, t1] of `axis` ("event", or "time" with idle stretches
-    collapsed), re-aggregated at `width` columns: a zoomed range shows full detail."""
+    """Sites, categories and modules over [t0, t1] of `axis` ("event", or "time" with idle
+    stretches collapsed), re-aggregated at `width` columns: a zoomed range shows full detail."""
     from gpumem_widget.snapshot.views.active import active_memory_view
     from gpumem_widget.snapshot.views.categories import categories
+    from gpumem_widget.snapshot.views.modules import modules_view
 
     if axis not in ("event", "time"):
         raise ValueError(f"no axis {axis!r}: event or time")
@@ -85,6 +87,7 @@ def range_view(
         "t1": t1,
         "sites": active_memory_view(snap, device, width, TOP_SITES, **kw),
         "categories": categories(snap, device, width=width, full_columns=False, **kw),
+        "modules": modules_view(snap, device, width, TOP_MODULES, full_columns=False, **kw),
         "bands": _cell_bands(snap, device, cells, axis) if cells else [],
     }
 
@@ -96,13 +99,14 @@ def overview(
     *,
     first_only: bool = False,
 ) -> DrilldownTrait:
-    """Every device's views: active memory by site, categories, reserved beside active (the
-    cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
+    """Every device's views: active memory by site, categories, by module, reserved beside
+    active (the cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
     memory alone, what the tab draws first (``"partial": true``) while the rest is computed."""
     from gpumem_widget.snapshot.views.active import active_memory_view
     from gpumem_widget.snapshot.views.categories import categories
     from gpumem_widget.snapshot.views.cells import cell_usage
+    from gpumem_widget.snapshot.views.modules import modules_view
     from gpumem_widget.snapshot.views.segment_views import reserved_over_time_view
 
     tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
@@ -125,6 +129,10 @@ def overview(
             reserved = cast("ReservedFigures", {k: v for k, v in full.items() if k != "table"})
             snap.release_pages()
             view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
+            snap.release_pages()
+            view["modules"] = modules_view(
+                snap, d, WIDTH, TOP_MODULES, axis="event", full_columns=False
+            )
             snap.release_pages()
             view["reserved"] = reserved
             view["cells"] = slices.to_wire()

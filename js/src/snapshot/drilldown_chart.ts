@@ -332,6 +332,9 @@ export class StackedChart {
       this.stack(ctx, { ...v, series: [{ column: "", label: "", detail: "", peak: 0, values: sum, floor: null }] }, lo, hi, x, y, right, (s) => s.values, () => color);
     };
     const solid = (i: number): string => seriesColor(v.series[i]?.column ?? "", i);
+    // The instant answered, behind the stack: over it, a 1 px line would hide a peak one column
+    // wide (the trace's peak is often a single entry), where the answer is most often asked.
+    const marked = this.marker !== null && this.marker >= t0 && this.marker <= t1 ? this.vline(ctx, x(this.marker), palette.fg, 1) : null;
     outline((s) => s.values, backgroundOf(this.el));
     this.stack(ctx, v, lo, hi, x, y, right, (s) => s.values, (i) => rise?.[i] ?? solid(i));
     if (ranged) {
@@ -340,10 +343,10 @@ export class StackedChart {
     }
     const found = this.search;
     if (found && found.t.length === v.t.length) this.steps(ctx, palette.fg, lo, hi, (k) => x(v.t[k] as number), (k) => x(right(k)), (k) => y(found.values[k] ?? 0), []);
-    // Vertical lines over the stack (OOMs, the instant answered): where they are, in the DOM.
+    // Vertical lines (OOMs over the stack, the instant answered under it): where, in the DOM.
     const lines: number[] = [];
     for (const oom of v.ooms) lines.push(this.vline(ctx, x(oom.t), palette.capacity, 2));
-    if (this.marker !== null && this.marker >= t0 && this.marker <= t1) lines.push(this.vline(ctx, x(this.marker), palette.fg, 1));
+    if (marked !== null) lines.push(marked);
     this.el.dataset["lines"] = lines.map((px) => px.toFixed(1)).join(",");
     ctx.restore();
     ctx.fillStyle = palette.muted;

@@ -6,7 +6,7 @@
 
 import "./snapshot.css";
 import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_chart";
-import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
+import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type ModuleNode, type ModuleTree, type ModulesStacked, type Overview, PHASES, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
 import { formatBytes, formatDelta, formatDuration } from "../common/format";
 import { ProtocolError } from "../wire/json";
 import { sendToKernel } from "../wire/messages";
@@ -16,12 +16,13 @@ import { renderSegmentMap } from "./segments";
 import { isFigure, setFigures } from "./text";
 
 type Mode = Status["mode"];
-type Stacking = "sites" | "categories";
+type Stacking = "sites" | "categories" | "modules";
 type AxisKind = "event" | "time";
 type Asked = "peak" | "column" | "step" | "cell";
-type AliveTab = "allocations" | "segments";
+type AliveTab = "allocations" | "modules" | "segments";
 const ALIVE_TABS: [AliveTab, string][] = [
   ["allocations", "Call tree and largest"],
+  ["modules", "By module"],
   ["segments", "Segments"],
 ];
 const SERIES_A = "#4e79a7";
@@ -59,6 +60,8 @@ export class DrilldownPanel {
   private readonly controls = el("div", "gpumem-drilldown-controls");
   private readonly chart: StackedChart;
   private readonly legend = el("div", "gpumem-drilldown-legend");
+  // The peak in one line, under the chart while it is stacked by module.
+  private readonly reading = el("p", "gpumem-drilldown-reading");
   private readonly warnings = el("ul", "gpumem-drilldown-warnings");
   private readonly found = el("section", "gpumem-drilldown-search");
   private readonly compare = el("section", "gpumem-drilldown-compare");
@@ -95,7 +98,7 @@ export class DrilldownPanel {
       (r) => this.zoom(r),
     );
     this.offlineNote.hidden = true;
-    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.offlineNote, this.stage, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
+    this.el.append(this.message, this.progress, this.summary, this.warnings, this.controls, this.offlineNote, this.stage, this.chart.el, this.reading, this.legend, this.found, this.alive, this.cells, this.categories, this.compare);
     this.compare.hidden = true;
     this.showBody(false);
   }
@@ -116,7 +119,7 @@ export class DrilldownPanel {
   }
 
   private showBody(visible: boolean): void {
-    for (const part of [this.summary, this.warnings, this.controls, this.chart.el, this.legend, this.found, this.alive, this.cells, this.categories]) part.hidden = !visible;
+    for (const part of [this.summary, this.warnings, this.controls, this.chart.el, this.reading, this.legend, this.found, this.alive, this.cells, this.categories]) part.hidden = !visible;
     this.message.hidden = visible;
     this.progress.hidden = true;
     this.message.after(this.progress); // back under the message, from the stage line
@@ -228,12 +231,12 @@ export class DrilldownPanel {
 
   /** The views drawn now: the kernel's range answer when it matches the device, else the
    * overview pushed ahead (event order, whole trace). */
-  private shown(): { sites: Stacked; categories: Stacked; bands: Band[] } | null {
+  private shown(): { sites: Stacked; categories: Stacked; modules: ModulesStacked | null; bands: Band[] } | null {
     const d = this.current();
     if (!d) return null;
     const r = this.range;
     if (r && r.device === d.device && r.axis === this.axis) return r;
-    return { sites: d.sites, categories: d.categories ?? d.sites, bands: d.bands };
+    return { sites: d.sites, categories: d.categories ?? d.sites, modules: d.modules, bands: d.bands };
   }
 
   private button(label: string, className: string, pressed: boolean | null, onClick: () => void): HTMLButtonElement {
@@ -291,7 +294,9 @@ export class DrilldownPanel {
     const stackings: [Stacking, string][] = [
       ["sites", "By allocation site"],
       ["categories", "By category"],
+      ["modules", "By module"],
     ];
+    const modules = this.current()?.modules ?? null;
     const modeButtons = stackings.map(([mode, label]) => {
       const b = this.button(label, "gpumem-drilldown-mode", mode === this.stacking, () => {
         this.stacking = mode;
@@ -300,6 +305,14 @@ export class DrilldownPanel {
       });
       b.dataset["mode"] = mode;
       if (mode === "categories" && o.partial) b.disabled = true; // still being computed
+      if (mode === "modules") {
+        const why = o.partial ? "Still being computed" : !modules ? "This kernel computes no module view" : modulesEmpty(modules) ? (modules.reason ?? "No allocation carries a module") : null;
+        if (why !== null) {
+          b.disabled = true;
+          b.title = why;
+          b.dataset["why"] = why;
+        } else if (!modules?.traced && modules?.reason) b.title = `${modules.reason}; other tools' tags as they are`;
+      }
       return b;
     });
     const reset = this.button("Whole snapshot", "gpumem-drilldown-reset", null, () => this.request(this.axis, null));
@@ -371,7 +384,10 @@ export class DrilldownPanel {
   private drawChart(): void {
     const shown = this.shown();
     if (!shown) return;
-    const view = this.stacking === "sites" ? shown.sites : shown.categories;
+    const byModule = this.stacking === "modules" && shown.modules !== null && !modulesEmpty(shown.modules) ? shown.modules : null;
+    const view = byModule ?? (this.stacking === "categories" ? shown.categories : shown.sites);
+    this.reading.hidden = !byModule?.reading;
+    this.reading.textContent = byModule?.reading ?? "";
     this.chart.set(view, shown.sites, shown.bands);
     this.chart.setSearch(this.search.kind === "ready" && this.search.axis === shown.sites.axis && this.search.t.length === shown.sites.t.length && this.search.t[0] === shown.sites.t[0] ? { t: this.search.t, values: this.search.matched } : null);
     this.drawLegend(view.series.filter((s) => s.peak > 0), view);
@@ -549,9 +565,11 @@ export class DrilldownPanel {
     this.disposeSegments = null;
     const panes: Record<AliveTab, HTMLElement> = {
       allocations: el("div", "gpumem-drilldown-pane"),
+      modules: el("div", "gpumem-drilldown-pane gpumem-drilldown-modules"),
       segments: el("div", "gpumem-drilldown-pane gpumem-drilldown-segments"),
     };
     panes.allocations.append(...allocations);
+    if (alive.modules) renderModuleTree(panes.modules, alive.modules);
     const nav = el("nav", "gpumem-tabs gpumem-drilldown-subtabs");
     nav.setAttribute("role", "tablist");
     const buttons = ALIVE_TABS.map(([tab, label]) => {
@@ -565,20 +583,27 @@ export class DrilldownPanel {
       });
       return b;
     });
-    const segments = buttons[1] as HTMLButtonElement;
+    const byModule = buttons[1] as HTMLButtonElement;
+    const noModules = !alive.modules?.traced && !alive.modules?.root.children.some((c) => c.label !== "untagged" && c.label !== "before recording" && c.label !== "(no module)");
+    if (noModules) {
+      byModule.disabled = true;
+      byModule.title = alive.modules ? "No allocation carries a module: recorded without the module tracer (%gpumem modules on)" : "This kernel computes no module tree";
+    }
+    const segments = buttons[2] as HTMLButtonElement;
     if (alive.segments === null) {
       segments.disabled = true;
       segments.title = "No segment map for this instant";
     }
     const show = (tab: AliveTab): void => {
-      const shown: AliveTab = tab === "segments" && alive.segments === null ? "allocations" : tab;
+      const shown: AliveTab = (tab === "segments" && alive.segments === null) || (tab === "modules" && noModules) ? "allocations" : tab;
       for (const b of buttons) b.setAttribute("aria-selected", String(b.dataset["tab"] === shown));
       panes.allocations.hidden = shown !== "allocations";
+      panes.modules.hidden = shown !== "modules";
       panes.segments.hidden = shown !== "segments";
       if (shown === "segments" && !this.disposeSegments) this.disposeSegments = renderSegmentMap(panes.segments, alive.segments);
     };
     nav.append(...buttons);
-    this.alive.append(nav, panes.allocations, panes.segments);
+    this.alive.append(nav, panes.allocations, panes.modules, panes.segments);
     show(this.aliveTab);
   }
 
@@ -674,6 +699,29 @@ export class DrilldownPanel {
     this.chart.draw();
     this.redrawCompare?.();
   }
+}
+
+/** Whether a module view has nothing to stack by: no module, and no other tool's tags either. */
+function modulesEmpty(m: ModulesStacked): boolean {
+  return !m.traced && !m.kinds.includes("metadata");
+}
+
+/** The module tree at an instant: one row a module (its submodules' bytes included), with its
+ * bytes per phase; what no module holds in rows of its own. Every row open to the blocks' level. */
+function renderModuleTree(host: HTMLElement, tree: ModuleTree): void {
+  const t = table("gpumem-module-tree", ["module", "bytes", ...PHASES, "allocations"]);
+  const add = (node: ModuleNode): void => {
+    const r = row(t.body, [node.label, formatBytes(node.bytes), ...PHASES.map((p) => (node.phases[p] ? formatBytes(node.phases[p]) : "")), node.count.toLocaleString("en-US")]);
+    r.dataset["module"] = node.label;
+    r.dataset["bytes"] = String(node.bytes);
+    r.dataset["depth"] = String(node.depth);
+    const first = r.cells[0];
+    if (first) first.style.paddingLeft = `${node.depth * 14 + 4}px`;
+    for (const c of node.children) add(c);
+  };
+  add(tree.root);
+  host.append(el("h4", "gpumem-drilldown-heading", `By module at entry ${tree.event.toLocaleString("en-US")} (a module's bytes include its submodules'; by the phase that allocated them)`), t.table);
+  if (tree.truncated) host.append(el("p", "gpumem-drilldown-readout", `${tree.truncated.toLocaleString("en-US")} smaller modules not listed (their bytes are in their parents')`));
 }
 
 /** Why an allocation in a tagged snapshot has no tag, in a cell's words and a tooltip's. A tag

@@ -87,7 +87,9 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
     const file = optional(g, "filename", isStringOrNull, null);
     const line = optional(g, "line", isNumberOrNull, null);
     const values = column(columns, col, what);
-    return { column: col, label, detail: file ? `${file}:${line ?? "?"}` : label, peak: optional(g, "peak_bytes", isNumber, 0), values, floor: floorOf(col, values) };
+    const s: Series = { column: col, label, detail: file ? `${file}:${line ?? "?"}` : label, peak: optional(g, "peak_bytes", isNumber, 0), values, floor: floorOf(col, values) };
+    if (g["summed"] === true) s.summed = true;
+    return s;
   });
   if (withOther && columns.has("other")) {
     const values = column(columns, "other", what);
@@ -136,6 +138,31 @@ function parseStacked(raw: unknown, what: string, withOther: boolean): Stacked {
   };
 }
 
+/** Active memory by module (`snapshot/views/modules.py`): modules at one level of the module
+ * tree, then what no module holds. `traced`: the module tracer wrote the tags; `reason` says why
+ * there is no module where there is none; `reading` is the peak in one line. */
+export interface ModulesStacked extends Stacked {
+  traced: boolean;
+  reason: string | null;
+  reading: string | null;
+  level: number;
+  kinds: string[]; // each series': module, phase, no_module, untagged, metadata, before_recording
+}
+
+function parseModules(raw: unknown, what: string): ModulesStacked | null {
+  if (raw === undefined || raw === null) return null; // a kernel before the view existed
+  const r = raw as Json;
+  const groups = field(r, "groups", what, isArray, "a list");
+  return {
+    ...parseStacked(raw, what, false),
+    traced: r["traced"] === true,
+    reason: optional(r, "reason", isStringOrNull, null),
+    reading: optional(r, "reading", isStringOrNull, null),
+    level: optional(r, "level", isNumber, 0),
+    kinds: groups.map((g) => (isObject(g) ? optional(g, "kind", isString, "module") : "module")),
+  };
+}
+
 export interface Band {
   executionCount: number;
   x0: number;
@@ -157,6 +184,7 @@ export interface RangeView {
   axis: "event" | "time";
   sites: Stacked;
   categories: Stacked;
+  modules: ModulesStacked | null;
   bands: Band[];
 }
 
@@ -169,6 +197,7 @@ export function parseRangeView(raw: unknown): RangeView | null {
     axis: raw["axis"] === "time" ? "time" : "event",
     sites: parseStacked(raw["sites"], "drilldown_view.sites", true),
     categories: parseStacked(raw["categories"], "drilldown_view.categories", false),
+    modules: parseModules(raw["modules"], "drilldown_view.modules"),
     bands: parseBands(raw["bands"]),
   };
 }
@@ -347,6 +376,7 @@ export interface DeviceOverview {
   device: number;
   sites: Stacked;
   categories: Stacked | null; // null while the kernel is still computing it (a partial overview)
+  modules: ModulesStacked | null; // as categories
   reserved: ReservedOverTime | null;
   atPeak: SiteBytes[]; // bytes per category at the peak
   cells: CellSlice[];
@@ -397,6 +427,7 @@ export function parseDrilldown(raw: unknown): DrilldownState {
       device: field(d, "device", what, isNumber, "a device index"),
       sites: parseStacked(d["active"], `${what}.active`, true),
       categories: cats === undefined ? null : parseStacked(cats, `${what}.categories`, false),
+      modules: parseModules(d["modules"], `${what}.modules`),
       reserved: parseReserved(d["reserved"], `${what}.reserved`),
       atPeak: Object.entries(atPeak)
         .filter((e): e is [string, number] => isNumber(e[1]))
@@ -455,6 +486,51 @@ export interface Alive {
   root: TreeNode;
   largest: Allocation[];
   segments: unknown; // the segment map, where the kernel computed one
+  modules: ModuleTree | null; // the module tree at the same entry
+}
+
+export const PHASES = ["forward", "backward", "optimizer", "recompute", "other"] as const;
+
+/** One row of the module tree at an instant: a module (its submodules' bytes included), or
+ * what no module holds; bytes per phase ("other": none). */
+export interface ModuleNode {
+  label: string;
+  bytes: number;
+  phases: Record<(typeof PHASES)[number], number>;
+  count: number;
+  depth: number;
+  children: ModuleNode[]; // in tree order
+}
+
+export interface ModuleTree {
+  event: number;
+  traced: boolean;
+  root: ModuleNode; // "active": every byte alive then, once
+  truncated: number; // the smallest modules left out
+}
+
+function parseModuleTree(raw: unknown): ModuleTree | null {
+  if (!isObject(raw)) return null;
+  const what = "drilldown_alive.modules";
+  const labels = field(raw, "labels", what, isArray, "a list");
+  const { n, columns } = decodeF64Columns(raw["tree"], `${what}.tree`);
+  if (n === 0 || labels.length !== n) throw new ProtocolError(`${what}: ${n} rows, ${labels.length} labels`);
+  const parent = column(columns, "parent", what);
+  const bytes = column(columns, "bytes", what);
+  const count = column(columns, "count", what);
+  const phase = PHASES.map((p) => column(columns, p, what));
+  const nodes: ModuleNode[] = labels.map((label, i) => {
+    const phases = Object.fromEntries(PHASES.map((p, k) => [p, phase[k]?.[i] ?? 0])) as ModuleNode["phases"];
+    return { label: isString(label) ? label : "?", bytes: bytes[i] ?? 0, phases, count: count[i] ?? 0, depth: 0, children: [] };
+  });
+  for (let i = 1; i < n; i++) {
+    const p = parent[i] ?? -1;
+    const up = nodes[p];
+    if (!up || p >= i) throw new ProtocolError(`${what}: row ${i} has parent ${p}`);
+    const node = nodes[i] as ModuleNode; // parents come first: its depth is final here
+    up.children.push(Object.assign(node, { depth: up.depth + 1 }));
+  }
+  return { event: optional(raw, "event", isNumber, -1), traced: raw["traced"] === true, root: nodes[0] as ModuleNode, truncated: optional(raw, "truncated", isNumber, 0) };
 }
 
 export type AliveState = { kind: "none" } | { kind: "error"; message: string } | { kind: "ready"; alive: Alive };
@@ -518,6 +594,7 @@ export function parseAlive(raw: unknown): AliveState {
       root: buildTree(raw["tree"], labels),
       largest,
       segments: raw["segments"] ?? null,
+      modules: parseModuleTree(raw["modules"]),
     },
   };
 }
