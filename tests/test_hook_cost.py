@@ -34,11 +34,19 @@ from gpumem_widget.live.ledger import (
     WINDOW_RECORDS,
     WIRE_BLOCK,
 )
+from gpumem_widget.live.publisher import TAIL_WITH_CELL_S
 from gpumem_widget.live.session import Session
 from gpumem_widget.live.timeline import TAIL_ROWS
 from gpumem_widget.wire import record_json
 
 CELLS = 5 * WIRE_BLOCK + 3  # crosses several blocks: the base moves in the hook too
+# Python calls in the two hooks for a plain trivial cell, at most: 236, 254 with the note that
+# compares it with the previous run's same source (this module's earlier tests ran "x = 1").
+PLAIN_CELL_CALLS = 256
+
+
+def mode(values: list[int]) -> int:
+    return max(set(values), key=values.count)
 
 
 def session() -> Session:
@@ -80,8 +88,16 @@ def test_a_trivial_cell_sends_one_message_and_encodes_only_its_own_record(
     monkeypatch.setattr(widget, "_send", counting(sent, widget._send))
     encoder = CountingEncoder(record_json._ENCODER)
     monkeypatch.setattr(record_json, "_ENCODER", encoder)
+    started = time.monotonic()
     run_trivial_cells(ip, CELLS)
+    took = time.monotonic() - started
     hooks = [args[0] for thread, args in sent if thread is threading.main_thread()]
+    # The timeline's tail (a binary frame per column) rides with a cell's row at most once a
+    # `TAIL_WITH_CELL_S`: back-to-back cells send the record alone.
+    with_tail = [m for m in hooks if "timeline_tail" in m["state"]]
+    assert len(with_tail) <= 1 + took / TAIL_WITH_CELL_S, (len(with_tail), took)
+    plain = [m for m in hooks if not {"timeline_tail", "cell_bands"} & set(m["state"])]
+    assert all(m["buffer_paths"] == [] for m in plain)  # no binary frame: the record's text
     # The post-run hook's one message a cell (the pre-run hook sends nothing); the thread's
     # publishes go on beside them and are not the cell's.
     assert len(hooks) == CELLS
@@ -217,10 +233,15 @@ def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
     # The band table (once a block: 20 bytes a band) is bounded by MAX_BANDS, the window's
     # base (once every WIRE_BLOCK cells) by WINDOW_BYTES.
     assert max(late_sizes) < 20 * MAX_BANDS + WINDOW_BYTES + 2**16, max(late_sizes)
-    # The plain cell's calls (the fewest): how many cells also wake the sampler or meet a new
-    # timeline base depends on the machine's load (a busy one made it half of them), not on the
-    # session's length, so the median moves with the load and the plain cell is what is pinned.
-    assert min(late_calls) <= min(early_calls) * 1.02, (min(early_calls), min(late_calls))
+    # The plain cell's calls (the commonest count: a cell now and then also wakes the sampler,
+    # meets a new timeline base or carries the timeline's tail, more or less often with the
+    # machine's load, not with the session's length; a rare cell skips a step, so not the
+    # fewest either).
+    plain_early, plain_late = mode(early_calls), mode(late_calls)
+    assert plain_late <= plain_early * 1.02, (plain_early, plain_late)
+    # The budget: the two hooks' Python calls for a plain cell (their whole work: edges, record,
+    # its JSON, the message; 285 when every cell's message also packed the timeline's tail).
+    assert plain_late <= PLAIN_CELL_CALLS, plain_late
 
 
 def test_the_rss_read_keeps_following_a_forked_child() -> None:

@@ -9,6 +9,8 @@ window (`Ledger.window`): the browser asks for older records by page (`LedgerPag
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,9 @@ from gpumem_widget.wire import payloads
 from gpumem_widget.wire.widget import GpuMemWidget
 
 log = logging.getLogger(__name__)
+# The timeline's tail rides with a cell's row at most this often: it is a binary frame per column
+# (eight with one GPU), and between two cells the thread sends it anyway (`MAX_PUBLISH_HZ`).
+TAIL_WITH_CELL_S = 1.0
 
 
 class Publisher:
@@ -36,6 +41,7 @@ class Publisher:
         self.status = status
         self.devices = devices  # they appear once the notebook imports torch
         self._seen: dict[str, object] = {}
+        self._tail_with_cell = -math.inf  # monotonic: when a cell's message last carried it
         self.workers: WorkerHubLike | None = None  # set while workers are listened for
 
     def retarget(self, widget: GpuMemWidget) -> None:
@@ -74,18 +80,24 @@ class Publisher:
         The same window as the thread sends, so its cost per cell stays flat however fast cells
         come: the tail (under `WIRE_BLOCK` records, each record's JSON text made once) and the
         extent every cell, the base once a block, the band table once a `BAND_BLOCK`. The
-        timeline's tail goes with them (when its base was sent): it holds the sample taken at the
-        cell's end, so the chart's range reaches the cell's band when its row arrives. One
-        message, sent without traitlets' per-set machinery (`GpuMemWidget.send_traits`)."""
+        timeline's tail goes with them at most once a `TAIL_WITH_CELL_S` (and when its base was
+        sent): so a saved notebook's chart reaches to within a second of its last cell, and a
+        cell that follows within the second sends no binary frame (the thread's next publish,
+        a quarter second later, brings the chart up to the cell's band). One message, sent
+        without traitlets' per-set machinery (`GpuMemWidget.send_traits`)."""
         # Always, even when the thread has just sent them (it may take the lock between the
         # record's append and this): this message is the cell's own, the one a headless client
         # keeps.
         changes = self._ledger(always=True)
         # The tail only (at most `TAIL_ROWS` rows); a new base is the thread's to send.
-        if self._seen.get("base") == self.timeline.base_version and self._changed(
-            "tail", self.timeline.version
+        now = time.monotonic()
+        if (
+            now - self._tail_with_cell >= TAIL_WITH_CELL_S
+            and self._seen.get("base") == self.timeline.base_version
+            and self._changed("tail", self.timeline.version)
         ):
             changes["timeline_tail"] = self.timeline.tail_table()
+            self._tail_with_cell = now
         if changes:
             self.widget.send_traits(changes)
 

@@ -34,6 +34,8 @@ FIELDS_JSON = json.dumps(FIELDS)
 _cell_values = operator.attrgetter(*CELL_FIELDS)
 _device_values = operator.attrgetter(*DEVICE_FIELDS)
 _worker_values = operator.attrgetter(*WORKER_FIELDS)
+# Made once: `json.dumps` with any option builds an encoder every call (the writer: every cell).
+_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
 
 
 def record_json(record: CellRecord) -> str:
@@ -42,7 +44,7 @@ def record_json(record: CellRecord) -> str:
     data: list[Any] = [_cell_values(record), devices, notes]
     if record.workers:  # absent without workers: most rows stay as small as before
         data.append([_worker_values(w) for w in record.workers])
-    return json.dumps(data, default=str, separators=(",", ":"))
+    return _ENCODER.encode(data)
 
 
 def record_from(

@@ -38,7 +38,9 @@ from gpumem_widget.wire import payloads, protocol
 log = logging.getLogger(__name__)
 
 CHECKPOINT_S = 1.0  # how often the running cell's highest memory reaches the disk
-BATCH_S = 0.05  # the writer gathers what arrives within this long into one transaction
+# The writer gathers what arrives within this long into one transaction: back-to-back cells then
+# cost the user's thread one writer wake (a GIL hand-over) and one commit for dozens of cells.
+BATCH_S = 0.25
 FIRST_COMPARE_WAIT_S = 0.25  # the first cell waits this long at most for the previous run's peaks
 LOCK_RETRIES = 5  # batches retried (a second apart) while the file stays locked
 
@@ -294,7 +296,8 @@ class History:
     ) -> tuple[RunningCell | None, bool]:
         sid = self.identity.id
         for attempt in range(LOCK_RETRIES + 1):
-            state, closed, cells = running, False, 0
+            state, closed = running, False
+            rows: list[tuple[Any, ...]] = []  # the finished cells, inserted at once
             try:
                 with store.transaction() as c:
                     for item in batch:
@@ -317,16 +320,20 @@ class History:
                         elif kind == _CELL:
                             rec: CellRecord = item[2]
                             metric, peak = headline_peak(rec)
-                            c.execute(
-                                """INSERT OR REPLACE INTO cells (session, seq, execution_count,
-                                   started, duration, peak, metric, source, record)
-                                   VALUES (?,?,?,?,?,?,?,?,?)""",
+                            rows.append(
                                 (sid, item[1], rec.execution_count, rec.started, rec.duration,
-                                 peak, metric, rec.source, record_json(rec)),
+                                 peak, metric, rec.source, record_json(rec))
                             )  # fmt: skip
-                            state, cells = None, cells + 1
+                            state = None
                         elif kind == _CLOSE:
                             closed = True
+                    if rows:
+                        c.executemany(
+                            """INSERT OR REPLACE INTO cells (session, seq, execution_count,
+                               started, duration, peak, metric, source, record)
+                               VALUES (?,?,?,?,?,?,?,?,?)""",
+                            rows,
+                        )
                     now = time.time()
                     update = c.execute(
                         "UPDATE sessions SET running = ?, last_seen = ?, ended = ? WHERE id = ?",
@@ -345,7 +352,7 @@ class History:
                     time.sleep(1.0)
                     continue
                 raise
-            self.cells_written += cells
+            self.cells_written += len(rows)
             return state, closed
         raise AssertionError("unreachable")
 
