@@ -22,7 +22,8 @@ calls a step makes (counted in a separate, untimed step).
 
 On CUDA the tracer sets torch's real allocator metadata. On the CPU a C-level call that stores
 the string per thread stands in for it (torch's CPU builds have no such call). `--ablate` adds
-`nosink` (the metadata call replaced by a C no-op: on minus nosink is that call's cost). The
+`leaves` (every module followed, `%gpumem modules on --leaves`) and `nosink` (the metadata call
+replaced by a C no-op: on minus nosink is that call's cost). The
 figures mode reads the allocated bytes at every boundary and is expected to cost more: it is
 measured, not held to the target.
 """
@@ -171,6 +172,7 @@ def timed(step: Step, steps: int, cuda: bool, clock: Callable[[], float]) -> flo
 
 # Modes besides "off" and "on": what the metadata call itself costs, and the figures mode.
 ABLATIONS = {
+    "leaves": "the tracer following every module, torch's own layers included (--leaves)",
     "nosink": "the tracer on with a sink that does nothing (the cost of the C metadata call is "
     "on minus nosink)",
 }
@@ -193,7 +195,7 @@ def bench(
         for mode in order:
             tracer = tracers.get(mode)
             if tracer is not None:
-                tracer.install(1, measure=mode == "figures")
+                tracer.install(1, measure=mode == "figures", leaves=mode == "leaves")
             try:
                 times[mode].append(timed(step, steps, cuda, CLOCKS[clock]))
             finally:

@@ -42,8 +42,19 @@ class Sink:
         self.calls.clear()
 
 
+ORIGINAL_MODULE_CALL = nn.Module.__call__
+ORIGINAL_ENGINE_RUN = torch.autograd._engine_run_backward  # type: ignore[attr-defined]
+
+
 def global_hooks() -> dict[str, int]:
+    """Every hook the tracer could leave behind: torch's global ones, and whether
+    `nn.Module.__call__` and autograd's `_engine_run_backward` are torch's own."""
     return {
+        "module_call_replaced": int(nn.Module.__call__ is not ORIGINAL_MODULE_CALL),
+        "engine_run_replaced": int(
+            torch.autograd._engine_run_backward  # type: ignore[attr-defined]
+            is not ORIGINAL_ENGINE_RUN
+        ),
         "forward_pre": len(torch_module._global_forward_pre_hooks),
         "forward": len(torch_module._global_forward_hooks),
         "always_called": len(torch_module._global_forward_hooks_always_called),
@@ -53,8 +64,6 @@ def global_hooks() -> dict[str, int]:
         "optimizer_post": len(torch_optimizer._global_optimizer_post_hooks),
     }
 
-
-ORIGINAL_ENGINE_RUN = torch.autograd._engine_run_backward  # type: ignore[attr-defined]
 
 
 class Block(nn.Module):
@@ -92,10 +101,16 @@ def make_tracer(sink: Sink) -> Iterator[Callable[..., ModuleTracer]]:
     made: list[ModuleTracer] = []
 
     def make(
-        ns: dict[str, Any], cell: int | None = 7, measure: bool = False, **kw: Any
+        ns: dict[str, Any],
+        cell: int | None = 7,
+        measure: bool = False,
+        leaves: bool = True,
+        **kw: Any,
     ) -> ModuleTracer:
+        """A tracer on `ns`; by default following every module (`leaves`), which these tests
+        use to check the nesting itself on small models; the default rule is tested apart."""
         t = ModuleTracer(ModuleNames(lambda: ns), sink=sink, **kw)
-        t.install(cell, measure=measure)
+        t.install(cell, measure=measure, leaves=leaves)
         made.append(t)
         return t
 
@@ -528,15 +543,19 @@ def test_no_hook_stays_installed_when_off(sink: Sink) -> None:
     t = ModuleTracer(ModuleNames(dict), sink=sink)
     t.install(3)
     during = global_hooks()
-    assert during["forward_pre"] == before["forward_pre"] + 1
-    assert during["forward"] == before["forward"] + 1
-    assert during["optimizer_pre"] == before["optimizer_pre"] + 1
-    assert torch.autograd._engine_run_backward is not ORIGINAL_ENGINE_RUN  # type: ignore[attr-defined]
+    assert before["module_call_replaced"] == before["engine_run_replaced"] == 0
+    assert during == {
+        **before,
+        "module_call_replaced": 1,
+        "engine_run_replaced": 1,
+        "optimizer_pre": before["optimizer_pre"] + 1,
+        "optimizer_post": before["optimizer_post"] + 1,
+    }  # and no module hook: they would send every module call down torch's slow path
     lin = nn.Linear(2, 2)
     out = lin(torch.randn(1, 2))
     t.uninstall()
     assert global_hooks() == before
-    assert torch.autograd._engine_run_backward is ORIGINAL_ENGINE_RUN  # type: ignore[attr-defined]
+    assert nn.Module.__call__ is ORIGINAL_MODULE_CALL
     sink.clear()
     out.sum().backward()  # a node hooked while on does nothing once off
     lin(torch.randn(1, 2))
@@ -672,9 +691,19 @@ def test_the_magic_and_cells_through_a_real_shell(ip: Any, control: Sink) -> Non
     result = ip.run_cell("net(torch.randn(2, 3)).sum().backward()", store_history=True)
     result.raise_error()
     n = result.execution_count
+    # By default torch's own Linear is counted in the model that calls it.
+    assert control.tags()[0] == f"cell:{n}"
+    assert f"cell:{n} forward net" in control.tags()
+    assert f"cell:{n} backward net" in control.tags()
+    assert not any("net.0" in tag for tag in control.tags())
+    ip.run_cell("%gpumem modules on --figures --leaves", store_history=True).raise_error()
+    assert "every layer followed" in modules.status()
+    control.clear()
+    result = ip.run_cell("net(torch.randn(2, 3)).sum().backward()", store_history=True)
+    result.raise_error()
+    n = result.execution_count
     assert f"cell:{n} forward net.0" in control.tags()
     assert f"cell:{n} backward net.0" in control.tags()
-    assert control.tags()[0] == f"cell:{n}"
     figures = gpumem_widget.module_figures(n)
     assert figures is not None
     assert {r.path for r in figures.rows()} == {"net", "net.0"}
@@ -698,8 +727,10 @@ def test_the_magic_prints_status_and_help(
     assert "no per-module figures for cell 99999" in capsys.readouterr().out
     from IPython.core.error import UsageError
 
-    with pytest.raises(UsageError, match="--figures goes with `on`"):
+    with pytest.raises(UsageError, match="--figures and --leaves go with `on`"):
         ip.run_line_magic("gpumem", "modules off --figures")
+    with pytest.raises(UsageError, match="--figures and --leaves go with `on`"):
+        ip.run_line_magic("gpumem", "modules table --leaves")
 
 
 def test_the_api_and_unloading_remove_every_hook(ip: Any, control: Sink) -> None:
