@@ -155,6 +155,72 @@ def test_forward_nesting_innermost_wins_and_leaving_restores_the_parent(
     ]
 
 
+def test_by_default_torchs_own_layers_are_counted_in_the_module_that_calls_them(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """The default rule: models, blocks, containers and the user's own layers are followed;
+    torch's leaf layers (LayerNorm, Linear, GELU) belong to their caller, forward and backward
+    alike (a leave hook on the LayerNorm's output takes backward from `mlp` back to the block);
+    a torch layer called in no module is followed, or its bytes would name no module."""
+
+    class Scale(nn.Module):  # the user's own leaf layer: followed
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.w
+
+    gpt = Gpt(n=2)
+    scale, lin = Scale(), nn.Linear(4, 4)
+    make_tracer({"gpt": gpt, "scale": scale, "lin": lin}, leaves=False)
+    sink.clear()
+    loss = scale(lin(gpt(torch.randn(2, 8)))).square().mean()
+    assert sink.tags() == [
+        "cell:7 forward gpt",
+        "cell:7 forward gpt.h.0",
+        "cell:7 forward gpt.h.0.mlp",  # Linear, GELU, Linear: counted in `mlp`
+        "cell:7 forward gpt.h.0",
+        "cell:7 forward gpt",
+        "cell:7 forward gpt.h.1",
+        "cell:7 forward gpt.h.1.mlp",
+        "cell:7 forward gpt.h.1",
+        "cell:7 forward gpt",  # `head`, a Linear: counted in `gpt`
+        "cell:7 forward",
+        "cell:7 forward lin",  # called in no module: followed
+        "cell:7 forward",
+        "cell:7 forward scale",
+        "cell:7 forward",
+    ]
+    sink.clear()
+    loss.backward()
+    assert dedup(sink.tags()) == [
+        "cell:7 backward",
+        "cell:7 backward scale",
+        "cell:7 backward lin",
+        "cell:7 backward gpt",  # `head`'s backward
+        "cell:7 backward gpt.h.1",  # the residual add
+        "cell:7 backward gpt.h.1.mlp",
+        "cell:7 backward gpt.h.1",  # `ln` and `h = x * 2`, back in the block
+        "cell:7 backward gpt.h.0",
+        "cell:7 backward gpt.h.0.mlp",
+        "cell:7 backward gpt.h.0",
+        "cell:7",
+    ]
+
+
+def test_a_sequential_sets_its_own_tag_only_when_some_child_is_not_followed(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    stack = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.GELU()), nn.Sequential(nn.Tanh()))
+    make_tracer({"stack": stack}, leaves=False)
+    sink.clear()
+    with torch.no_grad():
+        stack(torch.randn(1, 2))
+    # `stack` holds only followed blocks: nothing of its own runs, its tag is never set.
+    assert sink.tags() == ["cell:7 forward stack.0", "cell:7 forward stack.1", "cell:7"]
+
+
 def test_the_metadata_call_happens_only_when_the_tag_changes(
     sink: Sink, make_tracer: Callable[..., ModuleTracer]
 ) -> None:
@@ -507,6 +573,94 @@ def test_a_compiled_module_is_attributed_as_a_whole(
     row = next(r for r in figures.rows() if r.path == "compiled")
     assert row.compiled
     assert "(compiled)" in figures.format()
+    torch._dynamo.reset()
+
+
+def test_autocast_changes_no_tag_and_no_result(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    def step(traced: bool) -> tuple[list[str], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        gpt = Gpt(n=2)
+        if traced:
+            make_tracer({"gpt": gpt}, leaves=False)
+        sink.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = gpt(torch.randn(2, 8))
+        assert out.dtype == torch.bfloat16
+        out.float().square().mean().backward()
+        return dedup(sink.tags()), [out.detach(), *(p.grad for p in gpt.parameters())]
+
+    plain_tags, plain = step(False)
+    tags, traced = step(True)
+    assert plain_tags == []
+    assert "cell:7 forward gpt.h.1.mlp" in tags
+    assert "cell:7 backward gpt.h.1.mlp" in tags
+    assert tags[-1] == "cell:7"
+    for a, b in zip(plain, traced, strict=True):
+        assert a is not None and b is not None
+        assert torch.equal(a, b)
+
+
+def test_gradient_accumulation_tags_each_backward_and_sums_the_same(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """Several forward/backward pairs before one step: each backward is entered from its own
+    root, its modules are named, and the accumulated gradients are those without the tracer."""
+
+    def run(traced: bool) -> tuple[list[list[str]], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        gpt = Gpt(n=1)
+        opt = torch.optim.SGD(gpt.parameters(), lr=0.1)
+        if traced:
+            make_tracer({"gpt": gpt, "opt": opt}, leaves=False)
+        backwards = []
+        for _ in range(3):
+            loss = gpt(torch.randn(2, 8)).square().mean() / 3
+            sink.clear()
+            loss.backward()
+            backwards.append(dedup(sink.tags()))
+        grads = [p.grad.clone() for p in gpt.parameters() if p.grad is not None]
+        sink.clear()
+        opt.step()
+        if traced:
+            assert sink.tags() == ["cell:7 optimizer", "cell:7"]
+        return backwards, grads
+
+    _, plain = run(False)
+    backwards, traced = run(True)
+    for tags in backwards:
+        assert tags[0] == "cell:7 backward"
+        assert "cell:7 backward gpt.h.0.mlp" in tags
+        assert tags[-1] == "cell:7"
+    assert len(plain) == len(traced) > 0
+    for a, b in zip(plain, traced, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_compiled_function_calling_modules_compiles_whole_with_the_tracer_on(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """torch.compile with fullgraph=True (any graph break raises) of code that calls modules:
+    dynamo inlines the tracer's `__call__`, which does nothing while compiling; the compiled
+    code calls no module, so its bytes are the cell's (and the phase's, in backward)."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    expected = model(x).sum()
+    make_tracer({"model": model}, leaves=False)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum()
+
+    sink.clear()
+    out = f(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.backward()
+    again = f(x)  # no recompile needed, no error
+    torch.testing.assert_close(again, expected, rtol=0, atol=0)
+    assert not any("forward model" in tag for tag in sink.tags())
     torch._dynamo.reset()
 
 
