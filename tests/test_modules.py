@@ -65,7 +65,6 @@ def global_hooks() -> dict[str, int]:
     }
 
 
-
 class Block(nn.Module):
     """A transformer-like block: a residual add in its own code between its children."""
 
@@ -598,7 +597,8 @@ def test_autocast_changes_no_tag_and_no_result(
     assert "cell:7 backward gpt.h.1.mlp" in tags
     assert tags[-1] == "cell:7"
     for a, b in zip(plain, traced, strict=True):
-        assert a is not None and b is not None
+        assert a is not None
+        assert b is not None
         assert torch.equal(a, b)
 
 
