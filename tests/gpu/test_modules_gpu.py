@@ -274,3 +274,16 @@ def test_a_user_thread_tagged_with_tagged_thread(shell: Any, cell: Cell) -> None
     big = [e for e in allocs if e["size"] == 4 * 2**20]
     assert len(big) == 1
     assert cell_of_tag(big[0].get("user_metadata", "")) == result.execution_count
+
+
+def test_the_figures_allocated_reader_equals_memory_allocated() -> None:
+    """The figures mode's reader skips `memory_stats`' flattening: the same number."""
+    import torch
+
+    from gpumem_widget.live.modules.tracer import default_allocated
+
+    read = default_allocated(torch)
+    x = torch.empty(3 * 2**20 + 7, dtype=torch.uint8, device="cuda")
+    assert read() == torch.cuda.memory_allocated()
+    del x
+    assert read() == torch.cuda.memory_allocated()
