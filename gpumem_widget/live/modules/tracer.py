@@ -5,8 +5,14 @@ PyTorch's allocator metadata (`_set_memory_metadata`, written into each trace en
 keeps, on whichever thread runs its hooks, the current frame (cell, phase, module) and sets the
 metadata from it:
 
-- global forward pre/post hooks: the module being run (the innermost wins; its post hook
-  restores its parent, and also runs when its forward raises, so the state unwinds);
+- `nn.Module.__call__`, replaced while tracing (torch's own called in between): the module being
+  run (the innermost followed one wins; leaving restores its parent, also when its forward
+  raises, so the state unwinds). Not torch's global module hooks: while any exists, every
+  module call in the process takes `_call_impl`'s slow path, which cost more than the rest of
+  the tracer together. Followed by default: modules holding other modules and the user's own
+  layers; torch's leaf layers (Linear, GELU, ...) are counted in the module that calls them,
+  unless called in no module or `leaves` is set (`ModuleTracer.traced`): each followed module
+  costs a node hook registered per call and run in backward;
 - a pre-hook on the node that made each module's output (`grad_fn`): backward enters that
   module there, on the thread that runs the node. A node several nested modules share (a
   `Sequential`'s output is its last child's) is claimed by the innermost, whose hook comes
@@ -20,14 +26,17 @@ After a model's outermost forward (with grad, and not raising), the thread stays
 forward with no module until backward: that is where the loss is computed.
 
 A forward run while backward runs on the same thread is activation checkpointing's recompute.
-A `torch.compile`d module is seen as a whole (its submodules' hooks are not called from compiled
-code), and so is one being traced by dynamo (the hooks do nothing while compiling).
+A `torch.compile`d module is seen as a whole (compiled code calls no submodule), and so is one
+being traced by dynamo (the replaced `__call__` does nothing while compiling; dynamo inlines it,
+so fullgraph compiles still compile whole).
 
 Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
 `Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
-formatting and build nothing per call. Hooks never return a value: results and the autograd
-graph are untouched. Everything is removed by `uninstall`; hooks left on live graph nodes do
-nothing once the tracer is off.
+formatting and build nothing per call (an entry's node hooks are made once). Hooks never
+return a value: results and the autograd graph are untouched. Everything is removed by
+`uninstall` (`nn.Module.__call__` is torch's again, unless someone replaced it since: then ours
+stays in the chain, passing calls through); hooks left on live graph nodes do nothing once the
+tracer is off.
 """
 
 from __future__ import annotations
