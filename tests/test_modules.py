@@ -434,6 +434,18 @@ def test_recompute_under_activation_checkpointing(
         assert tags.index("cell:7 backward block.mlp.0") > first_recompute
         assert "cell:7 forward block.mlp.0" not in tags
         assert tags[-1] == "cell:7"
+    # By default: the block's torch layers recompute in the block; a torch layer checkpointed
+    # on its own is followed in its recompute too.
+    block, lin = Block(), nn.Linear(8, 8)
+    make_tracer({"block": block, "lin": lin}, leaves=False)
+    x = torch.randn(2, 8, requires_grad=True)
+    y = checkpoint(block, checkpoint(lin, x, use_reentrant=False), use_reentrant=False)
+    sink.clear()
+    y.sum().backward()
+    tags = dedup(sink.tags())
+    assert "cell:7 recompute block" in tags
+    assert "cell:7 recompute lin" in tags
+    assert not any("block.mlp.0" in tag for tag in tags)
 
 
 def test_a_raising_forward_unwinds_and_the_next_cell_is_clean(

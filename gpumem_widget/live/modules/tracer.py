@@ -404,8 +404,12 @@ class ModuleTracer:
             e = entries.get(id(module))
             if e is None or e.ref() is not module:
                 e = entry(module)
-            if e.traced is not ALWAYS and (e.traced is NEVER or st.cur.entry is not None):
-                return call(module, *args, **kwargs)  # counted in the module that called it
+            if e.traced is not ALWAYS:
+                cur = st.cur
+                # A torch layer called from a module is counted in it; one called in no module,
+                # or from backward (checkpointing's recompute), is followed.
+                if e.traced is NEVER or (cur.entry is not None and cur.phase != BACKWARD):
+                    return call(module, *args, **kwargs)
             depth = len(st.stack)
             tracer._enter(st, e, args)
             try:
