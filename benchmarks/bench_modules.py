@@ -1,32 +1,41 @@
 """What the module tracer costs a training step: tracer off against on, in one process.
 
     python benchmarks/bench_modules.py [--device cuda|cpu] [--rounds 7] [--steps 300]
-                                       [--workload transformer,loop8] [--figures] [--json OUT]
+                                       [--workload W1,W2] [--figures] [--ablate] [--json OUT]
 
-Two workloads, each a full step (zero_grad, forward, loss, backward, AdamW step):
-  transformer  a small GPT (embedding, 4 pre-norm blocks of attention and MLP, d=256, seq 128,
-               batch 8, cross-entropy outside any module): about 60 modules a step
-  loop8        a launch-bound loop: 8 Linear(256, 256) + ReLU layers, batch 32; each step is
-               bound by kernel launches, so any time the hooks take from Python shows in full
-  loop8-tiny   the same at width 16: on the CPU, where loop8's matrix products dominate, the
-               step is then all Python and dispatch (the worst case for the hooks' share)
+Workloads, each a full step (zero_grad, forward, loss, backward, AdamW step):
+  transformer       a small GPT (embedding, 4 pre-norm blocks of attention and MLP, d=256,
+                    seq 128, batch 8, cross-entropy outside any module): 46 module calls a step
+  loop8             a launch-bound loop: 8 Linear(256, 256) + ReLU layers, batch 32; each step
+                    is bound by kernel launches, so any time the hooks take from Python shows
+  transformer-tiny  the transformer at d=16, seq 8, batch 2, vocab 32, and
+  loop8-tiny        loop8 at width 16: on the CPU, where the full-size matrix products dominate,
+                    these steps are all Python and dispatch, as a launch-bound GPU step is: the
+                    CPU's stand-ins for the GPU workloads (and harsher: no kernel time at all)
+The defaults: transformer,loop8 on CUDA; transformer-tiny,loop8-tiny on the CPU.
 
-Rounds interleave the modes in a shuffled order (off, on, and with --figures on+figures), each
-timing `--steps` steps after a short warm-up (on CUDA, synchronized at both ends), so both sides
-come from the same moments of the same process. Prints the median step time of each mode and
-the ratio on/off (the target: <= 1.03), and how many metadata calls a step made.
+Rounds interleave the modes in a shuffled order (off, on, and the optional ones), each timing
+`--steps` steps after a short warm-up (on CUDA, synchronized at both ends), so all modes come
+from the same moments of the same process. Prints each mode's median step time and its ratio to
+off (the median of the per-round ratios; the target for on: <= 1.03), and how many metadata
+calls a step makes (counted in a separate, untimed step).
 
-On CUDA the tracer sets torch's real allocator metadata; on the CPU (Python overhead only) a
-no-op sink stands in. The figures mode reads torch.cuda.memory_allocated at every boundary and
-is expected to cost more: it is measured, not held to the target.
+On CUDA the tracer sets torch's real allocator metadata. On the CPU a C-level call that stores
+the string per thread stands in for it (torch's CPU builds have no such call). `--ablate` adds
+`leaves` (every module followed, `%gpumem modules on --leaves`) and `nosink` (the metadata call
+replaced by a C no-op: on minus nosink is that call's cost). The
+figures mode reads the allocated bytes at every boundary and is expected to cost more: it is
+measured, not held to the target.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -84,12 +93,14 @@ class Gpt(nn.Module):
 Step = Callable[[], None]
 
 
-def transformer(device: str) -> tuple[dict[str, Any], Step]:
+def transformer(
+    device: str, vocab: int = 512, d: int = 256, seq: int = 128, batch: int = 8
+) -> tuple[dict[str, Any], Step]:
     torch.manual_seed(0)
-    gpt = Gpt().to(device)
-    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
-    idx = torch.randint(0, 512, (8, 128), device=device)
-    targets = torch.randint(0, 512, (8, 128), device=device)
+    gpt = Gpt(vocab=vocab, d=d).to(device)
+    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-4, foreach=True)  # as on CUDA by default
+    idx = torch.randint(0, vocab, (batch, seq), device=device)
+    targets = torch.randint(0, vocab, (batch, seq), device=device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -106,7 +117,7 @@ def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
     for _ in range(8):
         layers += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*layers).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     xb = torch.randn(32, width, device=device)
 
     def step() -> None:
@@ -123,7 +134,16 @@ WORKLOADS: dict[str, Callable[[str], tuple[dict[str, Any], Step]]] = {
     "loop8": loop8,
     # The CPU's own launch-bound loop: layers so small the step is all Python and dispatch.
     "loop8-tiny": lambda device: loop8(device, width=16),
+    "transformer-tiny": lambda device: transformer(device, vocab=32, d=16, seq=8, batch=2),
 }
+DEFAULT_WORKLOADS = {"cuda": "transformer,loop8", "cpu": "transformer-tiny,loop8-tiny"}
+
+
+def c_level_sink() -> Callable[[str], None]:
+    """On the CPU, a stand-in for torch's metadata setter that costs what it costs: one C call
+    that stores the string in a per-thread slot (the real one assigns a thread_local
+    std::string, behind pybind11's argument conversion)."""
+    return functools.partial(setattr, threading.local(), "tag")
 
 
 class CountingSink:
@@ -150,45 +170,67 @@ def timed(step: Step, steps: int, cuda: bool, clock: Callable[[], float]) -> flo
     return (clock() - t0) / steps
 
 
+# Modes besides "off" and "on": what the metadata call itself costs, and the figures mode.
+ABLATIONS = {
+    "leaves": "the tracer following every module, torch's own layers included (--leaves)",
+    "nosink": "the tracer on with a sink that does nothing (the cost of the C metadata call is "
+    "on minus nosink)",
+}
+
+
 def bench(
-    name: str, device: str, rounds: int, steps: int, *, figures: bool, clock: str
+    name: str, device: str, rounds: int, steps: int, *, figures: bool, ablate: bool, clock: str
 ) -> dict[str, Any]:
     ns, step = WORKLOADS[name](device)
     cuda = device == "cuda"
-    sink = CountingSink(default_sink(torch) if cuda else lambda tag: None)
-    tracer = ModuleTracer(ModuleNames(lambda: ns), sink=sink)
-    modes = ["off", "on"] + (["figures"] if figures else [])
+    real = default_sink(torch) if cuda else c_level_sink()
+    modes = ["off", "on"] + (list(ABLATIONS) if ablate else []) + (["figures"] if figures else [])
+    sinks: dict[str, Callable[[str], None]] = {"nosink": id}  # a C call that does nothing
+    tracers = {m: ModuleTracer(ModuleNames(lambda: ns), sink=sinks.get(m, real)) for m in modes[1:]}
     times: dict[str, list[float]] = {m: [] for m in modes}
-    calls_per_step = 0.0
     rng = random.Random(0)
     for _ in range(rounds):
         order = modes[:]
         rng.shuffle(order)
         for mode in order:
-            if mode != "off":
-                tracer.install(1, measure=mode == "figures")
-            before = sink.calls
+            tracer = tracers.get(mode)
+            if tracer is not None:
+                tracer.install(1, measure=mode == "figures", leaves=mode == "leaves")
             try:
                 times[mode].append(timed(step, steps, cuda, CLOCKS[clock]))
             finally:
-                tracer.uninstall()
-            if mode == "on":
-                calls_per_step = (sink.calls - before) / (steps + 5)
+                if tracer is not None:
+                    tracer.uninstall()
+    # Metadata calls a step, counted apart (a counting sink is Python: it would add its own
+    # cost to the timed steps).
+    counting = CountingSink(real)
+    tracer = ModuleTracer(ModuleNames(lambda: ns), sink=counting)
+    tracer.install(1)
+    try:
+        step()
+        counting.calls = 0
+        step()
+    finally:
+        tracer.uninstall()
     med = {m: statistics.median(v) for m, v in times.items()}
-    result: dict[str, Any] = {
+    # Each round times every mode at nearly the same moment: the ratio within a round, then its
+    # median, is steadier than a ratio of medians on a loaded machine.
+    ratios = {
+        m: statistics.median(a / b for a, b in zip(times[m], times["off"], strict=True))
+        for m in modes[1:]
+    }
+    return {
         "workload": name,
         "device": device,
         "rounds": rounds,
         "steps": steps,
         "clock": clock,
         "median_step_s": med,
-        "ratio_on_off": med["on"] / med["off"],
-        "metadata_calls_per_step": calls_per_step,
+        "ratio_to_off": ratios,
+        "ratio_on_off": ratios["on"],
+        "metadata_calls_per_step": counting.calls,
         "per_round_s": times,
     }
-    if figures:
-        result["ratio_figures_off"] = med["figures"] / med["off"]
-    return result
 
 
 def main() -> None:
@@ -198,8 +240,13 @@ def main() -> None:
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--workload", default="transformer,loop8")
+    ap.add_argument(
+        "--workload", default=None, help=f"comma-separated; by device: {DEFAULT_WORKLOADS}"
+    )
     ap.add_argument("--figures", action="store_true", help="also time the figures mode")
+    ap.add_argument(
+        "--ablate", action="store_true", help="also time: " + "; ".join(ABLATIONS.values())
+    )
     ap.add_argument(
         "--clock",
         choices=list(CLOCKS),
@@ -218,18 +265,22 @@ def main() -> None:
         f"{clock} time"
     )
     results = []
-    for name in args.workload.split(","):
-        r = bench(name, device, args.rounds, args.steps, figures=args.figures, clock=clock)
+    for name in (args.workload or DEFAULT_WORKLOADS[device]).split(","):
+        r = bench(
+            name,
+            device,
+            args.rounds,
+            args.steps,
+            figures=args.figures,
+            ablate=args.ablate,
+            clock=clock,
+        )
         results.append(r)
         med = r["median_step_s"]
-        line = (
-            f"{name:12} off {med['off'] * 1e3:8.3f} ms  on {med['on'] * 1e3:8.3f} ms  "
-            f"ratio {r['ratio_on_off']:.3f}  ({r['metadata_calls_per_step']:.0f} metadata "
-            "calls a step)"
-        )
-        if args.figures:
-            line += f"  figures {med['figures'] * 1e3:8.3f} ms ({r['ratio_figures_off']:.3f})"
-        print(line)
+        line = f"{name:16} off {med['off'] * 1e3:8.3f} ms"
+        for mode, ratio in r["ratio_to_off"].items():
+            line += f"  {mode} {med[mode] * 1e3:8.3f} ms (x{ratio:.3f})"
+        print(line + f"  [{r['metadata_calls_per_step']} metadata calls a step]")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

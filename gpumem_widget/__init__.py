@@ -143,17 +143,26 @@ def history(
         store.close()
 
 
-def trace_modules(on: bool | Literal["auto"] = True, *, figures: bool = False) -> bool:
+def trace_modules(
+    on: bool | Literal["auto"] = True, *, figures: bool = False, leaves: bool = False
+) -> bool:
     """Tag every allocation with its cell, phase and module (``cell:12 backward gpt.h.3.mlp``),
     on every thread that runs the model, autograd's included (`%gpumem modules`). True: on from
     now on; False: off; "auto" (the default state): on while a cell runs under ``%%gpumem`` and
     while ``%gpumem record on`` records. `figures`: also measure per-module figures
-    (`module_figures`), which reads the allocator at every module boundary. Returns whether the
-    tracer is on now. Works without the extension loaded (tags then carry no cell)."""
+    (`module_figures`), which reads the allocator at every module boundary. `leaves`: follow
+    torch's own layers too (Linear, GELU, ...), which are otherwise counted in the module that
+    calls them, at several times the cost. Returns whether the tracer is on now. Works without
+    the extension loaded (tags then carry no cell)."""
     from gpumem_widget.live import modules
 
     mode: Literal["auto", "on", "off"] = "auto" if on == "auto" else "on" if on else "off"
-    return modules.set_mode(mode, _running_cell(), measure=figures if on is True else None)
+    return modules.set_mode(
+        mode,
+        _running_cell(),
+        measure=figures if on is True else None,
+        leaves=leaves if on is True else None,
+    )
 
 
 def module_figures(cell: int | None = None) -> ModuleFigureTable | None:

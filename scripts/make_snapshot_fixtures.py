@@ -231,7 +231,8 @@ def train_modules(out: Path) -> None:
 
     torch.manual_seed(0)
     torch.cuda.memory._record_memory_history(max_entries=200000, stacks="python")
-    modules.set_mode("on", None)  # as `%gpumem modules on`; cells as the session marks them
+    # As `%gpumem modules on --leaves`: every layer its own row (cells as the session marks them).
+    modules.set_mode("on", None, leaves=True)
     cells: list[tuple[int, float, float]] = []
 
     @contextlib.contextmanager

@@ -42,8 +42,19 @@ class Sink:
         self.calls.clear()
 
 
+ORIGINAL_MODULE_CALL = nn.Module.__call__
+ORIGINAL_ENGINE_RUN = torch.autograd._engine_run_backward  # type: ignore[attr-defined]
+
+
 def global_hooks() -> dict[str, int]:
+    """Every hook the tracer could leave behind: torch's global ones, and whether
+    `nn.Module.__call__` and autograd's `_engine_run_backward` are torch's own."""
     return {
+        "module_call_replaced": int(nn.Module.__call__ is not ORIGINAL_MODULE_CALL),
+        "engine_run_replaced": int(
+            torch.autograd._engine_run_backward  # type: ignore[attr-defined]
+            is not ORIGINAL_ENGINE_RUN
+        ),
         "forward_pre": len(torch_module._global_forward_pre_hooks),
         "forward": len(torch_module._global_forward_hooks),
         "always_called": len(torch_module._global_forward_hooks_always_called),
@@ -52,9 +63,6 @@ def global_hooks() -> dict[str, int]:
         "optimizer_pre": len(torch_optimizer._global_optimizer_pre_hooks),
         "optimizer_post": len(torch_optimizer._global_optimizer_post_hooks),
     }
-
-
-ORIGINAL_ENGINE_RUN = torch.autograd._engine_run_backward  # type: ignore[attr-defined]
 
 
 class Block(nn.Module):
@@ -92,10 +100,16 @@ def make_tracer(sink: Sink) -> Iterator[Callable[..., ModuleTracer]]:
     made: list[ModuleTracer] = []
 
     def make(
-        ns: dict[str, Any], cell: int | None = 7, measure: bool = False, **kw: Any
+        ns: dict[str, Any],
+        cell: int | None = 7,
+        measure: bool = False,
+        leaves: bool = True,
+        **kw: Any,
     ) -> ModuleTracer:
+        """A tracer on `ns`; by default following every module (`leaves`), which these tests
+        use to check the nesting itself on small models; the default rule is tested apart."""
         t = ModuleTracer(ModuleNames(lambda: ns), sink=sink, **kw)
-        t.install(cell, measure=measure)
+        t.install(cell, measure=measure, leaves=leaves)
         made.append(t)
         return t
 
@@ -138,6 +152,72 @@ def test_forward_nesting_innermost_wins_and_leaving_restores_the_parent(
         "cell:7 forward gpt.head",
         "cell:7 forward",
     ]
+
+
+def test_by_default_torchs_own_layers_are_counted_in_the_module_that_calls_them(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """The default rule: models, blocks, containers and the user's own layers are followed;
+    torch's leaf layers (LayerNorm, Linear, GELU) belong to their caller, forward and backward
+    alike (a leave hook on the LayerNorm's output takes backward from `mlp` back to the block);
+    a torch layer called in no module is followed, or its bytes would name no module."""
+
+    class Scale(nn.Module):  # the user's own leaf layer: followed
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.w
+
+    gpt = Gpt(n=2)
+    scale, lin = Scale(), nn.Linear(4, 4)
+    make_tracer({"gpt": gpt, "scale": scale, "lin": lin}, leaves=False)
+    sink.clear()
+    loss = scale(lin(gpt(torch.randn(2, 8)))).square().mean()
+    assert sink.tags() == [
+        "cell:7 forward gpt",
+        "cell:7 forward gpt.h.0",
+        "cell:7 forward gpt.h.0.mlp",  # Linear, GELU, Linear: counted in `mlp`
+        "cell:7 forward gpt.h.0",
+        "cell:7 forward gpt",
+        "cell:7 forward gpt.h.1",
+        "cell:7 forward gpt.h.1.mlp",
+        "cell:7 forward gpt.h.1",
+        "cell:7 forward gpt",  # `head`, a Linear: counted in `gpt`
+        "cell:7 forward",
+        "cell:7 forward lin",  # called in no module: followed
+        "cell:7 forward",
+        "cell:7 forward scale",
+        "cell:7 forward",
+    ]
+    sink.clear()
+    loss.backward()
+    assert dedup(sink.tags()) == [
+        "cell:7 backward",
+        "cell:7 backward scale",
+        "cell:7 backward lin",
+        "cell:7 backward gpt",  # `head`'s backward
+        "cell:7 backward gpt.h.1",  # the residual add
+        "cell:7 backward gpt.h.1.mlp",
+        "cell:7 backward gpt.h.1",  # `ln` and `h = x * 2`, back in the block
+        "cell:7 backward gpt.h.0",
+        "cell:7 backward gpt.h.0.mlp",
+        "cell:7 backward gpt.h.0",
+        "cell:7",
+    ]
+
+
+def test_a_sequential_sets_its_own_tag_only_when_some_child_is_not_followed(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    stack = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.GELU()), nn.Sequential(nn.Tanh()))
+    make_tracer({"stack": stack}, leaves=False)
+    sink.clear()
+    with torch.no_grad():
+        stack(torch.randn(1, 2))
+    # `stack` holds only followed blocks: nothing of its own runs, its tag is never set.
+    assert sink.tags() == ["cell:7 forward stack.0", "cell:7 forward stack.1", "cell:7"]
 
 
 def test_the_metadata_call_happens_only_when_the_tag_changes(
@@ -354,6 +434,18 @@ def test_recompute_under_activation_checkpointing(
         assert tags.index("cell:7 backward block.mlp.0") > first_recompute
         assert "cell:7 forward block.mlp.0" not in tags
         assert tags[-1] == "cell:7"
+    # By default: the block's torch layers recompute in the block; a torch layer checkpointed
+    # on its own is followed in its recompute too.
+    block, lin = Block(), nn.Linear(8, 8)
+    make_tracer({"block": block, "lin": lin}, leaves=False)
+    x = torch.randn(2, 8, requires_grad=True)
+    y = checkpoint(block, checkpoint(lin, x, use_reentrant=False), use_reentrant=False)
+    sink.clear()
+    y.sum().backward()
+    tags = dedup(sink.tags())
+    assert "cell:7 recompute block" in tags
+    assert "cell:7 recompute lin" in tags
+    assert not any("block.mlp.0" in tag for tag in tags)
 
 
 def test_a_raising_forward_unwinds_and_the_next_cell_is_clean(
@@ -495,6 +587,95 @@ def test_a_compiled_module_is_attributed_as_a_whole(
     torch._dynamo.reset()
 
 
+def test_autocast_changes_no_tag_and_no_result(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    def step(traced: bool) -> tuple[list[str], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        gpt = Gpt(n=2)
+        if traced:
+            make_tracer({"gpt": gpt}, leaves=False)
+        sink.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = gpt(torch.randn(2, 8))
+        assert out.dtype == torch.bfloat16
+        out.float().square().mean().backward()
+        return dedup(sink.tags()), [out.detach(), *(p.grad for p in gpt.parameters())]
+
+    plain_tags, plain = step(False)
+    tags, traced = step(True)
+    assert plain_tags == []
+    assert "cell:7 forward gpt.h.1.mlp" in tags
+    assert "cell:7 backward gpt.h.1.mlp" in tags
+    assert tags[-1] == "cell:7"
+    for a, b in zip(plain, traced, strict=True):
+        assert a is not None
+        assert b is not None
+        assert torch.equal(a, b)
+
+
+def test_gradient_accumulation_tags_each_backward_and_sums_the_same(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """Several forward/backward pairs before one step: each backward is entered from its own
+    root, its modules are named, and the accumulated gradients are those without the tracer."""
+
+    def run(traced: bool) -> tuple[list[list[str]], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        gpt = Gpt(n=1)
+        opt = torch.optim.SGD(gpt.parameters(), lr=0.1)
+        if traced:
+            make_tracer({"gpt": gpt, "opt": opt}, leaves=False)
+        backwards = []
+        for _ in range(3):
+            loss = gpt(torch.randn(2, 8)).square().mean() / 3
+            sink.clear()
+            loss.backward()
+            backwards.append(dedup(sink.tags()))
+        grads = [p.grad.clone() for p in gpt.parameters() if p.grad is not None]
+        sink.clear()
+        opt.step()
+        if traced:
+            assert sink.tags() == ["cell:7 optimizer", "cell:7"]
+        return backwards, grads
+
+    _, plain = run(False)
+    backwards, traced = run(True)
+    for tags in backwards:
+        assert tags[0] == "cell:7 backward"
+        assert "cell:7 backward gpt.h.0.mlp" in tags
+        assert tags[-1] == "cell:7"
+    assert len(plain) == len(traced) > 0
+    for a, b in zip(plain, traced, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_compiled_function_calling_modules_compiles_whole_with_the_tracer_on(
+    sink: Sink, make_tracer: Callable[..., ModuleTracer]
+) -> None:
+    """torch.compile with fullgraph=True (any graph break raises) of code that calls modules:
+    dynamo inlines the tracer's `__call__`, which does nothing while compiling; the compiled
+    code calls no module, so its bytes are the cell's (and the phase's, in backward)."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    expected = model(x).sum()
+    make_tracer({"model": model}, leaves=False)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return model(x).sum()
+
+    sink.clear()
+    out = f(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.backward()
+    again = f(x)  # no recompile needed, no error
+    torch.testing.assert_close(again, expected, rtol=0, atol=0)
+    assert not any("forward model" in tag for tag in sink.tags())
+    torch._dynamo.reset()
+
+
 # Nothing changes, nothing stays ---------
 def test_results_are_bit_for_bit_the_same_with_the_tracer_on(
     make_tracer: Callable[..., ModuleTracer],
@@ -528,15 +709,19 @@ def test_no_hook_stays_installed_when_off(sink: Sink) -> None:
     t = ModuleTracer(ModuleNames(dict), sink=sink)
     t.install(3)
     during = global_hooks()
-    assert during["forward_pre"] == before["forward_pre"] + 1
-    assert during["forward"] == before["forward"] + 1
-    assert during["optimizer_pre"] == before["optimizer_pre"] + 1
-    assert torch.autograd._engine_run_backward is not ORIGINAL_ENGINE_RUN  # type: ignore[attr-defined]
+    assert before["module_call_replaced"] == before["engine_run_replaced"] == 0
+    assert during == {
+        **before,
+        "module_call_replaced": 1,
+        "engine_run_replaced": 1,
+        "optimizer_pre": before["optimizer_pre"] + 1,
+        "optimizer_post": before["optimizer_post"] + 1,
+    }  # and no module hook: they would send every module call down torch's slow path
     lin = nn.Linear(2, 2)
     out = lin(torch.randn(1, 2))
     t.uninstall()
     assert global_hooks() == before
-    assert torch.autograd._engine_run_backward is ORIGINAL_ENGINE_RUN  # type: ignore[attr-defined]
+    assert nn.Module.__call__ is ORIGINAL_MODULE_CALL
     sink.clear()
     out.sum().backward()  # a node hooked while on does nothing once off
     lin(torch.randn(1, 2))
@@ -672,9 +857,19 @@ def test_the_magic_and_cells_through_a_real_shell(ip: Any, control: Sink) -> Non
     result = ip.run_cell("net(torch.randn(2, 3)).sum().backward()", store_history=True)
     result.raise_error()
     n = result.execution_count
+    # By default torch's own Linear is counted in the model that calls it.
+    assert control.tags()[0] == f"cell:{n}"
+    assert f"cell:{n} forward net" in control.tags()
+    assert f"cell:{n} backward net" in control.tags()
+    assert not any("net.0" in tag for tag in control.tags())
+    ip.run_cell("%gpumem modules on --figures --leaves", store_history=True).raise_error()
+    assert "every layer followed" in modules.status()
+    control.clear()
+    result = ip.run_cell("net(torch.randn(2, 3)).sum().backward()", store_history=True)
+    result.raise_error()
+    n = result.execution_count
     assert f"cell:{n} forward net.0" in control.tags()
     assert f"cell:{n} backward net.0" in control.tags()
-    assert control.tags()[0] == f"cell:{n}"
     figures = gpumem_widget.module_figures(n)
     assert figures is not None
     assert {r.path for r in figures.rows()} == {"net", "net.0"}
@@ -698,8 +893,10 @@ def test_the_magic_prints_status_and_help(
     assert "no per-module figures for cell 99999" in capsys.readouterr().out
     from IPython.core.error import UsageError
 
-    with pytest.raises(UsageError, match="--figures goes with `on`"):
+    with pytest.raises(UsageError, match="--figures and --leaves go with `on`"):
         ip.run_line_magic("gpumem", "modules off --figures")
+    with pytest.raises(UsageError, match="--figures and --leaves go with `on`"):
+        ip.run_line_magic("gpumem", "modules table --leaves")
 
 
 def test_the_api_and_unloading_remove_every_hook(ip: Any, control: Sink) -> None:
@@ -751,9 +948,9 @@ def test_names_given_in_a_script_name_modules_no_variable_reaches(control: Sink)
     def script() -> None:  # the model is a local: no variable of `__main__` reaches it
         model = Gpt()
         gpumem_widget.name_modules(gpt=model)
-        modules.set_mode("on", 3)
+        modules.set_mode("on", 3, leaves=True)  # every layer named, torch's own too
         model(torch.randn(2, 8)).sum().backward()
-        modules.set_mode("auto", 3)
+        modules.set_mode("auto", 3, leaves=False)
 
     script()
     assert "cell:3 forward gpt.h.1.mlp.0" in control.tags()

@@ -217,7 +217,7 @@ def test_the_status_and_the_record_carry_the_spans_and_the_modules(shell: Any) -
     assert off.execution_count == session.records()[-1].execution_count
     assert session.status()["running_phases"] is None
 
-    run(shell, "%gpumem modules on --figures")
+    run(shell, "%gpumem modules on --figures --leaves")  # the Linear its own row
     shell.user_ns["status"] = session.status
     result = run(
         shell,

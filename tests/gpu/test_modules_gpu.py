@@ -77,9 +77,9 @@ def bytes_by(live: dict[int, tuple[int, str]], keep: Callable[[Tag | None], bool
     return sum(size for size, tag in live.values() if keep(parse_tag(tag)))
 
 
-def traced_step(cell: Cell, shell: Any) -> tuple[int, list[dict[str, Any]]]:
+def traced_step(cell: Cell, shell: Any, leaves: bool = False) -> tuple[int, list[dict[str, Any]]]:
     cell(SETUP)
-    cell("import gpumem_widget; gpumem_widget.trace_modules(True, figures=True)")
+    cell(f"import gpumem_widget; gpumem_widget.trace_modules(True, figures=True, leaves={leaves})")
     result = cell(STEP)
     cell("gpumem_widget.trace_modules(False)")
     return result.execution_count, entries(shell.user_ns["snap"])
@@ -96,14 +96,40 @@ def test_every_allocation_of_the_step_carries_the_cells_tag(shell: Any, cell: Ce
 
 
 def test_saved_activations_and_gradients_equal_their_analytic_bytes(shell: Any, cell: Cell) -> None:
+    """By default each block (`stack.i`, a Sequential of a Linear and a GELU) is followed and
+    its torch layers are counted in it: the block's forward keeps the Linear's and the GELU's
+    outputs, its backward leaves the Linear's weight and bias gradients."""
     n, trace = traced_step(cell, shell)
-    states = replay(trace)
-    # Backward starts at the first allocation tagged with phase backward.
-    first_backward = next(
-        i for i, e in enumerate(trace) if e["action"] == "alloc" and phase_of(e) == "backward"
-    )
-    at_backward = next(live for i, live in reversed(states) if i < first_backward)
-    at_end = states[-1][1]
+    at_backward, at_end = _at_backward_and_end(trace)
+    for i in range(L):
+        path = f"stack.{i}"
+        kept = bytes_by(at_backward, lambda t, p=path: t is not None and t[1:] == ("forward", p))
+        assert kept == 2 * B * D * F32, f"{path} kept {kept} after forward"
+        grads = bytes_by(at_end, lambda t, p=path: t is not None and t[1:] == ("backward", p))
+        assert grads == (D * D + D) * F32, f"{path}: {grads} bytes of its backward at the end"
+    assert not any(
+        (t := parse_tag(e.get("user_metadata", ""))) is not None
+        and t.module is not None
+        and t.module.count(".") > 1
+        for e in trace
+    ), "a torch layer inside a block was followed"
+    # The live figures, read at module boundaries without history, say the same.
+    figures = gpumem_widget.module_figures(n)
+    assert figures is not None
+    rows = {r.path: r for r in figures.rows()}
+    for i in range(L):
+        assert rows[f"stack.{i}"].forward_kept == 2 * B * D * F32
+        assert rows[f"stack.{i}"].parameters == (D * D + D) * F32
+        assert rows[f"stack.{i}"].gradients == (D * D + D) * F32
+        assert rows[f"stack.{i}"].calls == 1
+    assert rows["stack"].forward_kept == 2 * L * B * D * F32
+    assert rows["stack"].gradients == L * (D * D + D) * F32
+
+
+def test_with_leaves_each_layer_equals_its_analytic_bytes(shell: Any, cell: Cell) -> None:
+    """`leaves=True` follows torch's layers too: each Linear and each GELU on its own."""
+    n, trace = traced_step(cell, shell, leaves=True)
+    at_backward, at_end = _at_backward_and_end(trace)
     for i in range(L):
         for j, module in ((0, "Linear"), (1, "GELU")):
             path = f"stack.{i}.{j}"
@@ -114,7 +140,6 @@ def test_saved_activations_and_gradients_equal_their_analytic_bytes(shell: Any, 
             grads = bytes_by(at_end, lambda t, p=path: t is not None and t[1:] == ("backward", p))
             expected = (D * D + D) * F32 if module == "Linear" else 0
             assert grads == expected, f"{path}: {grads} bytes of its backward alive at the end"
-    # The live figures, read at module boundaries without history, say the same.
     figures = gpumem_widget.module_figures(n)
     assert figures is not None
     rows = {r.path: r for r in figures.rows()}
@@ -127,6 +152,18 @@ def test_saved_activations_and_gradients_equal_their_analytic_bytes(shell: Any, 
         assert rows[f"stack.{i}.1"].calls == 1
     assert rows["stack"].forward_kept == 2 * L * B * D * F32
     assert rows["stack"].gradients == L * (D * D + D) * F32
+
+
+def _at_backward_and_end(
+    trace: list[dict[str, Any]],
+) -> tuple[dict[int, tuple[int, str]], dict[int, tuple[int, str]]]:
+    """The live blocks just before backward's first allocation, and at the end."""
+    states = replay(trace)
+    first_backward = next(
+        i for i, e in enumerate(trace) if e["action"] == "alloc" and phase_of(e) == "backward"
+    )
+    at_backward = next(live for i, live in reversed(states) if i < first_backward)
+    return at_backward, states[-1][1]
 
 
 def _peak_unnamed_share(trace: list[dict[str, Any]]) -> tuple[int, int]:
@@ -189,9 +226,19 @@ torch.cuda.synchronize()
 """
 
 
-def test_a_small_transformer_step_is_named_at_its_peak(shell: Any, cell: Cell) -> None:
+@pytest.mark.parametrize(
+    ("leaves", "expected"),
+    [
+        # By default torch's layers are counted in their callers: `head`, `wte` in `gpt`.
+        (False, {"gpt", "gpt.h.3", "gpt.h.3.mlp", "gpt.h.0.attn"}),
+        (True, {"gpt.head", "gpt.h.3.mlp.0", "gpt.h.0.attn", "gpt.wte"}),
+    ],
+)
+def test_a_small_transformer_step_is_named_at_its_peak(
+    shell: Any, cell: Cell, leaves: bool, expected: set[str]
+) -> None:
     cell(TRANSFORMER)
-    cell("import gpumem_widget; gpumem_widget.trace_modules(True)")
+    cell(f"import gpumem_widget; gpumem_widget.trace_modules(True, leaves={leaves})")
     result = cell(
         "torch.cuda.memory._record_memory_history(max_entries=1_000_000)\n"
         "step()\n"
@@ -204,7 +251,9 @@ def test_a_small_transformer_step_is_named_at_its_peak(shell: Any, cell: Cell) -
     allocs = [e for e in trace if e["action"] == "alloc"]
     assert all(cell_of_tag(e.get("user_metadata", "")) == n for e in allocs)
     modules = {t.module for e in allocs if (t := parse_tag(e.get("user_metadata", ""))) is not None}
-    assert {"gpt.head", "gpt.h.3.mlp.0", "gpt.h.0.attn", "gpt.wte"} <= modules
+    assert expected <= modules
+    if not leaves:
+        assert not any(m is not None and m.endswith((".head", ".wte", ".ln1")) for m in modules)
     unnamed, total = _peak_unnamed_share(trace)
     assert unnamed <= 0.01 * total, f"{unnamed} of {total} bytes at the peak name nothing"
 
@@ -275,11 +324,13 @@ def test_explain_while_recording_takes_a_snapshot_now(shell: Any, cell: Cell) ->
     assert out["source"].startswith("a snapshot taken now (recording since ")
     assert out["peak"]["cell"] == step.execution_count
     assert out["peak"]["phase"] is not None  # `record on` turned the tracer on
+
+
 def test_the_cells_note_equals_the_recorded_snapshot(shell: Any, cell: Cell) -> None:
     """What the browser is sent for the step (its record's `notes["modules"]`: the live
     figures of the modules that held the most, and the phase spans) against the allocator's
     own record of the same step, entry by entry."""
-    n, trace = traced_step(cell, shell)
+    n, trace = traced_step(cell, shell, leaves=True)  # every layer a row
     from gpumem_widget.extension import current_session
 
     session = current_session()
@@ -340,3 +391,16 @@ def test_the_cells_note_equals_the_recorded_snapshot(shell: Any, cell: Cell) -> 
         for (_, phase), t in zip(tagged, times, strict=True):
             s = by_phase[phase]
             assert s["start"] - 0.002 <= t <= s["end"] + 0.002, (phase, t, s)
+
+
+def test_the_figures_allocated_reader_equals_memory_allocated() -> None:
+    """The figures mode's reader skips `memory_stats`' flattening: the same number."""
+    import torch
+
+    from gpumem_widget.live.modules.tracer import default_allocated
+
+    read = default_allocated(torch)
+    x = torch.empty(3 * 2**20 + 7, dtype=torch.uint8, device="cuda")
+    assert read() == torch.cuda.memory_allocated()
+    del x
+    assert read() == torch.cuda.memory_allocated()

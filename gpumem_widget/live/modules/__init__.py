@@ -39,6 +39,7 @@ KEEP_FIGURES = 32  # cells whose per-module figures (and phase spans) are kept
 class _Control:
     mode: Mode = "auto"
     measure: bool = False
+    leaves: bool = False
     reasons: set[Reason] = field(default_factory=set)
     tracer: ModuleTracer | None = None
     figures: OrderedDict[int | None, CellFigures] = field(default_factory=OrderedDict)
@@ -70,15 +71,20 @@ def mode() -> Mode:
     return _control.mode
 
 
-def set_mode(mode: Mode, cell: int | None, *, measure: bool | None = None) -> bool:
+def set_mode(
+    mode: Mode, cell: int | None, *, measure: bool | None = None, leaves: bool | None = None
+) -> bool:
     """``%gpumem modules on|off|auto`` / `gpumem_widget.trace_modules`; `cell`: the running
-    cell, if any. Returns whether the tracer is on now."""
+    cell, if any; `leaves`: follow every module (`ModuleTracer.traced`). Returns whether the
+    tracer is on now."""
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"mode must be 'auto', 'on' or 'off', not {mode!r}")
     with _control.lock:
         _control.mode = mode
         if measure is not None:
             _control.measure = measure
+        if leaves is not None:
+            _control.leaves = leaves
         return _apply(cell)
 
 
@@ -108,7 +114,7 @@ def reset() -> None:
     """Back to auto mode with nothing wanting the tracer: its hooks removed (the extension's
     unloading)."""
     with _control.lock:
-        _control.mode, _control.measure = "auto", False
+        _control.mode, _control.measure, _control.leaves = "auto", False, False
         _control.reasons.clear()
         _apply(None)
 
@@ -118,8 +124,8 @@ def _apply(cell: int | None) -> bool:
     if _control.wanted():
         if t is None:
             t = _control.tracer = _make_tracer()
-        if not t.installed or t.measure != _control.measure:
-            t.install(cell, measure=_control.measure)
+        if not t.installed or (t.measure, t.leaves) != (_control.measure, _control.leaves):
+            t.install(cell, measure=_control.measure, leaves=_control.leaves)
         return True
     if t is not None and t.installed:
         _keep(t.end_cell(), t.phases)
@@ -258,6 +264,11 @@ def status() -> str:
     line = f"module tracer: {'on' if on else 'off'} ({why})"
     if on:
         line += "; per-module figures " + ("measured" if c.measure else "off (--figures)")
+        line += "; " + (
+            "every layer followed (--leaves)"
+            if c.leaves
+            else "torch's own layers counted in the module that calls them (--leaves: each)"
+        )
     if c.tracer is not None and c.tracer.error is not None:
         line += f"; a hook failed (tags may be off since): {c.tracer.error}"
     return line

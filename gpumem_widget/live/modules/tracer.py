@@ -5,8 +5,14 @@ PyTorch's allocator metadata (`_set_memory_metadata`, written into each trace en
 keeps, on whichever thread runs its hooks, the current frame (cell, phase, module) and sets the
 metadata from it:
 
-- global forward pre/post hooks: the module being run (the innermost wins; its post hook
-  restores its parent, and also runs when its forward raises, so the state unwinds);
+- `nn.Module.__call__`, replaced while tracing (torch's own called in between): the module being
+  run (the innermost followed one wins; leaving restores its parent, also when its forward
+  raises, so the state unwinds). Not torch's global module hooks: while any exists, every
+  module call in the process takes `_call_impl`'s slow path, which cost more than the rest of
+  the tracer together. Followed by default: modules holding other modules and the user's own
+  layers; torch's leaf layers (Linear, GELU, ...) are counted in the module that calls them,
+  unless called in no module or `leaves` is set (`ModuleTracer.traced`): each followed module
+  costs a node hook registered per call and run in backward;
 - a pre-hook on the node that made each module's output (`grad_fn`): backward enters that
   module there, on the thread that runs the node. A node several nested modules share (a
   `Sequential`'s output is its last child's) is claimed by the innermost, whose hook comes
@@ -20,24 +26,26 @@ After a model's outermost forward (with grad, and not raising), the thread stays
 forward with no module until backward: that is where the loss is computed.
 
 A forward run while backward runs on the same thread is activation checkpointing's recompute.
-A `torch.compile`d module is seen as a whole (its submodules' hooks are not called from compiled
-code), and so is one being traced by dynamo (the hooks do nothing while compiling).
+A `torch.compile`d module is seen as a whole (compiled code calls no submodule), and so is one
+being traced by dynamo (the replaced `__call__` does nothing while compiling; dynamo inlines it,
+so fullgraph compiles still compile whole).
 
 Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
 `Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
-formatting and build nothing per call. The cell's phase spans (`phases.py`, for the live chart)
-are checked only where the tag changes, and written only when the phase does. Hooks never
+formatting and build nothing per call (an entry's node hooks are made once). The cell's phase
+spans (`phases.py`, for the live chart) are checked only where the tag changes, and written only
+when the phase does. Hooks never
 return a value: results and the autograd graph are untouched. Everything is removed by
-`uninstall`; hooks left on live graph nodes do nothing once the tracer is off.
+`uninstall` (`nn.Module.__call__` is torch's again, unless someone replaced it since: then ours
+stays in the chain, passing calls through); hooks left on live graph nodes do nothing once the
+tracer is off.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +58,9 @@ from gpumem_widget.snapshot.model.tags import Phase, module_tag
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = range(5)
 _PHASE_NAMES: tuple[Phase, ...] = ("forward", "backward", "recompute", "optimizer", "other")
 log = logging.getLogger(__name__)
-_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+# Which calls of a module the tracer follows (`Entry.traced`): every call; only a call made in no
+# module (a layer the notebook calls itself); none (code dynamo generated).
+ALWAYS, TOP_LEVEL, NEVER = "always", "top level", "never"
 MetadataSink = Callable[[str], None]
 AllocatedReader = Callable[[], int]
 
@@ -74,18 +84,21 @@ class Frame:
 
 
 class Entry:
-    """One module in one cell: its name and its frames, made once; its bound `enter_backward`
-    is the node pre-hook."""
+    """One module in one cell: its name and its frames, made once; `enter` (its bound
+    `enter_backward`, made once too) is the node pre-hook on its outputs."""
 
     __slots__ = (
         "backward",
         "compiled",
+        "enter",
         "forward",
+        "leave",
         "path",
         "prefix",
         "pure",
         "recompute",
         "ref",
+        "traced",
         "tracer",
         "version",
     )
@@ -97,12 +110,27 @@ class Entry:
         self.path = path
         self.prefix = path + "."
         self.compiled = type(module).__name__ == "OptimizedModule"
-        # torch's own Sequential runs only its children: between them, its code allocates
-        # nothing, so the metadata need not go back to it (one C call less per child).
-        self.pure = type(module) is tracer.sequential
+        self.traced = tracer.traced(module)
+        # torch's own Sequential runs only its children: when all of them are followed, its
+        # code allocates nothing between them, so the metadata need not go back to it (one C
+        # call less per child).
+        children = [c for c in module._modules.values() if c is not None]
+        self.pure = type(module) is tracer.sequential and all(
+            tracer.traced(c) is ALWAYS for c in children
+        )
         self.forward = Frame(module_tag(cell, "forward", path), FORWARD, self)
         self.backward = Frame(module_tag(cell, "backward", path), BACKWARD, self)
         self.recompute = Frame(module_tag(cell, "recompute", path), RECOMPUTE, self)
+        self.enter = self.enter_backward
+        self.leave: _Leave | None = None  # the last leave hook made, to reuse for its parent
+
+    def leave_to(self, parent: Frame) -> _Leave:
+        """The node pre-hook that goes back to `parent` when backward is done with this module
+        (made once per parent: the module is nearly always called from the same one)."""
+        hook = self.leave
+        if hook is None or hook.parent is not parent:
+            hook = self.leave = _Leave(self, parent)
+        return hook
 
     def enter_backward(self, grad_outputs: Any) -> None:
         tracer = self.tracer
@@ -197,6 +225,7 @@ class ModuleTracer:
         self.cell: int | None = None
         self.figures: CellFigures | None = None  # per-module figures, when asked for
         self.measure = False  # read allocated bytes at module boundaries
+        self.leaves = False  # follow torch's own layers too, not only the modules that hold them
         self.clock = clock
         self.phases = PhaseLog(None, clock)  # the running cell's phase spans
         self._entries: dict[int, Entry] = {}
@@ -207,7 +236,8 @@ class ModuleTracer:
         self._handles: list[Any] = []
         self._engine_run: Any = None
         self._engine_wrapper: Any = None
-        self._warning_filter: Any = None
+        self._module_call: Any = None  # torch's nn.Module.__call__, while ours replaces it
+        self._call_wrapper: Any = None
         # Constant False in eager; dynamo reads it as True (and then skips the hook).
         self._is_compiling = getattr(
             torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling
@@ -215,11 +245,14 @@ class ModuleTracer:
         self._grad_enabled = torch.is_grad_enabled
         self._tensor = torch.Tensor
         self.sequential = torch.nn.Sequential
+        self._graph_module = torch.fx.GraphModule
 
     # Control ------------------------------------------------------------------------------
-    def install(self, cell: int | None = None, measure: bool = False) -> None:
-        """Add the hooks (once), for `cell`; `measure`: keep per-module figures too."""
+    def install(self, cell: int | None = None, measure: bool = False, leaves: bool = False) -> None:
+        """Add the hooks (once), for `cell`; `measure`: keep per-module figures too; `leaves`:
+        follow every module (see `traced`)."""
         self.measure = measure
+        self.leaves = leaves
         self.new_cell(cell)
         if self.installed:
             return
@@ -227,10 +260,12 @@ class ModuleTracer:
         from torch.nn.modules import module
         from torch.optim import optimizer as optim
 
-        pre, post = self._module_hooks()
+        module_class = module.Module
+        if self._module_call is None:
+            self._module_call = module_class.__call__
+            self._call_wrapper = self._make_call(self._module_call)
+            module_class.__call__ = self._call_wrapper  # type: ignore[method-assign]
         self._handles = [
-            module.register_module_forward_pre_hook(pre),
-            module.register_module_forward_hook(post, always_call=True),
             optim.register_optimizer_step_pre_hook(self._step_pre),
             optim.register_optimizer_step_post_hook(self._step_post),
         ]
@@ -240,10 +275,6 @@ class ModuleTracer:
             self._engine_run = run
             self._engine_wrapper = self._wrap_engine_run(run)
             autograd._engine_run_backward = self._engine_wrapper
-        # torch warns at every compiled module's call while any global hook exists: ours see
-        # a compiled module as a whole (see above), which the warning's worry does not touch.
-        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
-        self._warning_filter = warnings.filters[0]
         self.installed = True
         self.switch(self.local, self.idle)
 
@@ -260,8 +291,11 @@ class ModuleTracer:
             # (Wrapped again by someone since: ours stays in the chain, passing calls through.)
             autograd._engine_run_backward = self._engine_run
             self._engine_run = self._engine_wrapper = None
-        with contextlib.suppress(ValueError):  # removed by someone already
-            warnings.filters.remove(self._warning_filter)  # type: ignore[attr-defined]
+        module_class = self._torch.nn.Module
+        if self._module_call is not None and module_class.__call__ is self._call_wrapper:
+            # (Replaced again by someone since: ours stays in the chain, passing calls through.)
+            module_class.__call__ = self._module_call
+            self._module_call = self._call_wrapper = None
         self._reset_thread(self.local)
 
     def new_cell(self, cell: int | None) -> None:
@@ -347,103 +381,135 @@ class ModuleTracer:
             self.error = f"{where}: {type(error).__name__}: {error}"
             log.error("gpumem_widget: module tracer: %s", self.error, exc_info=error)
 
+    def traced(self, module: Any) -> str:
+        """Which calls of `module` are followed. By default, modules that hold other modules
+        (models, blocks, containers) and modules defined outside torch (the user's own layers)
+        at every call; torch's own leaf layers (Linear, GELU, LayerNorm, ...) only when called
+        in no module, and otherwise counted in the module that called them: following each
+        costs a hook at its output for backward, about as much as the layer's own dispatch.
+        `leaves`: every module, at every call (exact per-layer figures, at that cost). Code
+        dynamo generated (fx GraphModules) is never followed: it belongs to its caller."""
+        if isinstance(module, self._graph_module):
+            return NEVER
+        if self.leaves or module._modules or not type(module).__module__.startswith("torch."):
+            return ALWAYS
+        return TOP_LEVEL
+
     def entry(self, module: Any) -> Entry:
         e = self._entries.get(id(module))
         if e is None or e.ref() is not module:
             e = self._entries[id(module)] = Entry(self, module, self.names.name(module), self.cell)
         return e
 
-    # Module hooks ---------------------------------------------------------------------------
-    def _module_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
-        """The global forward pre and post hooks: closures over what they read, since they run
-        for every module call (locals are cheaper than attributes)."""
+    # Module calls -----------------------------------------------------------------------------
+    def _make_call(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        """`nn.Module.__call__` while tracing: `call` (torch's own) between entering and leaving
+        the module. One plain function call per module call: torch's global module hooks would
+        send every module call in the process down `_call_impl`'s slow path, which costs several
+        times more (docs/BENCHMARKS.md). A closure over what it reads, for the same reason."""
         tracer = self
         local = self.local
         entries = self._entries
         entry = self.entry
-        sink = self.sink
         is_compiling = self._is_compiling
-        grad_enabled = self._grad_enabled
-        tensor = self._tensor
-        in_backward = frozenset((BACKWARD, RECOMPUTE))
 
-        def pre(module: Any, args: Any) -> None:
-            if is_compiling():
-                return
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_compiling() or not tracer.installed:
+                return call(module, *args, **kwargs)
+            st = local
+            e = entries.get(id(module))
+            if e is None or e.ref() is not module:
+                e = entry(module)
+            if e.traced is not ALWAYS:
+                cur = st.cur
+                # A torch layer called from a module is counted in it; one called in no module,
+                # or from backward (checkpointing's recompute), is followed.
+                if e.traced is NEVER or (cur.entry is not None and cur.phase != BACKWARD):
+                    return call(module, *args, **kwargs)
+            depth = len(st.stack)
+            tracer._enter(st, e, args)
             try:
-                st = local
-                prev = st.cur
-                e = entries.get(id(module))
-                if e is None or e.ref() is not module:
-                    e = entry(module)
-                frame = e.recompute if prev.phase in in_backward else e.forward
-                st.stack.append(prev)
-                if tracer.figures is not None:
-                    st.readings.append(tracer.read_allocated())
-                st.cur = frame
-                tag = frame.tag
-                if tag is not st.last and not e.pure:
-                    st.last = tag
-                    sink(tag)
-                    if frame.phase != tracer.phases.phase:
-                        tracer.phases.enter(frame.phase)
-                parent = prev.entry
-                if parent is not None and prev.phase == FORWARD and args:
-                    if len(args) == 1 and type(args[0]) is tensor:  # the usual call, inlined
-                        node = args[0].grad_fn
-                        if node is not None and id(node) not in st.claimed and grad_enabled():
-                            node.register_prehook(_Leave(e, parent.backward))
-                    elif grad_enabled():
-                        tracer._leave_hooks(st, e, parent.backward, args)
-            except Exception as err:  # never into the user's forward
-                tracer.failed("forward pre-hook", err)
+                output = call(module, *args, **kwargs)
+            except BaseException:
+                tracer._leave(st, e, module, None, depth)  # the state unwinds with the stack
+                raise
+            tracer._leave(st, e, module, output, depth)
+            return output
 
-        def post(module: Any, args: Any, output: Any) -> None:
-            if is_compiling():
-                return
-            try:
-                st = local
-                stack = st.stack
-                if not stack:
-                    return  # installed while this module's forward was running
-                frame = st.cur
-                prev = stack.pop()
-                if prev.entry is None:
-                    prev = tracer.roots[prev.phase]  # (a thread idle since an earlier cell)
-                e = frame.entry
-                grad = output is not None and grad_enabled()
-                if e is not None and grad:
-                    if type(output) is tensor or isinstance(output, tensor):
-                        node = output.grad_fn
-                        if node is not None:
-                            claimed = st.claimed
-                            # Claimed already: an inner module's output, entered there.
-                            if id(node) not in claimed:
-                                claimed[id(node)] = node
-                                node.register_prehook(e.enter_backward)
-                    else:
-                        tracer._claim(st, e, output)
-                if tracer.figures is not None and st.readings:
-                    before = st.readings.pop()
-                    if e is not None and e.ref() is module:
-                        tracer.figures.forward(
-                            e.path, tracer.read_allocated() - before, frame.phase == RECOMPUTE
-                        )
-                if not stack:
-                    st.claimed.clear()  # the outermost forward is done: hold no node beyond it
-                    if grad and frame.phase == FORWARD:
-                        prev = tracer.forward_root  # what follows, up to backward, is the loss
-                st.cur = prev
-                tag = prev.tag
-                if tag is not st.last and (prev.entry is None or not prev.entry.pure):
-                    st.last = tag
-                    sink(tag)
-                    if prev.phase != tracer.phases.phase:
-                        tracer.phases.enter(prev.phase)
-            except Exception as err:  # never into the user's forward
-                tracer.failed("forward hook", err)
+        return __call__
 
-        return pre, post
+    def _enter(self, st: _Thread, e: Entry, args: tuple[Any, ...]) -> None:
+        try:
+            prev = st.cur
+            frame = e.recompute if prev.phase in (BACKWARD, RECOMPUTE) else e.forward
+            st.stack.append(prev)
+            if self.figures is not None:
+                st.readings.append(self.read_allocated())
+            st.cur = frame
+            tag = frame.tag
+            if tag is not st.last and not e.pure:
+                st.last = tag
+                self.sink(tag)
+                if frame.phase != self.phases.phase:
+                    self.phases.enter(frame.phase)
+            parent = prev.entry
+            if parent is not None and prev.phase == FORWARD and args and self._grad_enabled():
+                # Nodes the parent's own code made, feeding this module: backward, done here,
+                # goes back to the parent there.
+                if len(args) == 1 and type(args[0]) is self._tensor:  # the usual call
+                    node = args[0].grad_fn
+                    if node is not None and id(node) not in st.claimed:
+                        node.register_prehook(e.leave_to(parent.backward))
+                else:
+                    self._leave_hooks(st, e, parent.backward, args)
+        except Exception as err:  # never into the user's forward
+            self.failed("module entry", err)
+
+    def _leave(self, st: _Thread, e: Entry, module: Any, output: Any, depth: int) -> None:
+        if not self.installed:
+            return
+        try:
+            stack = st.stack
+            if len(stack) <= depth:
+                return  # the thread's state was reset meanwhile (a new cell)
+            frame = st.cur
+            prev = stack[depth]
+            del stack[depth:]
+            if prev.entry is None:
+                prev = self.roots[prev.phase]  # (a thread idle since an earlier cell)
+            grad = output is not None and self._grad_enabled()
+            if grad:
+                tensor = self._tensor
+                if type(output) is tensor or isinstance(output, tensor):
+                    node = output.grad_fn
+                    if node is not None:
+                        claimed = st.claimed
+                        # Claimed already: an inner module's output, entered there.
+                        if id(node) not in claimed:
+                            claimed[id(node)] = node
+                            node.register_prehook(e.enter)
+                else:
+                    self._claim(st, e, output)
+            if self.figures is not None and len(st.readings) > depth:
+                before = st.readings[depth]
+                del st.readings[depth:]
+                if e.ref() is module:
+                    self.figures.forward(
+                        e.path, self.read_allocated() - before, frame.phase == RECOMPUTE
+                    )
+            if not stack:
+                st.claimed.clear()  # the outermost forward is done: hold no node beyond it
+                if grad and frame.phase == FORWARD:
+                    prev = self.forward_root  # what follows, up to backward, is the loss
+            st.cur = prev
+            tag = prev.tag
+            if tag is not st.last and (prev.entry is None or not prev.entry.pure):
+                st.last = tag
+                self.sink(tag)
+                if prev.phase != self.phases.phase:
+                    self.phases.enter(prev.phase)
+        except Exception as err:  # never into the user's forward
+            self.failed("module exit", err)
 
     def _claim(self, st: _Thread, e: Entry, output: Any) -> None:
         """Hook the nodes that made the module's output tensors (in one level of containers;
@@ -467,7 +533,7 @@ class ModuleTracer:
         if key in claimed:
             return  # an inner module's output too: backward enters that one there
         claimed[key] = node
-        node.register_prehook(e.enter_backward)
+        node.register_prehook(e.enter)
 
     def _leave_hooks(self, st: _Thread, child: Entry, parent: Frame, args: Any) -> None:
         tensor = self._tensor
@@ -475,7 +541,7 @@ class ModuleTracer:
             if isinstance(a, tensor):
                 node = a.grad_fn
                 if node is not None and id(node) not in st.claimed:
-                    node.register_prehook(_Leave(child, parent))
+                    node.register_prehook(child.leave_to(parent))
 
     # Optimizer hooks --------------------------------------------------------------------------
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -595,10 +661,27 @@ def default_sink(torch: Any) -> MetadataSink:
 
 
 def default_allocated(torch: Any) -> AllocatedReader:
-    """Bytes the allocator holds for tensors on the current device (0 without CUDA)."""
+    """Bytes the allocator holds for tensors on the current device (0 without CUDA): what
+    `torch.cuda.memory_allocated()` says, read from the allocator's nested stats without
+    flattening them all into one sorted dict first, which costs most of that call's time."""
     if not torch.cuda.is_available():
         return lambda: 0
-    return torch.cuda.memory_allocated  # type: ignore[no-any-return]
+    stats = getattr(torch._C, "_cuda_memoryStats", None)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    if stats is None or get_device is None:
+        return torch.cuda.memory_allocated  # type: ignore[no-any-return]
+    initialized = torch.cuda.is_initialized
+    ready = False
+
+    def allocated() -> int:
+        nonlocal ready
+        if not ready:
+            if not initialized():
+                return 0  # as memory_allocated, which never initialises CUDA
+            ready = True
+        return int(stats(get_device())["allocated_bytes"]["all"]["current"])
+
+    return allocated
 
 
 def _ignore(tag: str) -> None:
