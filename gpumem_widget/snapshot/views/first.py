@@ -3,8 +3,8 @@
 `open_snapshot` names this module in the child's job (`io.isolate` knows no views: it imports
 the module it is given and calls these three): `preview`, once the memory totals are read and
 before the stacks; `first_view`, kept with the columns, which a reopen draws at once;
-`peak_segments`, the allocator's segment map at the first device's peak, the slowest view (a
-Python loop over every entry), kept with the columns while the caller computes the others. Its
+`peak_segments`, the allocator's segment map at the first device's peak (a Python replay of
+the entries up to it), kept with the columns while the caller computes the others. Its
 imports are at the top so that a spare child has imported all of it before its job arrives.
 """
 
@@ -52,5 +52,7 @@ def peak_segments(snap: Snapshot) -> dict[int, SegmentMap]:
     d = snap.devices[0]
     rep = snap.replay(d)
     event = int(np.argmax(rep.active)) if rep.n_events else -1
-    view = segment_map(snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS)
+    view = segment_map(
+        snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS, once=True
+    )
     return {d: view.to_wire()}
