@@ -405,6 +405,24 @@ describe("the chart's axis and labels", () => {
     }
   });
 
+  it("ends the axis at a round value just above the data, not at the next whole label", () => {
+    const GiB = 2 ** 30;
+    expect(axisTop(3.9 * GiB / HEADROOM).top).toBe(4 * GiB);
+    expect(axisTop(3.9 * GiB).top).toBe(4.5 * GiB); // 4.21 GiB wanted: not 5, 6 or 8
+    expect(axisTop(5.73 * GiB / HEADROOM).top).toBe(6 * GiB);
+    expect(axisTop(10.2 * GiB / HEADROOM).top).toBe(10.5 * GiB);
+    for (const max of [1, 700, 1023, 3e5, 1.56 * GiB, 3.9 * GiB, 4.6 * GiB, 7.3 * GiB, 10.2 * GiB, 139 * GiB, 2 ** 50]) {
+      const { top, ticks } = axisTop(max);
+      const want = Math.max(max * HEADROOM, 1);
+      expect(top).toBeGreaterThanOrEqual(want);
+      expect(top).toBeLessThanOrEqual(want * 1.4 + 1); // just above, never a doubling
+      expect(Number.isInteger(top)).toBe(true);
+      // Labels never crowd the top's: the tick below it at least 0.4 of a label step away.
+      expect(ticks[ticks.length - 1]).toBe(top);
+      if (ticks.length > 2) expect(top - (ticks[ticks.length - 2] as number)).toBeGreaterThanOrEqual(0.4 * ((ticks[1] as number) - (ticks[0] as number)));
+    }
+  });
+
   it("says a column's range: its entries, and its floor to its peak in one unit where it can", () => {
     const MiB = 2 ** 20;
     expect(rangeText(118 * MiB, 324 * MiB)).toBe("118\u2013324 MiB");
