@@ -351,6 +351,7 @@ class AliveX(TypedDict):
 
 class Alive(AliveAtView, total=False):
     segments: SegmentMap  # absent where the segment map could not be made
+    segments_pending: bool  # true: the map follows in a second answer for the same instant
     x: AliveX
     id: int  # the request's, so that each answer is a change the browser sees
 

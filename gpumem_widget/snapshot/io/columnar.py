@@ -51,6 +51,10 @@ INDEX = "index.pickle"
 # The segment map at the first device's peak, kept beside the index by the conversion child
 # once the columns are written: {device: segment_views.segment_map(...).to_wire()}.
 PEAK_SEGMENTS = "peak_segments.pickle"
+# The tab's whole first screen, kept beside the index by the caller once it has computed it, so
+# a reopen draws it without computing: {"view": Drilldown, "alive": Alive, "windows": ...}
+# (`drilldown.controller`).
+WHOLE_VIEW = "whole_view.pickle"
 TRACE_COLUMNS = {
     "action": np.int8,
     "addr": np.int64,

@@ -9,7 +9,7 @@ are imported where they are used: the controller imports this module as the exte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from gpumem_widget.snapshot.model.tags import CELL_TAG_PREFIX
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gpumem_widget.snapshot.views.cells import CellSlices
     from gpumem_widget.snapshot.views.grid import Axis
     from gpumem_widget.wire.payloads import (
+        ActiveMemoryView,
         CellBand,
         DeviceOverview,
         RangeView,
@@ -95,11 +96,14 @@ def overview(
     ledger_cells: Sequence[CellWindow] = (),
     *,
     first_only: bool = False,
+    actives: Mapping[int, ActiveMemoryView] | None = None,
 ) -> DrilldownTrait:
     """Every device's views: active memory by site, categories, reserved beside active (the
     cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
-    memory alone, what the tab draws first (``"partial": true``) while the rest is computed."""
+    memory alone, what the tab draws first (``"partial": true``) while the rest is computed.
+    `actives`: each device's active memory by site where it is already computed (the first
+    view's), so the rest is all that is computed here."""
     from gpumem_widget.snapshot.views.active import active_memory_view
     from gpumem_widget.snapshot.views.categories import categories
     from gpumem_widget.snapshot.views.cells import cell_usage
@@ -108,9 +112,10 @@ def overview(
     tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
     devices: list[DeviceOverview] = []
     for d in snap.devices:
+        known = actives.get(d) if actives is not None else None
         view: DeviceOverview = {
             "device": d,
-            "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
+            "active": known or active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
         }
         # Between views, the mapped columns' pages go back (each view reads what it needs).
         snap.release_pages()

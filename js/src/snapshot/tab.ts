@@ -568,7 +568,7 @@ export class DrilldownPanel {
     const segments = buttons[1] as HTMLButtonElement;
     if (alive.segments === null) {
       segments.disabled = true;
-      segments.title = "No segment map for this instant";
+      segments.title = alive.segmentsPending ? "The segment map at this instant: computing\u2026" : "No segment map for this instant";
     }
     const show = (tab: AliveTab): void => {
       const shown: AliveTab = tab === "segments" && alive.segments === null ? "allocations" : tab;

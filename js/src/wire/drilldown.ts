@@ -455,6 +455,7 @@ export interface Alive {
   root: TreeNode;
   largest: Allocation[];
   segments: unknown; // the segment map, where the kernel computed one
+  segmentsPending: boolean; // the map follows in a second answer for the same instant
 }
 
 export type AliveState = { kind: "none" } | { kind: "error"; message: string } | { kind: "ready"; alive: Alive };
@@ -518,6 +519,7 @@ export function parseAlive(raw: unknown): AliveState {
       root: buildTree(raw["tree"], labels),
       largest,
       segments: raw["segments"] ?? null,
+      segmentsPending: optional(raw, "segments_pending", isBool, false),
     },
   };
 }
