@@ -114,11 +114,13 @@ def cache_root() -> Path:
 
 
 def _code_version() -> str:
-    """A digest of the code that makes the columns, the replay and the first view kept with
-    them (the snapshot package and the wire format): changed code, new entries."""
+    """A digest of the code that makes the columns, the replay and the views kept with them
+    (the snapshot package, the wire format, the tab's controller): changed code, new entries."""
     here = Path(__file__).resolve().parents[1]  # the snapshot package, every stage
     digest = hashlib.sha256()
-    for path in sorted([*here.rglob("*.py"), here.parent / "wire" / "table.py"]):
+    package = here.parent
+    kept = [*here.rglob("*.py"), *package.glob("wire/*.py"), *package.glob("drilldown/*.py")]
+    for path in sorted(kept):
         with contextlib.suppress(OSError):
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
