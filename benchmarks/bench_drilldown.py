@@ -93,7 +93,12 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
     def whole(change: dict[str, Any]) -> None:
         """The whole screen: the overview complete and what is alive at the peak beside it
         (its segment map may follow)."""
-        if change["new"].get("tree") is not None and not widget.drilldown.get("partial", True):
+        shown = widget.drilldown
+        if (
+            change["new"].get("tree") is not None
+            and "devices" in shown
+            and not shown.get("partial")
+        ):
             first.setdefault("whole_s", time.perf_counter() - started)
 
     def published(change: dict[str, Any]) -> None:
