@@ -246,9 +246,11 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {"file": str(path), "file_mb": round(path.stat().st_size / 1e6, 1)}
     # Interleaved rounds, a fresh process per mode: a machine's drift touches every mode alike.
     rounds: list[dict[str, dict[str, Any]]] = []
-    gauge: list[float] = []  # `pickle.load` alone, each round: how fast the machine is now
+    # `pickle.load` alone, before and after each round: how fast the machine is now.
+    gauge: list[float] = []
     browser = not args.no_browser
     for _ in range(args.rounds):
+        gauge.append(_unpickle_alone(path))
         shutil.rmtree(CACHE, ignore_errors=True)  # the first open converts
         one = {"first_open": _run("first", path, browser)}
         shutil.rmtree(CACHE, ignore_errors=True)
