@@ -299,6 +299,7 @@ describe("drill-down panel", () => {
     model.set("drilldown_alive", structuredClone(model.state["drilldown_alive"]));
     expect(el.querySelectorAll(".gpumem-segments")).toHaveLength(1);
     expect(el.querySelectorAll(".gpumem-segment")).toHaveLength(fixture.expected.segments);
+    const withMap = structuredClone(model.state["drilldown_alive"]);
     // An answer without a map falls back to what is alive, its Segments tab disabled.
     const bare = { ...(model.state["drilldown_alive"] as Record<string, unknown>) };
     delete bare["segments"];
@@ -306,6 +307,15 @@ describe("drill-down panel", () => {
     expect(el.querySelector(".gpumem-segments")).toBeNull();
     expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']")?.disabled).toBe(true);
     expect(el.querySelector<HTMLElement>(".gpumem-alive-tree")?.closest<HTMLElement>(".gpumem-drilldown-pane")?.hidden).toBe(false);
+    // A first open's answer whose map follows says so, then the map arrives for the same entry.
+    model.set("drilldown_alive", { ...bare, segments_pending: true });
+    const waiting = el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']");
+    expect(waiting?.disabled).toBe(true);
+    expect(waiting?.title).toContain("computing");
+    const alive = parseAlive({ ...bare, segments_pending: true });
+    expect(alive.kind === "ready" && alive.alive.segmentsPending).toBe(true);
+    model.set("drilldown_alive", withMap);
+    expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']")?.disabled).toBe(false);
     stop();
     expect(el.children).toHaveLength(0);
   });
