@@ -539,6 +539,26 @@ def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     assert drilldown._kept_segments(again, 0, peak) == computed
 
 
+def test_the_child_keeps_the_categories_the_kernel_would_compute(tmp_path: Path) -> None:
+    """Before the segment map, the child computes each device's categories and keeps them with
+    the columns (in parallel with the kernel's other views): the view `overview` computes."""
+    from gpumem_widget.drilldown import controller as drilldown
+    from gpumem_widget.snapshot.io import columnar
+    from gpumem_widget.snapshot.views.panel import category_view, overview
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    snap = open_snapshot(path)
+    info = snap.load_info
+    assert info is not None and info.finishing is not None
+    kept = drilldown._kept_categories(snap, 0)  # waits for the child's
+    assert kept is not None and kept == category_view(snap, 0)
+    assert info.finishing.wait(30)
+    assert columnar.read_extra(Path(info.entry), columnar.CATEGORIES) == {0: kept}
+    cells = overview(snap, "s", categories_of=lambda d: drilldown._kept_categories(snap, d))
+    assert cells == overview(snap, "s")
+
+
 def test_a_preview_that_fails_is_skipped_not_the_open(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

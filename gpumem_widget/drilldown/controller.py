@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         Alive,
         AliveError,
         BrowserMessage,
+        CategoriesView,
         CompareView,
         DrilldownAlive,
         SearchAnswer,
@@ -101,6 +102,27 @@ def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None
     if isinstance(view, dict) and view.get("event") == event:
         return view  # type: ignore[return-value]
     return None
+
+
+def _kept_categories(snap: Snapshot, device: int) -> CategoriesView | None:
+    """`device`'s categories as the conversion child kept them with the columns (waiting for
+    it while it computes them, in parallel with this kernel's other views), or None."""
+    from pathlib import Path
+
+    from gpumem_widget.snapshot.io import columnar
+
+    info = snap.load_info
+    if info is None or not info.entry:
+        return None
+    where = Path(info.entry) / columnar.CATEGORIES
+    deadline = time.monotonic() + KEPT_SEGMENTS_WAIT_S
+    while not where.exists() and info.finishing is not None and not info.finishing.is_set():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+    kept = columnar.read_extra(Path(info.entry), columnar.CATEGORIES)
+    view = kept.get(device) if isinstance(kept, dict) else None
+    return cast("CategoriesView", view) if isinstance(view, dict) else None
 
 
 def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
@@ -379,7 +401,13 @@ class Drilldown:
             return snap
         by_site = (first or (drawn[0] if drawn else None) or {}).get("devices", [])
         actives = {d["device"]: d["active"] for d in by_site}
-        view = overview(snap, label, cells, actives=actives)
+        view = overview(
+            snap,
+            label,
+            cells,
+            actives=actives,
+            categories_of=lambda d: _kept_categories(snap, d),
+        )
         view["compute_s"] = time.perf_counter() - started
         d0 = snap.devices[0] if snap.devices else None
         # What is alive at the peak at once; its segment map (the conversion child's, or a

@@ -51,6 +51,8 @@ INDEX = "index.pickle"
 # The segment map at the first device's peak, kept beside the index by the conversion child
 # once the columns are written: {device: segment_views.segment_map(...).to_wire()}.
 PEAK_SEGMENTS = "peak_segments.pickle"
+# Each device's categories view, kept by the child before the segment map: {device: view}.
+CATEGORIES = "categories.pickle"
 # The tab's whole first screen, kept beside the index by the caller once it has computed it, so
 # a reopen draws it without computing: {"view": Drilldown, "alive": Alive, "windows": ...}
 # (`drilldown.controller`).
