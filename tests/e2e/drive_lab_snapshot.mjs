@@ -78,10 +78,15 @@ try {
   await page.mouse.move(0, 0);
   await page.waitForTimeout(300);
   const widget = page.locator(SEL.widget).first();
+  // The widget as far as the page shows it (its lower rows run on below the window).
+  const picture = async (path) => {
+    const b = await widget.boundingBox();
+    const bottom = Math.min(b.y + b.height, page.viewportSize().height - 40);
+    await page.screenshot({ path, clip: { x: b.x, y: b.y, width: b.width, height: bottom - b.y } });
+    result.screenshots.push(path);
+  };
   result.views.full = await chartState(page);
-  let shot = join(plan.artifacts, `lab-snapshot-full-${plan.theme}.png`);
-  await widget.screenshot({ path: shot });
-  result.screenshots.push(shot);
+  await picture(join(plan.artifacts, `lab-snapshot-full-${plan.theme}.png`));
 
   // Zoomed in: a drag over a twentieth of the plot, a third of the way in.
   const box = await page.locator(SEL.canvas).first().boundingBox();
@@ -97,9 +102,7 @@ try {
   await page.waitForTimeout(1500); // the kernel's re-aggregated answer replaces the stretched columns
   await page.mouse.move(0, 0);
   result.views.zoomed = await chartState(page);
-  shot = join(plan.artifacts, `lab-snapshot-zoom-${plan.theme}.png`);
-  await widget.screenshot({ path: shot });
-  result.screenshots.push(shot);
+  await picture(join(plan.artifacts, `lab-snapshot-zoom-${plan.theme}.png`));
 } catch (e) {
   result.error = String(e?.stack ?? e);
   const page = context.pages()[0];
