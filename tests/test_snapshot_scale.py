@@ -236,6 +236,30 @@ def test_a_damaged_cache_entry_is_detected_and_rebuilt(tmp_path: Path, damage: s
     assert open_snapshot(path).load_info.cached  # type: ignore[union-attr]
 
 
+def test_a_just_converted_entry_is_mapped_without_its_checksums(tmp_path: Path) -> None:
+    """Right after its conversion says it is done, an entry's columns are mapped without
+    reading them whole for their checksums (`fresh`); a reopen checks them, and a truncated
+    column is refused either way."""
+    from gpumem_widget.snapshot.io import columnar
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    first = open_snapshot(path)
+    assert first.load_info is not None
+    entry = Path(first.load_info.entry)
+    column = entry / "trace0.size.npy"
+    data = bytearray(column.read_bytes())
+    data[-3] ^= 0xFF
+    column.write_bytes(bytes(data))
+    with pytest.raises(columnar.CacheInvalid, match="checksum"):
+        columnar.read(entry)
+    columnar.read(entry, fresh=True)  # the checksum is not read
+    column.write_bytes(bytes(data[:-8]))
+    for fresh in (False, True):
+        with pytest.raises(columnar.CacheInvalid):
+            columnar.read(entry, fresh=fresh)
+
+
 @pytest.fixture
 def slow_file(tmp_path: Path) -> Path:
     """A file whose conversion takes a few seconds."""
