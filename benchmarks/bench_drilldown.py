@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import compileall
 import json
 import os
 import resource
@@ -236,11 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)  # a fresh clone has none (it is ignored by git)
     # Byte-compiled first, as an installed package is: no kernel pays for compiling its imports
     # (where PYTHONDONTWRITEBYTECODE is set each fresh process would, every time).
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", str(ROOT / "gpumem_widget")],
-        check=True,
-        capture_output=True,
-    )
+    compileall.compile_dir(ROOT / "gpumem_widget", quiet=1)
     path = big_snapshot(args.file, args.entries)
     load_before = os.getloadavg()
     result: dict[str, Any] = {"file": str(path), "file_mb": round(path.stat().st_size / 1e6, 1)}
