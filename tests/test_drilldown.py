@@ -286,11 +286,13 @@ def test_the_whole_screen_arrives_before_its_segment_map_and_a_reopen_reads_it_b
     seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
     w.observe(lambda c: seen.append((w.drilldown, c["new"])), names="drilldown_alive")
     first = gpumem_widget.show_snapshot(path)
-    assert first.load_info is not None and not first.load_info.cached
+    assert first.load_info is not None
+    assert not first.load_info.cached
     whole = [(v, a) for v, a in seen if a and not v.get("partial")]
     assert [bool(a.get("segments_pending")) for _, a in whole] == [True, False]
     pending, mapped = whole[0][1], whole[1][1]
-    assert "segments" not in pending and mapped["segments"]["event"] == pending["event"]
+    assert "segments" not in pending
+    assert mapped["segments"]["event"] == pending["event"]
     assert {k: v for k, v in pending.items() if k != "segments_pending"} == {
         k: v for k, v in mapped.items() if k != "segments"
     }
@@ -304,7 +306,8 @@ def test_the_whole_screen_arrives_before_its_segment_map_and_a_reopen_reads_it_b
     monkeypatch.setattr(drilldown, "overview", no_views)
     monkeypatch.setattr(drilldown, "alive_view", no_views)
     again = gpumem_widget.show_snapshot(path)
-    assert again.load_info is not None and again.load_info.cached
+    assert again.load_info is not None
+    assert again.load_info.cached
     drop = ("compute_s",)
     assert {k: v for k, v in w.drilldown.items() if k not in drop} == {
         k: v for k, v in computed.items() if k not in drop

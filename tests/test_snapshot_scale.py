@@ -574,9 +574,11 @@ def test_the_child_keeps_the_categories_the_kernel_would_compute(tmp_path: Path)
     path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
     snap = open_snapshot(path)
     info = snap.load_info
-    assert info is not None and info.finishing is not None
+    assert info is not None
+    assert info.finishing is not None
     kept = drilldown._kept_categories(snap, 0)  # waits for the child's
-    assert kept is not None and kept == category_view(snap, 0)
+    assert kept is not None
+    assert kept == category_view(snap, 0)
     assert info.finishing.wait(30)
     assert columnar.read_extra(Path(info.entry), columnar.CATEGORIES) == {0: kept}
     cells = overview(snap, "s", categories_of=lambda d: drilldown._kept_categories(snap, d))
