@@ -20,7 +20,8 @@ Three kernels, each a fresh process (so its peak RSS is its own), on the same fi
 - reopen: the same with the columns cached (no child): the first view kept with them first,
   then the whole screen the first open kept beside them.
 - per_unpickle: for each of them, the first frame, the chart by site and everything published,
-  each as a multiple of the median `pickle.load` of the same file in the same run.
+  each as a multiple of the median `pickle.load` of the same file in the same run; beside it,
+  `whole_view_draw_s`: the whole view's decode and draw in Chromium on its own.
 - baseline: the path before issue 15, in the kernel itself: `read_snapshot` (safe unpickle and
   conversion in-process, the C reader off), then every overview and what is alive at the peak
   before the first draw.
@@ -141,8 +142,15 @@ def _kernel(mode: str, path: str, state_out: str) -> dict[str, Any]:
     out["first_view_by_site_s"] = round(first["sites_s"], 3)
     out["kernel_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out["first_view_bytes"] = _save(first["state"], state_out)
+    whole = {"drilldown": widget.drilldown, "drilldown_alive": widget.drilldown_alive}
+    out["whole_view_bytes"] = _save(whole, _whole_state(state_out))
     out["entries"] = sum(snap.replay(d).n_events for d in snap.devices)
     return out
+
+
+def _whole_state(first_state: str | Path) -> str:
+    """Where the kernel half saves the whole view (beside the first view's state)."""
+    return str(first_state).replace(".json", "_whole.json")
 
 
 def _browser(state: Path) -> dict[str, Any]:
@@ -171,15 +179,22 @@ def _run(mode: str, path: Path, browser: bool = True) -> dict[str, Any]:
             env=env,
         ).stdout
     )
+    whole = Path(_whole_state(state))
     if not browser:  # the kernel's first publish stands for the draw (no Chromium here)
         state.unlink()
+        whole.unlink()
         return {**kernel, "browser_draw_s": None, "first_drawn_view_s": kernel["first_view_s"]}
     drawn = _browser(state)
     draw_s = (drawn["decode_ms"] + drawn["mount_and_draw_ms"]) / 1000
+    # The whole view's decode and draw on its own (a fresh page): what the browser adds to it.
+    drawn_whole = _browser(whole)
+    whole_s = (drawn_whole["decode_ms"] + drawn_whole["mount_and_draw_ms"]) / 1000
     return {
         **kernel,
         "browser_draw_s": round(draw_s, 3),
         "first_drawn_view_s": round(kernel["first_view_s"] + draw_s, 3),
+        "whole_view_draw_s": round(whole_s, 3),
+        "whole_view_tree_rows": drawn_whole["tree_rows"],
     }
 
 
