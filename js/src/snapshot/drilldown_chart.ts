@@ -176,11 +176,15 @@ export class StackedChart {
     this.canvas.title = on ? "Click a column to see what was alive at its peak; drag to zoom" : "No kernel: hover to read a column";
   }
 
-  set(view: Stacked, base: Stacked, bands: Band[]): void {
+  /** A new view, drawn once with the search line and the marker it comes with (each of them
+   * set alone draws again: a whole view's draw is the tab's costliest step). */
+  set(view: Stacked, base: Stacked, bands: Band[], with_: { search?: { t: Float64Array; values: Float64Array } | null; marker?: number | null } = {}): void {
     this.view = view;
     this.base = base;
     this.bands = bands;
     this.range = null;
+    if (with_.search !== undefined) this.search = with_.search;
+    if (with_.marker !== undefined) this.marker = with_.marker;
     this.draw();
   }
 

@@ -372,10 +372,9 @@ export class DrilldownPanel {
     const shown = this.shown();
     if (!shown) return;
     const view = this.stacking === "sites" ? shown.sites : shown.categories;
-    this.chart.set(view, shown.sites, shown.bands);
-    this.chart.setSearch(this.search.kind === "ready" && this.search.axis === shown.sites.axis && this.search.t.length === shown.sites.t.length && this.search.t[0] === shown.sites.t[0] ? { t: this.search.t, values: this.search.matched } : null);
-    this.drawLegend(view.series.filter((s) => s.peak > 0), view);
-    if (this.lastAlive) this.chart.setMarker(this.markerOf(this.lastAlive));
+    const search = this.search.kind === "ready" && this.search.axis === shown.sites.axis && this.search.t.length === shown.sites.t.length && this.search.t[0] === shown.sites.t[0] ? { t: this.search.t, values: this.search.matched } : null;
+    this.drawLegend(view.series.filter((s) => s.peak > 0), view); // first: the chart sizes itself after it
+    this.chart.set(view, shown.sites, shown.bands, this.lastAlive ? { search, marker: this.markerOf(this.lastAlive) } : { search });
   }
 
   private drawLegend(series: Series[], view: Stacked): void {
