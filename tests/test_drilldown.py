@@ -151,9 +151,11 @@ def test_a_failing_segment_map_never_hides_what_is_alive(
     monkeypatch.setattr(segment_views, "segment_map", broken)
     # Computed here, not taken from the conversion child's (tests/test_snapshot_scale.py).
     monkeypatch.setattr(drilldown, "_kept_segments", lambda *args: None)
+    monkeypatch.setattr(drilldown, "_kept_whole", lambda *args: None)  # nor a reopen's
     gpumem_widget.show_snapshot(FIXTURES / "toy_linear.pickle.gz")
     alive = session().widget.drilldown_alive
     assert "segments" not in alive
+    assert "segments_pending" not in alive  # the last answer: no map, and none to come
     assert alive["largest"]
     assert "no segment map: layout lost" in caplog.text
 
@@ -270,3 +272,47 @@ def test_zoom_search_and_compare_answer_through_the_widget(ip: Any) -> None:
     )
     assert w.drilldown_compare == view
     assert view["labels"] == ["two_snapshots_first.pickle.gz", "two_snapshots_second.pickle.gz"]
+
+
+def test_the_whole_screen_arrives_before_its_segment_map_and_a_reopen_reads_it_back(
+    ip: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A first open publishes the overview and what is alive at the peak together (the map
+    marked as following), then the map; it keeps all of it with the columns, and a reopen of
+    the same file publishes the same screen without computing a view."""
+    from gpumem_widget.snapshot.views import panel
+
+    monkeypatch.setenv("GPUMEM_WIDGET_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "train.pickle.gz"
+    path.write_bytes((FIXTURES / "train_tagged.pickle.gz").read_bytes())
+    w = session().widget
+    seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    w.observe(lambda c: seen.append((w.drilldown, c["new"])), names="drilldown_alive")
+    first = gpumem_widget.show_snapshot(path)
+    assert first.load_info is not None
+    assert not first.load_info.cached
+    whole = [(v, a) for v, a in seen if a and not v.get("partial")]
+    assert [bool(a.get("segments_pending")) for _, a in whole] == [True, False]
+    pending, mapped = whole[0][1], whole[1][1]
+    assert "segments" not in pending
+    assert mapped["segments"]["event"] == pending["event"]
+    assert {k: v for k, v in pending.items() if k != "segments_pending"} == {
+        k: v for k, v in mapped.items() if k != "segments"
+    }
+    computed, computed_alive = w.drilldown, w.drilldown_alive
+    assert computed == overview(first, "train.pickle.gz") | {"compute_s": computed["compute_s"]}
+
+    def no_views(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a reopen computed a view")
+
+    monkeypatch.setattr(panel, "overview", no_views)
+    monkeypatch.setattr(drilldown, "overview", no_views)
+    monkeypatch.setattr(drilldown, "alive_view", no_views)
+    again = gpumem_widget.show_snapshot(path)
+    assert again.load_info is not None
+    assert again.load_info.cached
+    drop = ("compute_s",)
+    assert {k: v for k, v in w.drilldown.items() if k not in drop} == {
+        k: v for k, v in computed.items() if k not in drop
+    }
+    assert w.drilldown_alive == computed_alive

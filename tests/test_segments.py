@@ -245,3 +245,30 @@ def test_seeks_on_a_large_snapshot_are_quick() -> None:
     assert time.perf_counter() - t0 < 2.0
     for e, layout in zip(events, layouts, strict=True):
         assert sum(s.size for s in layout.segments) == tl.replay.reserved[e]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_one_layout_replayed_up_to_it_equals_the_seekable_timeline(name: str) -> None:
+    """`layout_once` (the peak's map as the tab opens: the entries up to it replayed, no
+    checkpoints) gives the layout the seekable timeline gives, on every recorded H200 fixture,
+    at the peak, the first and last entries, and a few more; and the segment map alike."""
+    snap = load(name)
+    for d in snap.devices:
+        rep = snap.replay(d)
+        n = rep.n_events
+        peak = int(np.argmax(rep.active)) if n else -1
+        events = {-1, 0, peak, n - 1, *random.Random(d).sample(range(n), min(5, n))}
+        seekable = SegmentTimeline(snap, d)
+        for event in sorted(events):
+            assert seg.SegmentTimeline(snap, d, until=event).layout(event) == seekable.layout(
+                event
+            ), (name, d, event)
+        fresh = open_snapshot(HERE / f"{name}.pickle.gz")  # no timeline built for it yet
+        once = dict(segment_map(fresh, d, event=peak, once=True).to_wire())
+        full = dict(segment_map(snap, d, event=peak).to_wire())
+        if seekable.anomalies:  # counted through the whole trace there, up to the peak here
+            once.pop("anomalies"), full.pop("anomalies")
+        assert once == full
+        assert seg._TIMELINES.get(fresh, {}).get(d) is None  # nothing kept: one layout only
+        with pytest.raises(ValueError, match="holds entry"):
+            seg.SegmentTimeline(snap, d, until=peak).layout(peak + 1 if peak + 1 < n else -1)

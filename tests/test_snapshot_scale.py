@@ -236,6 +236,30 @@ def test_a_damaged_cache_entry_is_detected_and_rebuilt(tmp_path: Path, damage: s
     assert open_snapshot(path).load_info.cached  # type: ignore[union-attr]
 
 
+def test_a_just_converted_entry_is_mapped_without_its_checksums(tmp_path: Path) -> None:
+    """Right after its conversion says it is done, an entry's columns are mapped without
+    reading them whole for their checksums (`fresh`); a reopen checks them, and a truncated
+    column is refused either way."""
+    from gpumem_widget.snapshot.io import columnar
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    first = open_snapshot(path)
+    assert first.load_info is not None
+    entry = Path(first.load_info.entry)
+    column = entry / "trace0.size.npy"
+    data = bytearray(column.read_bytes())
+    data[-3] ^= 0xFF
+    column.write_bytes(bytes(data))
+    with pytest.raises(columnar.CacheInvalid, match="checksum"):
+        columnar.read(entry)
+    columnar.read(entry, fresh=True)  # the checksum is not read
+    column.write_bytes(bytes(data[:-8]))
+    for fresh in (False, True):
+        with pytest.raises(columnar.CacheInvalid):
+            columnar.read(entry, fresh=fresh)
+
+
 @pytest.fixture
 def slow_file(tmp_path: Path) -> Path:
     """A file whose conversion takes a few seconds."""
@@ -537,6 +561,28 @@ def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
     assert drilldown._kept_segments(snap, 0, peak - 1) is None  # another instant: computed
     again = open_snapshot(path)  # a reopen finds it without a child
     assert drilldown._kept_segments(again, 0, peak) == computed
+
+
+def test_the_child_keeps_the_categories_the_kernel_would_compute(tmp_path: Path) -> None:
+    """Before the segment map, the child computes each device's categories and keeps them with
+    the columns (in parallel with the kernel's other views): the view `overview` computes."""
+    from gpumem_widget.drilldown import controller as drilldown
+    from gpumem_widget.snapshot.io import columnar
+    from gpumem_widget.snapshot.views.panel import category_view, overview
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(small_snapshot(), protocol=4))
+    snap = open_snapshot(path)
+    info = snap.load_info
+    assert info is not None
+    assert info.finishing is not None
+    kept = drilldown._kept_categories(snap, 0)  # waits for the child's
+    assert kept is not None
+    assert kept == category_view(snap, 0)
+    assert info.finishing.wait(30)
+    assert columnar.read_extra(Path(info.entry), columnar.CATEGORIES) == {0: kept}
+    cells = overview(snap, "s", categories_of=lambda d: drilldown._kept_categories(snap, d))
+    assert cells == overview(snap, "s")
 
 
 def test_a_preview_that_fails_is_skipped_not_the_open(

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         Alive,
         AliveError,
         BrowserMessage,
+        CategoriesView,
         CompareView,
         DrilldownAlive,
         SearchAnswer,
@@ -103,6 +104,27 @@ def _kept_segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None
     return None
 
 
+def _kept_categories(snap: Snapshot, device: int) -> CategoriesView | None:
+    """`device`'s categories as the conversion child kept them with the columns (waiting for
+    it while it computes them, in parallel with this kernel's other views), or None."""
+    from pathlib import Path
+
+    from gpumem_widget.snapshot.io import columnar
+
+    info = snap.load_info
+    if info is None or not info.entry:
+        return None
+    where = Path(info.entry) / columnar.CATEGORIES
+    deadline = time.monotonic() + KEPT_SEGMENTS_WAIT_S
+    while not where.exists() and info.finishing is not None and not info.finishing.is_set():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+    kept = columnar.read_extra(Path(info.entry), columnar.CATEGORIES)
+    view = kept.get(device) if isinstance(kept, dict) else None
+    return cast("CategoriesView", view) if isinstance(view, dict) else None
+
+
 def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
     """The allocator's segment map right after trace entry `event`, or None where it fails."""
     from gpumem_widget.snapshot.views.segment_views import segment_map
@@ -119,10 +141,19 @@ def _segments(snap: Snapshot, device: int, event: int) -> SegmentMap | None:
         return None
 
 
-def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None = None) -> Alive:
+def alive_view(
+    snap: Snapshot,
+    device: int,
+    t: float | None,
+    event: int | None = None,
+    *,
+    segments: bool = True,
+) -> Alive:
     """What is alive on `device` right after `t` or trace entry `event` (neither: at the peak),
     with the module tree and the segment map at the same entry (entries can share a timestamp, so
-    the map follows the entry) and the entry's position on each x axis the tab draws (``x``)."""
+    the map follows the entry) and the entry's position on each x axis the tab draws (``x``).
+    `segments` False: without the map, marked ``segments_pending`` (it follows in a second
+    answer)."""
     from gpumem_widget.snapshot import alive_at
     from gpumem_widget.snapshot.views.grid import axis_x
     from gpumem_widget.snapshot.views.modules import module_tree_view
@@ -130,10 +161,13 @@ def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None =
     answer = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
     view = cast("Alive", answer)  # the same dict, its optional keys added below
     snap.release_pages()
-    segments = _segments(snap, device, view["event"])
-    snap.release_pages()
-    if segments is not None:
-        view["segments"] = segments
+    if segments:
+        found = _segments(snap, device, view["event"])
+        snap.release_pages()
+        if found is not None:
+            view["segments"] = found
+    else:
+        view["segments_pending"] = True
     view["modules"] = module_tree_view(snap, device, view["event"], max_nodes=MAX_TREE_NODES)
     snap.release_pages()
     e = view["event"]
@@ -144,6 +178,90 @@ def alive_view(snap: Snapshot, device: int, t: float | None, event: int | None =
         "time": float(time_x[e]) if e >= 0 else (float(time_x[0]) if len(time_x) else 0.0),
     }
     return view
+
+
+class _Preload:
+    """Imports the views in a thread while the kernel only waits for the conversion child
+    (a tenth of a second or more the first time, then free); joined before they are used, so
+    no import of them ever runs in two threads at once."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=_import_views, name="gpumem-views", daemon=True)
+            self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _import_views() -> None:
+    import contextlib
+
+    with contextlib.suppress(Exception):  # imported again where used: an error shows there
+        from gpumem_widget.snapshot.views import (  # noqa: F401
+            alive,
+            categories,
+            cells,
+            first,
+            grid,
+            segment_views,
+        )
+
+
+def _windows_key(snap: Snapshot, cells: Sequence[CellWindow]) -> list[list[CellWindow]] | None:
+    """What the per-cell slices depend on beyond the file: the ledger's windows that overlap
+    the trace, per device, where cells come from time windows (None: from tags, or none)."""
+    from gpumem_widget.snapshot.model.tags import CELL_TAG_PREFIX
+    from gpumem_widget.snapshot.views.panel import _overlapping
+
+    if any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings) or not snap.data.has_time:
+        return None
+    return [[tuple(w) for w in _overlapping(snap, d, cells)] for d in snap.devices]  # type: ignore[misc]
+
+
+def _kept_whole(
+    snap: Snapshot, windows: list[list[CellWindow]] | None
+) -> tuple[DrilldownTrait, Alive] | None:
+    """The whole first screen kept with the columns by an earlier open of the same file, if it
+    was computed for the same cell windows."""
+    from pathlib import Path
+
+    from gpumem_widget.snapshot.io import columnar
+
+    info = snap.load_info
+    if info is None or not info.entry or not info.cached:
+        return None
+    kept = columnar.read_extra(Path(info.entry), columnar.WHOLE_VIEW)
+    if not isinstance(kept, dict) or not isinstance(kept.get("view"), dict):
+        return None
+    if kept.get("windows") != windows or not isinstance(kept.get("alive"), dict):
+        return None
+    return cast("DrilldownTrait", kept["view"]), cast("Alive", kept["alive"])
+
+
+def _keep_whole(
+    snap: Snapshot, view: DrilldownTrait, alive: Alive, windows: list[list[CellWindow]] | None
+) -> None:
+    """Keep the whole first screen with the columns, for a reopen (`_kept_whole`)."""
+    import contextlib
+    from pathlib import Path
+
+    from gpumem_widget.snapshot.io import columnar
+
+    info = snap.load_info
+    if info is None or not info.entry or "segments" not in alive:
+        return  # a map that failed is tried again next time
+    plain = {k: v for k, v in view.items() if k not in ("source", "compute_s")}
+    entry = Path(info.entry)
+    with contextlib.suppress(OSError):  # an uncached entry is gone once mapped: nothing kept
+        if entry.is_dir():
+            columnar.write_extra(
+                entry, columnar.WHOLE_VIEW, {"view": plain, "alive": alive, "windows": windows}
+            )
 
 
 class _LoadingBar:
@@ -248,18 +366,27 @@ class Drilldown:
                 self.widget.drilldown_alive = {}
             drawn[:] = [] if view.get("preview") else [view]
 
+        preloading = _Preload()
+
+        def loading(stage: str, fraction: float | None) -> None:
+            if stage != "mapping":  # the kernel waits on a child from here: import the views
+                preloading.start()
+            progress(stage, fraction)
+
         try:
             snap = open_snapshot(
                 src,
                 max_bytes=max_bytes,
                 max_memory=max_memory,
-                progress=progress,
+                progress=loading,
                 preview=early,
             )
         except BaseException:
             if progress.shown:
                 self.widget.drilldown = previous
             raise
+        finally:
+            preloading.join()
         cells = [*(self._ledger_cells() if self._ledger_cells else ()), *extra_cells]
         started = time.perf_counter()
         kept = snap.load_info.first_view if snap.load_info is not None else None
@@ -278,17 +405,53 @@ class Drilldown:
                 with self.widget.hold_sync():
                     self.widget.drilldown = first
                     self.widget.drilldown_alive = {}
-        view = overview(snap, label, cells)
+        windows = _windows_key(snap, cells)
+        whole = _kept_whole(snap, windows)
+        if whole is not None:  # a reopen: the whole screen as the first open computed it
+            kept_view, kept_alive = whole
+            kept_view["source"] = label
+            kept_view["compute_s"] = time.perf_counter() - started
+            self._publish(snap, kept_view, kept_alive)
+            return snap
+        by_site = (first or (drawn[0] if drawn else None) or {}).get("devices", [])
+        actives = {d["device"]: d["active"] for d in by_site}
+        view = overview(
+            snap,
+            label,
+            cells,
+            actives=actives,
+            categories_of=lambda d: _kept_categories(snap, d),
+        )
         view["compute_s"] = time.perf_counter() - started
+        d0 = snap.devices[0] if snap.devices else None
+        # What is alive at the peak at once; its segment map (the conversion child's, or a
+        # replay up to the peak) follows in a second answer.
+        alive = alive_view(snap, d0, None, segments=False) if d0 is not None else None
+        if not self._publish(snap, view, alive or {}) or alive is None:
+            return snap
+        mapped = alive.copy()
+        del mapped["segments_pending"]
+        segments = _segments(snap, d0, alive["event"]) if d0 is not None else None
+        snap.release_pages()
+        if segments is not None:
+            mapped["segments"] = segments
         with self._lock:
             if self._current is None or self._current.snap is not snap:
-                return snap  # another snapshot was shown meanwhile
-            self.widget.drilldown = view
-        alive: DrilldownAlive = alive_view(snap, snap.devices[0], None) if snap.devices else {}
-        with self._lock:
-            if self._current is not None and self._current.snap is snap:
-                self.widget.drilldown_alive = alive
+                return snap
+            self.widget.drilldown_alive = mapped
+        _keep_whole(snap, view, mapped, windows)
         return snap
+
+    def _publish(self, snap: Snapshot, view: DrilldownTrait, alive: DrilldownAlive) -> bool:
+        """Set the overview and what is alive at once, unless another snapshot was shown
+        meanwhile (False)."""
+        with self._lock:
+            if self._current is None or self._current.snap is not snap:
+                return False
+            with self.widget.hold_sync():
+                self.widget.drilldown = view
+                self.widget.drilldown_alive = alive
+        return True
 
     def offer(self, raw: Mapping[str, Any], source: str) -> None:
         """Keep a snapshot to show when asked (cheap: safe inside a cell hook)."""

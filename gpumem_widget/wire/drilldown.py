@@ -396,6 +396,7 @@ class AliveX(TypedDict):
 class Alive(AliveAtView, total=False):
     segments: SegmentMap  # absent where the segment map could not be made
     modules: ModuleTreeView  # the module tree at the same entry
+    segments_pending: bool  # true: the map follows in a second answer for the same instant
     x: AliveX
     id: int  # the request's, so that each answer is a change the browser sees
 

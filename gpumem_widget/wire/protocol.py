@@ -171,7 +171,8 @@ TRAITS: Final = (
         "DrilldownAlive",
         _SNAPSHOT_TAB,
         "What is alive on one device at one instant (the peak at first; then what `alive_at` "
-        "asks), with the module tree then and its segment map where that view exists; `{error}` "
+        "asks), with the module tree then and its segment map where that view exists "
+        "(`segments_pending`: it follows in a second answer for the same instant); `{error}` "
         "when a request failed.",
     ),
     Trait(

@@ -319,6 +319,7 @@ describe("drill-down panel", () => {
     model.set("drilldown_alive", structuredClone(model.state["drilldown_alive"]));
     expect(el.querySelectorAll(".gpumem-segments")).toHaveLength(1);
     expect(el.querySelectorAll(".gpumem-segment")).toHaveLength(fixture.expected.segments);
+    const withMap = structuredClone(model.state["drilldown_alive"]);
     // An answer without a map falls back to what is alive, its Segments tab disabled.
     const bare = { ...(model.state["drilldown_alive"] as Record<string, unknown>) };
     delete bare["segments"];
@@ -326,6 +327,15 @@ describe("drill-down panel", () => {
     expect(el.querySelector(".gpumem-segments")).toBeNull();
     expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']")?.disabled).toBe(true);
     expect(el.querySelector<HTMLElement>(".gpumem-alive-tree")?.closest<HTMLElement>(".gpumem-drilldown-pane")?.hidden).toBe(false);
+    // A first open's answer whose map follows says so, then the map arrives for the same entry.
+    model.set("drilldown_alive", { ...bare, segments_pending: true });
+    const waiting = el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']");
+    expect(waiting?.disabled).toBe(true);
+    expect(waiting?.title).toContain("computing");
+    const alive = parseAlive({ ...bare, segments_pending: true });
+    expect(alive.kind === "ready" && alive.alive.segmentsPending).toBe(true);
+    model.set("drilldown_alive", withMap);
+    expect(el.querySelector<HTMLButtonElement>(".gpumem-drilldown-subtabs button[data-tab='segments']")?.disabled).toBe(false);
     stop();
     expect(el.children).toHaveLength(0);
   });
@@ -422,6 +432,24 @@ describe("the chart's axis and labels", () => {
       expect(top).toBeGreaterThanOrEqual(max * HEADROOM);
       expect(ticks[ticks.length - 1]).toBe(top);
       expect(ticks.every((t, i) => i === 0 || t > (ticks[i - 1] as number))).toBe(true);
+    }
+  });
+
+  it("ends the axis at a round value just above the data, not at the next whole label", () => {
+    const GiB = 2 ** 30;
+    expect(axisTop(3.9 * GiB / HEADROOM).top).toBe(4 * GiB);
+    expect(axisTop(3.9 * GiB).top).toBe(4.5 * GiB); // 4.21 GiB wanted: not 5, 6 or 8
+    expect(axisTop(5.73 * GiB / HEADROOM).top).toBe(6 * GiB);
+    expect(axisTop(10.2 * GiB / HEADROOM).top).toBe(10.5 * GiB);
+    for (const max of [1, 700, 1023, 3e5, 1.56 * GiB, 3.9 * GiB, 4.6 * GiB, 7.3 * GiB, 10.2 * GiB, 139 * GiB, 2 ** 50]) {
+      const { top, ticks } = axisTop(max);
+      const want = Math.max(max * HEADROOM, 1);
+      expect(top).toBeGreaterThanOrEqual(want);
+      expect(top).toBeLessThanOrEqual(want * 1.4 + 1); // just above, never a doubling
+      expect(Number.isInteger(top)).toBe(true);
+      // Labels never crowd the top's: the tick below it at least 0.4 of a label step away.
+      expect(ticks[ticks.length - 1]).toBe(top);
+      if (ticks.length > 2) expect(top - (ticks[ticks.length - 2] as number)).toBeGreaterThanOrEqual(0.4 * ((ticks[1] as number) - (ticks[0] as number)));
     }
   });
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { byteTicks, byteUnitFor, clockPrecision, formatBytes, formatBytesIn, formatClock, formatDelta, formatDuration, formatTick, sourcePreview } from "../src/common/format";
+import { byteTicks, byteUnitFor, clockPrecision, formatBytes, formatBytesIn, formatClock, formatDelta, formatDuration, formatTick, niceCeiling, sourcePreview } from "../src/common/format";
 
 const KiB = 1024;
 const MiB = 1024 ** 2;
@@ -110,5 +110,21 @@ describe("source preview", () => {
     const src = "a = 1\n" + "b".repeat(100) + "\nc\nd\n\n";
     expect(sourcePreview(src, 2, 10)).toEqual(["a = 1", "bbbbbbbbb\u2026", "\u2026 2 more lines"]);
     expect(sourcePreview("x\r\ny", 5, 80)).toEqual(["x", "y"]);
+  });
+});
+
+describe("niceCeiling", () => {
+  it("ends an axis at a round value just above the data", () => {
+    const GiB = 2 ** 30;
+    expect(niceCeiling(4.21 * GiB)).toBe(4.5 * GiB);
+    expect(niceCeiling(4 * GiB)).toBe(4 * GiB);
+    expect(niceCeiling(5.73 * GiB)).toBe(6 * GiB);
+    expect(niceCeiling(700)).toBe(700); // whole bytes
+    expect(niceCeiling(3)).toBe(3);
+    for (const want of [1, 3, 999, 1.2e6, 4.21 * GiB, 7.3 * GiB, 10.2 * GiB, 150 * GiB]) {
+      const top = niceCeiling(want);
+      expect(top).toBeGreaterThanOrEqual(want);
+      expect(top).toBeLessThanOrEqual(want * 1.4 + 1);
+    }
   });
 });

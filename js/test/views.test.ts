@@ -1,5 +1,6 @@
 // @vitest-environment happy-dom
 import { describe, expect, it, vi } from "vitest";
+import { yTop } from "../src/memory/chart";
 import { Details } from "../src/memory/details";
 import { Header, processSummary } from "../src/header";
 import { Ledger } from "../src/memory/ledger";
@@ -378,5 +379,14 @@ describe("the recorded state (test/fixtures/wire.json)", () => {
   it("says when NVML does not list this kernel on a device", () => {
     expect(processSummary([{ pid: 5, used: GiB, self: false, name: null }])).toBe("this kernel not listed \u00b7 other processes 1.00 GiB (1)");
     expect(processSummary([])).toBe("this kernel not listed \u00b7 other processes 0 B (0)");
+  });
+});
+
+describe("the memory chart's y axis", () => {
+  it("ends at a round value just above the data, the capacity once the data nears it", () => {
+    const GiB = 2 ** 30;
+    expect(yTop(3.9 * GiB, null)).toBe(4.5 * GiB); // 4.29 GiB wanted: not 5 or 8
+    expect(yTop(3.9 * GiB, 139 * GiB)).toBe(4.5 * GiB);
+    expect(yTop(100 * GiB, 139 * GiB)).toBe(139 * GiB * 1.04);
   });
 });

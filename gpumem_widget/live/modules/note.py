@@ -9,8 +9,9 @@ the module with more parameters. The heaviest `MAX_MODULES` come with their ance
 
 from __future__ import annotations
 
-from gpumem_widget.live.modules.figures import CellFigures, ModuleFigures, parent_path
+from gpumem_widget.live.modules.figures import CellFigures, ModuleFigures
 from gpumem_widget.live.modules.phases import PhaseLog
+from gpumem_widget.snapshot.model.tags import parent_path
 from gpumem_widget.wire import payloads
 
 MAX_MODULES = 24  # rows shown, ancestors included

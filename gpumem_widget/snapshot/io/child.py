@@ -30,7 +30,7 @@ from gpumem_widget.snapshot.model.data import SnapshotData
 from gpumem_widget.snapshot.model.replay import DeviceReplay, Snapshot, with_stacks
 
 if TYPE_CHECKING:
-    from gpumem_widget.wire.payloads import Drilldown, SegmentMap
+    from gpumem_widget.wire.payloads import CategoriesView, Drilldown, SegmentMap
 
 
 class ChildViews(Protocol):
@@ -43,6 +43,11 @@ class ChildViews(Protocol):
 
     def first_view(self, snap: Snapshot) -> Drilldown:
         """The tab's first view, kept with the columns."""
+        ...
+
+    def categories(self, snap: Snapshot) -> dict[int, CategoriesView]:
+        """Each device's categories view as the tab's overview has it, kept with the columns
+        once they are written (`columnar.CATEGORIES`), while the caller computes the rest."""
         ...
 
     def peak_segments(self, snap: Snapshot) -> dict[int, SegmentMap]:
@@ -172,12 +177,15 @@ def _peak_rss() -> int | None:
     return None
 
 
-def _keep_peak_segments(views: ChildViews, snap: Snapshot, entry: Path) -> None:
-    """The segment map at the first device's peak (what the tab shows beside what is alive
-    there first), kept with the columns: replaying the allocator to it is the slowest view (a
-    Python loop over every entry), done here while the caller computes the others."""
+def _keep_later_views(views: ChildViews, snap: Snapshot, entry: Path) -> None:
+    """The categories, then the segment map at the first device's peak (what the tab shows
+    beside what is alive there first), kept with the columns: computed here, in parallel with
+    the caller's other views, each written as soon as it is ready."""
     if not snap.devices or not _checked(snap.data):
         return
+    with contextlib.suppress(Exception):  # the caller computes it where it is missing
+        columnar.write_extra(entry, columnar.CATEGORIES, views.categories(snap))
+    snap.release_pages()
     columnar.write_extra(entry, columnar.PEAK_SEGMENTS, views.peak_segments(snap))
 
 
@@ -196,7 +204,7 @@ def main(views_name: str = "") -> None:
     print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
     if snap is not None and views is not None and job.get("keep_segments"):
         with contextlib.suppress(Exception):  # the caller computes it where it is missing
-            _keep_peak_segments(views, snap, Path(job["entry"]))
+            _keep_later_views(views, snap, Path(job["entry"]))
     # Everything the caller needs is in the cache: skip freeing this process's objects.
     sys.stderr.flush()
     os._exit(0)

@@ -51,6 +51,12 @@ INDEX = "index.pickle"
 # The segment map at the first device's peak, kept beside the index by the conversion child
 # once the columns are written: {device: segment_views.segment_map(...).to_wire()}.
 PEAK_SEGMENTS = "peak_segments.pickle"
+# Each device's categories view, kept by the child before the segment map: {device: view}.
+CATEGORIES = "categories.pickle"
+# The tab's whole first screen, kept beside the index by the caller once it has computed it, so
+# a reopen draws it without computing: {"view": Drilldown, "alive": Alive, "windows": ...}
+# (`drilldown.controller`).
+WHOLE_VIEW = "whole_view.pickle"
 TRACE_COLUMNS = {
     "action": np.int8,
     "addr": np.int64,
@@ -110,11 +116,13 @@ def cache_root() -> Path:
 
 
 def _code_version() -> str:
-    """A digest of the code that makes the columns, the replay and the first view kept with
-    them (the snapshot package and the wire format): changed code, new entries."""
+    """A digest of the code that makes the columns, the replay and the views kept with them
+    (the snapshot package, the wire format, the tab's controller): changed code, new entries."""
     here = Path(__file__).resolve().parents[1]  # the snapshot package, every stage
     digest = hashlib.sha256()
-    for path in sorted([*here.rglob("*.py"), here.parent / "wire" / "table.py"]):
+    package = here.parent
+    kept = [*here.rglob("*.py"), *package.glob("wire/*.py"), *package.glob("drilldown/*.py")]
+    for path in sorted(kept):
         with contextlib.suppress(OSError):
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -301,19 +309,21 @@ def read_index(entry: Path) -> dict[str, Any]:
 
 
 def read(
-    entry: Path, index: dict[str, Any] | None = None
+    entry: Path, index: dict[str, Any] | None = None, *, fresh: bool = False
 ) -> tuple[SnapshotData, int, dict[int, DeviceReplay], Drilldown | None]:
     """The snapshot in `entry`, its columns memory-mapped (and checked against `index`, read
     here when not given), the decompressed size of the pickle it came from, the devices'
-    replays and the first view kept with it; `CacheInvalid` if it is not whole."""
+    replays and the first view kept with it; `CacheInvalid` if it is not whole. `fresh`: the
+    entry was written by a conversion that has just said it is done, so its columns' checksums
+    (there against damage on disk between sessions) are not read again; shapes still are."""
     from gpumem_widget.snapshot.io.load import SnapshotLoadError
 
     if index is None:
         index = read_index(entry)
     try:
-        data = _from_index(entry, index)
+        data = _from_index(entry, index, fresh)
         replays = {
-            int(d): _replay(entry, index, int(d), data, meta)
+            int(d): _replay(entry, index, int(d), data, meta, fresh=fresh)
             for d, meta in index["replays"].items()
         }
         # Written by `write` from `drilldown.overview` (checked to be a dict by `read_index`).
@@ -325,14 +335,16 @@ def read(
         raise CacheInvalid(f"{type(e).__name__}: {e}") from None
 
 
-def _column(entry: Path, index: dict[str, Any], name: str, dtype: Any) -> np.ndarray[Any, Any]:
+def _column(
+    entry: Path, index: dict[str, Any], name: str, dtype: Any, fresh: bool = False
+) -> np.ndarray[Any, Any]:
     meta = index["columns"][name]
     path = entry / f"{name}.npy"
     # An empty column cannot be mapped (mmap refuses length 0); it is read instead.
     arr = _map(path) if meta["length"] else np.load(path, allow_pickle=False)
     if arr.dtype != np.dtype(dtype) or arr.ndim != 1 or len(arr) != meta["length"]:
         raise CacheInvalid(f"{name}: not the column the index describes")
-    if len(arr) and _file_crc(path, arr.nbytes) != meta["crc32"]:
+    if len(arr) and not fresh and _file_crc(path, arr.nbytes) != meta["crc32"]:
         raise CacheInvalid(f"{name}: corrupt (checksum)")
     return arr
 
@@ -375,7 +387,7 @@ def _file_crc(path: Path, nbytes: int) -> int:
     return crc
 
 
-def _from_index(entry: Path, index: dict[str, Any]) -> SnapshotData:
+def _from_index(entry: Path, index: dict[str, Any], fresh: bool = False) -> SnapshotData:
     strings = tuple(index["strings"])
     if not all(isinstance(s, str) for s in strings):
         raise CacheInvalid("strings")
@@ -386,7 +398,9 @@ def _from_index(entry: Path, index: dict[str, Any]) -> SnapshotData:
     n_strings = int(index["n_strings"])
     traces = {}
     for d in index["devices"]:
-        cols = {c: _column(entry, index, f"trace{d}.{c}", t) for c, t in TRACE_COLUMNS.items()}
+        cols = {
+            c: _column(entry, index, f"trace{d}.{c}", t, fresh) for c, t in TRACE_COLUMNS.items()
+        }
         _in_range(cols["stack"], len(stacks), "stack")
         _in_range(cols["tag"], n_strings, "tag")
         _in_range(cols["compile_context"], n_strings, "compile_context")
@@ -394,8 +408,8 @@ def _from_index(entry: Path, index: dict[str, Any]) -> SnapshotData:
         if len({len(c) for c in cols.values()}) > 1:
             raise CacheInvalid("columns of different lengths")
         traces[int(d)] = DeviceTrace(**cols)
-    seg = {c: _column(entry, index, f"segment.{c}", t) for c, t in SEGMENT_COLUMNS.items()}
-    blk = {c: _column(entry, index, f"block.{c}", t) for c, t in BLOCK_COLUMNS.items()}
+    seg = {c: _column(entry, index, f"segment.{c}", t, fresh) for c, t in SEGMENT_COLUMNS.items()}
+    blk = {c: _column(entry, index, f"block.{c}", t, fresh) for c, t in BLOCK_COLUMNS.items()}
     _in_range(blk["state"], len(BLOCK_STATES), "state")
     _in_range(blk["stack"], len(stacks), "block stack")
     _in_range(seg["stack"], len(stacks), "segment stack")
@@ -428,13 +442,21 @@ def _from_index(entry: Path, index: dict[str, Any]) -> SnapshotData:
 
 
 def _replay(
-    entry: Path, index: dict[str, Any], d: int, data: SnapshotData, meta: dict[str, Any]
+    entry: Path,
+    index: dict[str, Any],
+    d: int,
+    data: SnapshotData,
+    meta: dict[str, Any],
+    *,
+    fresh: bool = False,
 ) -> DeviceReplay:
-    cols = {c: _column(entry, index, f"replay{d}.{c}", np.int64) for c in REPLAY_COLUMNS}
+    cols = {c: _column(entry, index, f"replay{d}.{c}", np.int64, fresh) for c in REPLAY_COLUMNS}
     n = len(data.traces[d]) if d in data.traces else 0
     if not len(cols["time_us"]) == len(cols["active"]) == len(cols["reserved"]) == n:
         raise CacheInvalid(f"replay {d}: not its trace's length")
-    iv = {c: _column(entry, index, f"intervals{d}.{c}", t) for c, t in INTERVAL_COLUMNS.items()}
+    iv = {
+        c: _column(entry, index, f"intervals{d}.{c}", t, fresh) for c, t in INTERVAL_COLUMNS.items()
+    }
     if len({len(c) for c in iv.values()}) > 1:
         raise CacheInvalid(f"intervals {d}: columns of different lengths")
     _in_range(iv["stack"], len(data.stacks.stacks), "interval stack")

@@ -158,7 +158,7 @@ def open_file(
     if progress is not None:
         progress("mapping", None)
     try:
-        data, _, replays, first_view = columnar.read(entry)
+        data, _, replays, first_view = columnar.read(entry, fresh=True)
     except columnar.CacheInvalid as e:
         raise SnapshotLoadError(f"{where}: its converted columns are unreadable ({e})") from None
     finally:

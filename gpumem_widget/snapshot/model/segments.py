@@ -209,7 +209,9 @@ class Layout:
 class SegmentTimeline:
     """One device's segment/block layout after any trace entry, found by seeking."""
 
-    def __init__(self, snap: Snapshot, device: int | None = None) -> None:
+    def __init__(self, snap: Snapshot, device: int | None = None, *, until: int | None = None):
+        """`until`: replay only through that entry, keeping no checkpoint (one layout wanted,
+        `layout_once`): the timeline then answers `layout(until)` alone."""
         self.snap = snap
         self.replay: DeviceReplay = snap.replay(device)
         self.device = self.replay.device
@@ -219,7 +221,15 @@ class SegmentTimeline:
         self.anomalies: dict[str, int] = {}
         self._checkpoints: list[tuple[int, dict[int, SegmentRec], dict[int, BlockRec]]] = []
         self._positions: list[int] = []
-        self._build()
+        self._until = until
+        if until is None:
+            self._build()
+        else:
+            state = self._first_state()
+            stop = max(0, min(int(until) + 1, len(self.trace)))
+            for lo in range(0, stop, _CHUNK):
+                self._apply(state, lo, min(stop, lo + _CHUNK))
+            self._end = state
 
     # -- building -----------------------------------------------------------------------------
 
@@ -491,6 +501,10 @@ class SegmentTimeline:
     def _state_after(self, event: int) -> _State:
         n = len(self.trace)
         event = max(-1, min(int(event), n - 1))
+        if self._until is not None:
+            if event != max(-1, min(int(self._until), n - 1)):
+                raise ValueError(f"this timeline holds entry {self._until} only, not {event}")
+            return self._end
         if event == n - 1:
             return self._end
         k = bisect.bisect_right(self._positions, event + 1) - 1
@@ -550,6 +564,17 @@ def timeline(snap: Snapshot, device: int | None = None) -> SegmentTimeline:
         if d not in per_device:
             per_device[d] = SegmentTimeline(snap, d)
         return per_device[d]
+
+
+def layout_once(snap: Snapshot, device: int | None, event: int) -> SegmentTimeline:
+    """A timeline that answers `layout(event)` alone: the one built for `snap` where there is
+    one, else a replay from the first entry through `event` only, without checkpoints (one
+    layout, such as the peak's, costs the entries before it rather than the whole trace; its
+    `anomalies` are those met on the way)."""
+    d = snap.device(device)
+    with _LOCK:
+        built = _TIMELINES.get(snap, {}).get(d)
+    return built if built is not None else SegmentTimeline(snap, d, until=event)
 
 
 def event_at(snap: Snapshot, device: int | None, t: float | None) -> int:

@@ -219,7 +219,10 @@ def _phases(
         phase = per_stack[inverse.reshape(-1)]
     window_end = np.full(len(iv), n, np.int64)
     recorded = np.flatnonzero(iv.start >= 0)
-    order = recorded[np.argsort(iv.start[recorded], kind="stable")]
+    starts = iv.start[recorded]
+    # The replay lists intervals by their alloc entry already: a sort only where it did not.
+    in_order = bool(np.all(starts[1:] >= starts[:-1]))
+    order = recorded if in_order else recorded[np.argsort(starts, kind="stable")]
     ph = phase[order]
     change = np.ones(len(order), bool)
     change[1:] = ph[1:] != ph[:-1]

@@ -1,10 +1,11 @@
 """The views a conversion child computes while it converts a file, so the tab draws early.
 
 `open_snapshot` names this module in the child's job (`io.isolate` knows no views: it imports
-the module it is given and calls these three): `preview`, once the memory totals are read and
+the module it is given and calls these): `preview`, once the memory totals are read and
 before the stacks; `first_view`, kept with the columns, which a reopen draws at once;
-`peak_segments`, the allocator's segment map at the first device's peak, the slowest view (a
-Python loop over every entry), kept with the columns while the caller computes the others. Its
+`categories`, kept with the columns once they are written, while the caller computes the rest;
+`peak_segments`, the allocator's segment map at the first device's peak (a Python replay of
+the entries up to it), kept with the columns while the caller computes the others. Its
 imports are at the top so that a spare child has imported all of it before its job arrives.
 """
 
@@ -15,12 +16,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpumem_widget.snapshot.views.active import active_total_view
-from gpumem_widget.snapshot.views.panel import MAX_BLOCKS, MAX_SEGMENTS, WIDTH, overview
+from gpumem_widget.snapshot.views.categories import category_memory  # noqa: F401  (used later)
+from gpumem_widget.snapshot.views.panel import (
+    MAX_BLOCKS,
+    MAX_SEGMENTS,
+    WIDTH,
+    category_view,
+    overview,
+)
 from gpumem_widget.snapshot.views.segment_views import segment_map
 
 if TYPE_CHECKING:
     from gpumem_widget.snapshot.model.replay import Snapshot
-    from gpumem_widget.wire.payloads import Drilldown, SegmentMap
+    from gpumem_widget.wire.payloads import CategoriesView, Drilldown, SegmentMap
 
 
 def preview(snap: Snapshot, source: str = "") -> Drilldown:
@@ -45,6 +53,12 @@ def first_view(snap: Snapshot) -> Drilldown:
     return overview(snap, "", first_only=True)
 
 
+def categories(snap: Snapshot) -> dict[int, CategoriesView]:
+    """Each device's categories, as `overview` computes them (kept with the columns while the
+    caller computes the rest of the overview)."""
+    return {d: category_view(snap, d) for d in snap.devices}
+
+
 def peak_segments(snap: Snapshot) -> dict[int, SegmentMap]:
     """The segment map at the first device's peak, by device (empty without a device)."""
     if not snap.devices:
@@ -52,5 +66,7 @@ def peak_segments(snap: Snapshot) -> dict[int, SegmentMap]:
     d = snap.devices[0]
     rep = snap.replay(d)
     event = int(np.argmax(rep.active)) if rep.n_events else -1
-    view = segment_map(snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS)
+    view = segment_map(
+        snap, d, event=event, max_segments=MAX_SEGMENTS, max_blocks=MAX_BLOCKS, once=True
+    )
     return {d: view.to_wire()}

@@ -9,7 +9,7 @@ imported where they are used: the controller imports this module as the extensio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from gpumem_widget.snapshot.model.tags import CELL_TAG_PREFIX
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from gpumem_widget.snapshot.views.cells import CellSlices
     from gpumem_widget.snapshot.views.grid import Axis
     from gpumem_widget.wire.payloads import (
+        ActiveMemoryView,
+        CategoriesView,
         CellBand,
         DeviceOverview,
         RangeView,
@@ -92,19 +94,31 @@ def range_view(
     }
 
 
+def category_view(snap: Snapshot, device: int) -> CategoriesView:
+    """A device's categories as the overview shows them (event order, `WIDTH` columns)."""
+    from gpumem_widget.snapshot.views.categories import categories
+
+    return categories(snap, device, width=WIDTH, axis="event", full_columns=False)
+
+
 def overview(
     snap: Snapshot,
     source: str,
     ledger_cells: Sequence[CellWindow] = (),
     *,
     first_only: bool = False,
+    actives: Mapping[int, ActiveMemoryView] | None = None,
+    categories_of: Callable[[int], CategoriesView | None] | None = None,
 ) -> DrilldownTrait:
     """Every device's views: active memory by site, categories, by module, reserved beside
     active (the cache's growth and its gap to the live set), and per-cell slices (by the snapshot's
     ``cell:N`` tags where it has them, else by the ledger's time windows). `first_only`: active
-    memory alone, what the tab draws first (``"partial": true``) while the rest is computed."""
+    memory alone, what the tab draws first (``"partial": true``) while the rest is computed.
+    `actives`: each device's active memory by site where it is already computed (the first
+    view's), so the rest is all that is computed here; `categories_of(device)`: a device's
+    categories computed elsewhere (the conversion child's), asked for after the other views,
+    None where there are none."""
     from gpumem_widget.snapshot.views.active import active_memory_view
-    from gpumem_widget.snapshot.views.categories import categories
     from gpumem_widget.snapshot.views.cells import cell_usage
     from gpumem_widget.snapshot.views.modules import modules_view
     from gpumem_widget.snapshot.views.segment_views import reserved_over_time_view
@@ -112,9 +126,10 @@ def overview(
     tagged = any(s.startswith(CELL_TAG_PREFIX) for s in snap.data.strings)
     devices: list[DeviceOverview] = []
     for d in snap.devices:
+        known = actives.get(d) if actives is not None else None
         view: DeviceOverview = {
             "device": d,
-            "active": active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
+            "active": known or active_memory_view(snap, d, WIDTH, TOP_SITES, axis="event"),
         }
         # Between views, the mapped columns' pages go back (each view reads what it needs).
         snap.release_pages()
@@ -128,7 +143,8 @@ def overview(
             # Without its table: the active view carries reserved on its own columns.
             reserved = cast("ReservedFigures", {k: v for k, v in full.items() if k != "table"})
             snap.release_pages()
-            view["categories"] = categories(snap, d, width=WIDTH, axis="event", full_columns=False)
+            kept = categories_of(d) if categories_of is not None else None
+            view["categories"] = kept if kept is not None else category_view(snap, d)
             snap.release_pages()
             view["modules"] = modules_view(
                 snap, d, WIDTH, TOP_MODULES, axis="event", full_columns=False

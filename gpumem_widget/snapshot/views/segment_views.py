@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from gpumem_widget.snapshot.model.data import NO_STACK
 from gpumem_widget.snapshot.model.replay import DeviceReplay, Snapshot
-from gpumem_widget.snapshot.model.segments import SegmentView, event_at, timeline
+from gpumem_widget.snapshot.model.segments import SegmentView, event_at, layout_once, timeline
 from gpumem_widget.snapshot.views.advice import Advice, advise
 from gpumem_widget.snapshot.views.attribution import folded_path, site_of
 from gpumem_widget.snapshot.views.fragmentation import Fragmentation, from_layout
@@ -164,24 +164,28 @@ def segment_map(
     oom: int | None = None,
     max_segments: int = 400,
     max_blocks: int = 4000,
+    once: bool = False,
 ) -> SegmentMap:
     """The segment map right after time `t` (or trace entry `event`, or OOM number `oom` of
     this device; default: the snapshot's end), with its fragmentation figures and advice.
+    `once`: only this one map is wanted now (the peak's, as the tab opens), so the allocator
+    is replayed up to it alone rather than seekably through the whole trace (`layout_once`).
 
     Segments come sorted by address, each with its blocks; expandable segments are listed per
     contiguous mapped range, as torch lists them. Beyond `max_segments` the largest are kept;
     where blocks exceed `max_blocks`, runs of blocks in one state too small to see (under a
     pixel of a `BAR_PIXELS` bar) merge into one entry whose ``count`` says how many."""
-    tl = timeline(snap, device)
-    rep = tl.replay
+    d = snap.device(device)
+    rep = snap.replay(d)
     failed = None
     if oom is not None:
         if not 0 <= oom < len(rep.ooms):
-            raise ValueError(f"device {tl.device} has {len(rep.ooms)} OOMs; no OOM number {oom}")
+            raise ValueError(f"device {d} has {len(rep.ooms)} OOMs; no OOM number {oom}")
         failed = rep.ooms[oom]
         event = failed.event
     elif event is None:
-        event = event_at(snap, tl.device, t)
+        event = event_at(snap, d, t)
+    tl = layout_once(snap, d, event) if once else timeline(snap, d)
     layout = tl.layout(event)
     if failed is None:
         failed = next((o for o in rep.ooms if o.event == layout.event), None)

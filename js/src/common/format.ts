@@ -131,6 +131,20 @@ export function byteTicks(max: number, maxTicks: number): { unit: ByteUnit; step
   return { unit, step, ticks };
 }
 
+/**
+ * An axis ceiling just above `want`: a multiple of a round step finer than the labels' (half
+ * of a 1, 2, 5 step, a fifth of a 2.5 one), so a 3.9 GiB peak ends its axis at 4.5 GiB rather
+ * than at the next whole label; whole bytes in the byte range.
+ */
+export function niceCeiling(want: number, maxTicks = 5): number {
+  const top = Math.max(want, 1);
+  const { unit, step } = byteTicks(top, maxTicks);
+  const mantissa = step / unit.factor / 10 ** Math.floor(Math.log10(step / unit.factor) + 1e-9);
+  let fine = (Math.abs(mantissa - 2.5) < 1e-9 ? step / 5 : step / 2);
+  if (unit.factor === 1 && !Number.isInteger(fine)) fine = step;
+  return Math.ceil(top / fine - 1e-9) * fine;
+}
+
 /** The first `maxLines` lines of a cell's source, each cut to `maxChars`; notes what was left out. */
 export function sourcePreview(source: string, maxLines: number, maxChars: number): string[] {
   const lines = source.replace(/\s+$/, "").split(/\r?\n/);

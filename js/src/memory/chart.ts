@@ -12,7 +12,7 @@
 import uPlot from "uplot";
 import { outcome, tooltipLines, type DeviceChoice, type Mode } from "./cells";
 import { decimate, nearestIndex, seriesMax, type Envelope } from "./decimate";
-import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick } from "../common/format";
+import { byteTicks, clockPrecision, formatBytes, formatClock, formatDuration, formatTick, niceCeiling } from "../common/format";
 import type { Timeline } from "./timeline_store";
 import { deviceColumn, HOST_RSS_COLUMN, type Band, type CellRecord, type DeviceField, type DeviceInfo } from "../wire/protocol";
 import { PHASES, type PhaseSpans } from "../wire/notes";
@@ -898,9 +898,7 @@ const MAX_STRIP_BANDS = 400;
 /** The y axis top: the data with headroom, rounded to a tick; the capacity once data nears it. */
 export function yTop(dataMax: number, capacity: number | null): number {
   if (capacity !== null && capacity > 0 && dataMax >= 0.6 * capacity) return Math.max(capacity * 1.04, dataMax);
-  const wanted = Math.max(dataMax * 1.1, 1024 ** 2);
-  const { step } = byteTicks(wanted, 5);
-  return Math.ceil(wanted / step) * step;
+  return niceCeiling(Math.max(dataMax * 1.1, 1024 ** 2));
 }
 
 /**

@@ -8,7 +8,7 @@
 // re-aggregate. OOM, peak and reserved labels sit in HTML over the canvas, clear of each other and
 // of the data; cell bands lie behind the stack; a search's matched bytes run over it as a line.
 
-import { byteTicks, formatBytes, formatDuration, formatTick } from "../common/format";
+import { byteTicks, formatBytes, formatDuration, formatTick, niceCeiling } from "../common/format";
 import type { Band, Oom, Series, Stacked } from "../wire/drilldown";
 import { readPalette, type Palette } from "../common/theme";
 import { setFigures } from "./text";
@@ -55,12 +55,14 @@ export function riseColors(v: Stacked, el: HTMLElement): string[] {
   });
 }
 
-/** The axis top for values up to `max`: a round tick at or above `max * HEADROOM`. */
+/** The axis top for values up to `max`: a round value just at or above `max * HEADROOM`
+ * (`niceCeiling`), labelled with the ticks below it and itself. */
 export function axisTop(max: number): { top: number; ticks: number[]; unit: ReturnType<typeof byteTicks>["unit"] } {
   const want = Math.max(max * HEADROOM, 1);
-  const { unit, step, ticks } = byteTicks(want, 5);
-  const top = Math.ceil(want / step - 1e-9) * step;
-  const all = ticks.filter((t) => t <= top + step * 1e-9);
+  const top = niceCeiling(want);
+  const { unit, step, ticks } = byteTicks(top, 5);
+  // A tick closer than 0.4 steps below the top would print its label on the top's.
+  const all = ticks.filter((t) => t <= top - step * 0.4 || Math.abs(t - top) <= step * 1e-9);
   if ((all[all.length - 1] ?? -1) < top - step * 1e-9) all.push(top);
   return { top, ticks: all, unit };
 }
@@ -174,11 +176,15 @@ export class StackedChart {
     this.canvas.title = on ? "Click a column to see what was alive at its peak; drag to zoom" : "No kernel: hover to read a column";
   }
 
-  set(view: Stacked, base: Stacked, bands: Band[]): void {
+  /** A new view, drawn once with the search line and the marker it comes with (each of them
+   * set alone draws again: a whole view's draw is the tab's costliest step). */
+  set(view: Stacked, base: Stacked, bands: Band[], with_: { search?: { t: Float64Array; values: Float64Array } | null; marker?: number | null } = {}): void {
     this.view = view;
     this.base = base;
     this.bands = bands;
     this.range = null;
+    if (with_.search !== undefined) this.search = with_.search;
+    if (with_.marker !== undefined) this.marker = with_.marker;
     this.draw();
   }
 

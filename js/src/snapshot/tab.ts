@@ -388,10 +388,9 @@ export class DrilldownPanel {
     const view = byModule ?? (this.stacking === "categories" ? shown.categories : shown.sites);
     this.reading.hidden = !byModule?.reading;
     this.reading.textContent = byModule?.reading ?? "";
-    this.chart.set(view, shown.sites, shown.bands);
-    this.chart.setSearch(this.search.kind === "ready" && this.search.axis === shown.sites.axis && this.search.t.length === shown.sites.t.length && this.search.t[0] === shown.sites.t[0] ? { t: this.search.t, values: this.search.matched } : null);
-    this.drawLegend(view.series.filter((s) => s.peak > 0), view);
-    if (this.lastAlive) this.chart.setMarker(this.markerOf(this.lastAlive));
+    const search = this.search.kind === "ready" && this.search.axis === shown.sites.axis && this.search.t.length === shown.sites.t.length && this.search.t[0] === shown.sites.t[0] ? { t: this.search.t, values: this.search.matched } : null;
+    this.drawLegend(view.series.filter((s) => s.peak > 0), view); // first: the chart sizes itself after it
+    this.chart.set(view, shown.sites, shown.bands, this.lastAlive ? { search, marker: this.markerOf(this.lastAlive) } : { search });
   }
 
   private drawLegend(series: Series[], view: Stacked): void {
@@ -592,7 +591,7 @@ export class DrilldownPanel {
     const segments = buttons[2] as HTMLButtonElement;
     if (alive.segments === null) {
       segments.disabled = true;
-      segments.title = "No segment map for this instant";
+      segments.title = alive.segmentsPending ? "The segment map at this instant: computing\u2026" : "No segment map for this instant";
     }
     const show = (tab: AliveTab): void => {
       const shown: AliveTab = (tab === "segments" && alive.segments === null) || (tab === "modules" && noModules) ? "allocations" : tab;

@@ -487,6 +487,7 @@ export interface Alive {
   largest: Allocation[];
   segments: unknown; // the segment map, where the kernel computed one
   modules: ModuleTree | null; // the module tree at the same entry
+  segmentsPending: boolean; // the map follows in a second answer for the same instant
 }
 
 export const PHASES = ["forward", "backward", "optimizer", "recompute", "other"] as const;
@@ -595,6 +596,7 @@ export function parseAlive(raw: unknown): AliveState {
       largest,
       segments: raw["segments"] ?? null,
       modules: parseModuleTree(raw["modules"]),
+      segmentsPending: optional(raw, "segments_pending", isBool, false),
     },
   };
 }
