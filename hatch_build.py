@@ -29,7 +29,7 @@ SOURCE = ROOT / "gpumem_widget" / "snapshot" / "io" / "_rows.c"
 
 
 # -Wconversion and the rest hold the source to no implicit narrowing and no unused code.
-WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wno-unused-parameter"]
+WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wsign-conversion", "-Wno-unused-parameter"]
 # The oldest CPython a limited-API build serves: 3.11, where the buffer protocol (the mapped
 # file the reader is handed) joined the limited API.
 LIMITED_API = 0x030B0000
