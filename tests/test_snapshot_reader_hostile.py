@@ -213,8 +213,13 @@ def test_the_nesting_scan_follows_the_memo_and_every_way_to_hash() -> None:
     ones, deep tuples never hashed and truncated input are not."""
     deep = b"K\x01" + b"\x85\x94" * 12_000  # memo slot k: k + 1 levels
     get = b"j" + struct.pack("<I", 11_999)
-    for tail in (b"(" + get + b"\x91.", b"\x8f(" + get + b"\x90.", b"}" + get + b"Ns.",
-                 b"}(" + get + b"Nu.", b"(" + get + b"Nd."):
+    for tail in (
+        b"(" + get + b"\x91.",
+        b"\x8f(" + get + b"\x90.",
+        b"}" + get + b"Ns.",
+        b"}(" + get + b"Nu.",
+        b"(" + get + b"Nd.",
+    ):
         assert nesting.deepest_key(io.BytesIO(b"\x80\x04" + deep + b"0" + tail)) == 12_000
     assert nesting.deepest_key(io.BytesIO(_deep_key(300_000))) == 300_000
     assert nesting.deepest_key(io.BytesIO(_deep_key(9_000))) is None  # under the limit

@@ -79,7 +79,7 @@ def deepest_key(stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECO
                 stack.append(1)
                 continue
             if name in _PUTS or name == "MEMOIZE":
-                idx = memo_len if name == "MEMOIZE" else int(arg)
+                idx = memo_len if name == "MEMOIZE" else int(arg or 0)
                 memo_len = max(memo_len, idx + 1)
                 if stack and stack[-1] >= 2:
                     memo[idx] = stack[-1]
@@ -87,7 +87,7 @@ def deepest_key(stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECO
                     memo.pop(idx, None)
                 continue
             if name in _GETS:
-                stack.append(memo.get(int(arg), 0))
+                stack.append(memo.get(int(arg or 0), 0))
                 continue
             if name == "DUP":
                 stack.append(stack[-1])
