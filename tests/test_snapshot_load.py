@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copyreg
 import gzip
+import io
 import lzma
 import os
 import pickle
 import pickletools
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from gpumem_widget.snapshot import (
     open_snapshot,
     read_snapshot,
 )
+from gpumem_widget.snapshot.io import load
 
 TRAIN = frame("/home/u/train.py", 10, "step")
 
@@ -503,3 +506,29 @@ def test_stacks_are_numbered_in_order_of_first_appearance() -> None:
     ]
     data = read_snapshot({"segments": [], "device_traces": [entries]})
     assert data.traces[0].stack.tolist() == [0, 1, 2, 1, 0]
+
+
+@pytest.mark.parametrize("failure", ["over the limit", "corrupt gzip", "interrupted"])
+def test_a_failed_readinto_leaves_no_view_of_the_callers_buffer(failure: str) -> None:
+    """Issue 28's `SystemError: deallocated bytearray object has exported buffers`: a read
+    that raised left its memoryview of the caller's buffer in the traceback's frame, still
+    exporting it while the caller resized or freed the buffer (a bytearray then cannot be
+    resized; memory a C caller frees is still viewed). The view is now released however the
+    read ends."""
+
+    class Interrupting(io.BytesIO):
+        def readinto(self, buf: Any) -> int:
+            raise KeyboardInterrupt
+
+    stream: Any = {
+        "over the limit": io.BytesIO(b"x" * 100),
+        "corrupt gzip": gzip.GzipFile(fileobj=io.BytesIO(b"\x1f\x8b\x08\x00" + b"\xff" * 60)),
+        "interrupted": Interrupting(b"x" * 100),
+    }[failure]
+    reader = load._LimitedReader(stream, 40, None, None, 0)
+    buf = bytearray(64 if failure == "over the limit" else 32)
+    with pytest.raises((load._TooLarge, zlib.error, KeyboardInterrupt)) as raised:
+        reader.readinto(buf)
+    assert raised.value.__traceback__ is not None  # the frame is still alive, as it was
+    buf.extend(b"more")  # BufferError while a view of it lived on
+    del buf[:]

@@ -211,9 +211,12 @@ class _LimitedReader:
         return b"".join(parts)
 
     def readinto(self, buf: Any) -> int:
-        view = memoryview(buf).cast("B")
-        self._take(len(view))
-        got: int = self.stream.readinto(view)
+        # The views are released however the read ends: one left in a raised exception's
+        # frame would go on exporting the caller's buffer after the call (a bytearray could
+        # not be resized; memory a C caller frees would still be viewed).
+        with memoryview(buf) as whole, whole.cast("B") as view:
+            self._take(len(view))
+            got: int = self.stream.readinto(view)
         self.count += got
         return got
 
