@@ -114,6 +114,7 @@ SANITIZE = (
     "-fno-omit-frame-pointer",
     "-g",
     "-Werror",
+    "-DREADER_HEAP",  # the reader's working arrays in the heap, where ASan sees their bounds
 )
 
 
