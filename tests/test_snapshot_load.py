@@ -532,3 +532,29 @@ def test_a_failed_readinto_leaves_no_view_of_the_callers_buffer(failure: str) ->
     assert raised.value.__traceback__ is not None  # the frame is still alive, as it was
     buf.extend(b"more")  # BufferError while a view of it lived on
     del buf[:]
+
+
+def test_a_pickle_without_frames_is_read_a_buffer_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protocol 2 has no frames: without `peek` the unpickler read one call an opcode (a
+    crafted 100 MB file of memo reads took minutes through the unpickler's path). The bytes
+    counted against the limit are still every byte of the pickle."""
+    path = tmp_path / "gets.pickle"
+    data = b"\x80\x02]K\x07q\x000(" + b"h\x00" * 200_000 + b"e."
+    path.write_bytes(data)
+    reads = 0
+    read = load._LimitedReader.read
+
+    def counted(self: load._LimitedReader, n: int = -1) -> bytes:
+        nonlocal reads
+        reads += 1
+        return read(self, n)
+
+    monkeypatch.setattr(load._LimitedReader, "read", counted)
+    monkeypatch.setattr(load.c_reader, "_reader", None)  # the unpickler's path
+    with pytest.raises(SnapshotLoadError, match="200000 entries from 400011 bytes"):
+        read_snapshot(path)
+    assert reads < 200, reads
+    with pytest.raises(SnapshotLoadError, match="larger than 400010 bytes"):
+        read_snapshot(path, max_bytes=len(data) - 1)
