@@ -269,3 +269,40 @@ def test_a_long_list_of_shared_objects_reads_the_same_both_ways(tmp_path: Path) 
     assert got is not None
     assert got[0]["external_annotations"] == snap["external_annotations"]
     _same_both_ways(tmp_path, data)
+
+
+def _trace_of(*entries: bytes) -> bytes:
+    """{'segments': [], 'device_traces': [[<entries>]]}, protocol 2, the entries as given."""
+    top = b"}(X\x08\0\0\0segments]X\r\0\0\0device_traces](]("
+    return b"\x80\x02" + top + b"".join(entries) + b"eeu."
+
+
+FIELDS = b"(X\x06\0\0\0actionX\x05\0\0\0allocX\x04\0\0\0sizeK\x01u"
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [b"}2" + FIELDS],  # DUP: the dict twice in the list
+        [b"}q\x01" + FIELDS, b"h\x01"],  # memoized, read back after it is filled
+        [b"}q\x01h\x01" + FIELDS],  # read back before it is filled
+        [b"}q\x01q\x02" + FIELDS, b"h\x02"],  # memoized in two slots, read from the second
+        [b"}q\x01" + FIELDS, b"}q\x01" + FIELDS, b"h\x01"],  # a slot reused, then read
+    ],
+    ids=["dup", "memo-after", "memo-before", "two-slots", "slot-reused"],
+)
+def test_a_dict_held_twice_is_never_made_a_row(tmp_path: Path, entries: list[bytes]) -> None:
+    """A dict becomes a row only while nothing else can see it: that is tracked per stack slot
+    and memo slot, not read from reference counts (immortal and deferred refcounts in newer
+    CPythons would fool that), so this runs on every CPython `make test-pythons` covers. A
+    dict held twice is read as the unpickler reads it: a dict, the same object twice."""
+    data = _trace_of(*entries)
+    unpickled = pickle.loads(data)["device_traces"][0]
+    got = c_reader.read(data)
+    if got is not None:
+        top, traces = got
+        rows = sum(len(t) for t in traces.values())
+        assert len(top["device_traces"][0]) + rows == len(unpickled)
+        dicts = [e for e in top["device_traces"][0] if isinstance(e, dict)]
+        assert len({id(d) for d in dicts}) < len(dicts) or not dicts  # still shared
+    _same_both_ways(tmp_path, data)
