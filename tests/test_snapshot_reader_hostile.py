@@ -204,7 +204,7 @@ def test_a_key_nested_too_deeply_is_named_through_the_conversion_child(
     assert message.startswith(f"{path}: refused: a dict key")
     crashed = reader == "off" or compressed
     assert ("300000 levels deep" in message) == crashed, message
-    assert ("signal" in message) == crashed, message
+    assert ("the conversion process" in message) == crashed, message  # died, or failed: ASan
 
 
 def test_the_nesting_scan_follows_the_memo_and_every_way_to_hash() -> None:

@@ -266,6 +266,9 @@ def _run_child(
             else _died(where, -code)
         )
     if code != 0 or not result.get("done"):
+        why = nesting.diagnose(where) if not result else None  # aborted (under ASan, say)
+        if why is not None:
+            raise SnapshotLoadError(f"{where}: refused: {why} (the conversion process failed)")
         tail = stderr.strip().splitlines()[-1:] or [f"exit status {code}"]
         raise SnapshotLoadError(f"{where}: the conversion process failed ({tail[0]})")
     return last_child_peak, finishing
