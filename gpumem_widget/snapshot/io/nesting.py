@@ -8,7 +8,9 @@ unchecked, in the conversion child, and only when that child dies of a signal is
 scanned here, in a process of its own under a time and memory bound, to name the cause.
 
 The scan follows the pickle machine's stack (each slot: how many tuples deep it is) with
-`pickletools.genops`, stdlib only, and stops at the first hashed key deeper than `LIMIT`.
+`pickletools.genops`, stdlib only, and stops at the first hashed key deeper than `LIMIT` (or
+past its time or its count of slots: no address-space cap, which a sanitizer build cannot run
+under).
 Run as `python -m gpumem_widget.snapshot.io.nesting PATH`: one JSON line, the depth or null.
 """
 
@@ -19,7 +21,6 @@ import json
 import lzma
 import os
 import pickletools
-import resource
 import subprocess
 import sys
 import time
@@ -29,9 +30,10 @@ from typing import Any, BinaryIO
 # A tuple key this deep is refused (the C reader's MAX_KEY_NESTING): hashing it is safe far
 # beyond, but no snapshot holds a key of more than a few levels.
 LIMIT = 10_000
-# How long the scan may take, and how much memory its process may map, before it gives up.
+# How long the scan may take, and how many stack and memo slots it may follow (about 1 GB),
+# before it gives up.
 SCAN_SECONDS = 30.0
-_SCAN_MEMORY = 2 << 30
+_SCAN_SLOTS = 20_000_000
 _PACKAGE = Path(__file__).resolve().parents[2]
 # The scan's process starts with the package as a bare namespace (as the conversion child).
 _BOOTSTRAP = f"""
@@ -63,7 +65,9 @@ def deepest_key(stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECO
     give_up = time.monotonic() + seconds
     try:
         for count, (op, arg, _) in enumerate(pickletools.genops(stream)):
-            if count & 0xFFFF == 0 and time.monotonic() > give_up:
+            if count & 0xFFFF == 0 and (
+                time.monotonic() > give_up or len(stack) + len(memo) > _SCAN_SLOTS
+            ):
                 return None
             name = op.name
             if name == "MARK":
@@ -139,7 +143,6 @@ def _open(path: str) -> BinaryIO:
 
 
 def main(argv: list[str]) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (_SCAN_MEMORY, resource.RLIM_INFINITY))
     with _open(argv[0]) as stream:
         depth = deepest_key(stream)
     print(json.dumps({"depth": depth}), flush=True)
@@ -147,7 +150,7 @@ def main(argv: list[str]) -> None:
 
 def diagnose(path: str) -> str | None:
     """Why the unpickler would crash on the file at `path`, in words (None: not this way);
-    scanned in a process of its own, under `SCAN_SECONDS` and a memory cap."""
+    scanned in a process of its own, for `SCAN_SECONDS` at most."""
     env = dict(os.environ)
     root = str(_PACKAGE.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
