@@ -4,8 +4,8 @@ CPython's unpickler hashes a dict key (or set item) with `tuplehash`, which recu
 level of nesting on the C stack with no limit: a key nested ~150,000 tuples deep kills the
 process (SIGSEGV). Checking every file for that before unpickling would cost a pass over its
 opcodes, most of a `pickle.load`; no real snapshot comes near it. So the unpickler runs
-unchecked, in the conversion child, and only when that child dies of a signal is the file
-scanned here, in a process of its own under a time and memory bound, to name the cause.
+unchecked, in the conversion child, and only when that child dies (or ends without a word) is
+the file scanned here, in a process of its own, bounded, to name the cause.
 
 The scan follows the pickle machine's stack (each slot: how many tuples deep it is) with
 `pickletools.genops`, stdlib only, and stops at the first hashed key deeper than `LIMIT` (or
