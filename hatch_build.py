@@ -29,7 +29,7 @@ SOURCE = ROOT / "gpumem_widget" / "snapshot" / "io" / "_rows.c"
 
 
 # -Wconversion and the rest hold the source to no implicit narrowing and no unused code.
-WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wno-unused-parameter"]
+WARNINGS = ["-Wall", "-Wextra", "-Wconversion", "-Wsign-conversion", "-Wno-unused-parameter"]
 # The oldest CPython a limited-API build serves: 3.11, where the buffer protocol (the mapped
 # file the reader is handed) joined the limited API.
 LIMITED_API = 0x030B0000
@@ -114,6 +114,7 @@ SANITIZE = (
     "-fno-omit-frame-pointer",
     "-g",
     "-Werror",
+    "-DREADER_HEAP",  # the reader's working arrays in the heap, where ASan sees their bounds
 )
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copyreg
 import gzip
+import io
 import lzma
 import os
 import pickle
 import pickletools
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from gpumem_widget.snapshot import (
     open_snapshot,
     read_snapshot,
 )
+from gpumem_widget.snapshot.io import load
 
 TRAIN = frame("/home/u/train.py", 10, "step")
 
@@ -503,3 +506,55 @@ def test_stacks_are_numbered_in_order_of_first_appearance() -> None:
     ]
     data = read_snapshot({"segments": [], "device_traces": [entries]})
     assert data.traces[0].stack.tolist() == [0, 1, 2, 1, 0]
+
+
+@pytest.mark.parametrize("failure", ["over the limit", "corrupt gzip", "interrupted"])
+def test_a_failed_readinto_leaves_no_view_of_the_callers_buffer(failure: str) -> None:
+    """Issue 28's `SystemError: deallocated bytearray object has exported buffers`: a read
+    that raised left its memoryview of the caller's buffer in the traceback's frame, still
+    exporting it while the caller resized or freed the buffer (a bytearray then cannot be
+    resized; memory a C caller frees is still viewed). The view is now released however the
+    read ends."""
+
+    class Interrupting(io.BytesIO):
+        def readinto(self, buf: Any) -> int:
+            raise KeyboardInterrupt
+
+    stream: Any = {
+        "over the limit": io.BytesIO(b"x" * 100),
+        "corrupt gzip": gzip.GzipFile(fileobj=io.BytesIO(b"\x1f\x8b\x08\x00" + b"\xff" * 60)),
+        "interrupted": Interrupting(b"x" * 100),
+    }[failure]
+    reader = load._LimitedReader(stream, 40, None, None, 0)
+    buf = bytearray(64 if failure == "over the limit" else 32)
+    with pytest.raises((load._TooLarge, zlib.error, KeyboardInterrupt)) as raised:
+        reader.readinto(buf)
+    assert raised.value.__traceback__ is not None  # the frame is still alive, as it was
+    buf.extend(b"more")  # BufferError while a view of it lived on
+    del buf[:]
+
+
+def test_a_pickle_without_frames_is_read_a_buffer_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Protocol 2 has no frames: without `peek` the unpickler read one call an opcode (a
+    crafted 100 MB file of memo reads took minutes through the unpickler's path). The bytes
+    counted against the limit are still every byte of the pickle."""
+    path = tmp_path / "gets.pickle"
+    data = b"\x80\x02]K\x07q\x000(" + b"h\x00" * 200_000 + b"e."
+    path.write_bytes(data)
+    reads = 0
+    read = load._LimitedReader.read
+
+    def counted(self: load._LimitedReader, n: int = -1) -> bytes:
+        nonlocal reads
+        reads += 1
+        return read(self, n)
+
+    monkeypatch.setattr(load._LimitedReader, "read", counted)
+    monkeypatch.setattr(load.c_reader, "_reader", None)  # the unpickler's path
+    with pytest.raises(SnapshotLoadError, match="200000 entries from 400011 bytes"):
+        read_snapshot(path)
+    assert reads < 200, reads
+    with pytest.raises(SnapshotLoadError, match="larger than 400010 bytes"):
+        read_snapshot(path, max_bytes=len(data) - 1)

@@ -4,8 +4,11 @@ same clean error), or is refused with a reason where the unpickler would crash."
 
 from __future__ import annotations
 
+import gzip
+import io
 import pickle
 import pickletools
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 from test_snapshot_rows import assert_same, both_ways
 
 from gpumem_widget.snapshot import SnapshotLoadError, read_snapshot
-from gpumem_widget.snapshot.io import c_reader
+from gpumem_widget.snapshot.io import c_reader, isolate, nesting
 
 ENTRY = {"action": "alloc", "addr": 4096, "size": 512}
 ISSUE_EXAMPLE = {"segments": [], "device_traces": [[ENTRY]]}
@@ -179,6 +182,52 @@ def test_a_key_nested_too_deeply_is_refused_not_a_crash(tmp_path: Path) -> None:
     assert "nested too deeply" in done.stdout
 
 
+@pytest.mark.parametrize(
+    ("reader", "compressed"), [("on", False), ("on", True), ("off", False)], ids=str
+)
+def test_a_key_nested_too_deeply_is_named_through_the_conversion_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str, compressed: bool
+) -> None:
+    """Issue 28: the unpickler (the reader off, or a compressed file the reader leaves to it)
+    dies hashing such a key; the user is told why, not "died (signal 11)". With the reader on,
+    a plain file is refused by the reader itself, before anything crashes."""
+    data = _deep_key(300_000)
+    path = tmp_path / ("deep.pickle.gz" if compressed else "deep.pickle")
+    path.write_bytes(gzip.compress(data) if compressed else data)
+    if reader == "off":
+        monkeypatch.setenv("GPUMEM_WIDGET_C_READER", "0")
+    isolate.stop_warm()  # a waiting child would have the environment it started with
+    with pytest.raises(SnapshotLoadError, match="nested too deeply") as info:
+        isolate.open_file(path, cache=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: refused: a dict key")
+    crashed = reader == "off" or compressed
+    assert ("300000 levels deep" in message) == crashed, message
+    assert ("the conversion process" in message) == crashed, message  # died, or failed: ASan
+
+
+def test_the_nesting_scan_follows_the_memo_and_every_way_to_hash() -> None:
+    """The scan that names a crash: a deep tuple reached through the memo, as a set item, a
+    frozenset item or a dict key (SETITEM, SETITEMS, protocol 0's DICT) is found; shallow
+    ones, deep tuples never hashed and truncated input are not."""
+    deep = b"K\x01" + b"\x85\x94" * 12_000  # memo slot k: k + 1 levels
+    get = b"j" + struct.pack("<I", 11_999)
+    for tail in (
+        b"(" + get + b"\x91.",
+        b"\x8f(" + get + b"\x90.",
+        b"}" + get + b"Ns.",
+        b"}(" + get + b"Nu.",
+        b"(" + get + b"Nd.",
+    ):
+        assert nesting.deepest_key(io.BytesIO(b"\x80\x04" + deep + b"0" + tail)) == 12_000
+    assert nesting.deepest_key(io.BytesIO(_deep_key(300_000))) == 300_000
+    assert nesting.deepest_key(io.BytesIO(_deep_key(9_000))) is None  # under the limit
+    assert nesting.deepest_key(io.BytesIO(b"\x80\x04" + deep + b"0]" + get + b"a.")) is None
+    assert nesting.deepest_key(io.BytesIO(_deep_key(300_000)[:-3])) is None
+    assert nesting.deepest_key(io.BytesIO(_deep_key(300_000)), seconds=0.0) is None
+
+
 def _memo_flood(n: int) -> bytes:
     """A list of one int read back from the memo `n` times, in one APPENDS."""
     return b"\x80\x02]K\x07q\x00(" + b"h\x00" * n + b"e."
@@ -219,4 +268,41 @@ def test_a_long_list_of_shared_objects_reads_the_same_both_ways(tmp_path: Path) 
     got = c_reader.read(data)
     assert got is not None
     assert got[0]["external_annotations"] == snap["external_annotations"]
+    _same_both_ways(tmp_path, data)
+
+
+def _trace_of(*entries: bytes) -> bytes:
+    """{'segments': [], 'device_traces': [[<entries>]]}, protocol 2, the entries as given."""
+    top = b"}(X\x08\0\0\0segments]X\r\0\0\0device_traces](]("
+    return b"\x80\x02" + top + b"".join(entries) + b"eeu."
+
+
+FIELDS = b"(X\x06\0\0\0actionX\x05\0\0\0allocX\x04\0\0\0sizeK\x01u"
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [b"}2" + FIELDS],  # DUP: the dict twice in the list
+        [b"}q\x01" + FIELDS, b"h\x01"],  # memoized, read back after it is filled
+        [b"}q\x01h\x01" + FIELDS],  # read back before it is filled
+        [b"}q\x01q\x02" + FIELDS, b"h\x02"],  # memoized in two slots, read from the second
+        [b"}q\x01" + FIELDS, b"}q\x01" + FIELDS, b"h\x01"],  # a slot reused, then read
+    ],
+    ids=["dup", "memo-after", "memo-before", "two-slots", "slot-reused"],
+)
+def test_a_dict_held_twice_is_never_made_a_row(tmp_path: Path, entries: list[bytes]) -> None:
+    """A dict becomes a row only while nothing else can see it: that is tracked per stack slot
+    and memo slot, not read from reference counts (immortal and deferred refcounts in newer
+    CPythons would fool that), so this runs on every CPython `make test-pythons` covers. A
+    dict held twice is read as the unpickler reads it: a dict, the same object twice."""
+    data = _trace_of(*entries)
+    unpickled = pickle.loads(data)["device_traces"][0]
+    got = c_reader.read(data)
+    if got is not None:
+        top, traces = got
+        rows = sum(len(t) for t in traces.values())
+        assert len(top["device_traces"][0]) + rows == len(unpickled)
+        dicts = [e for e in top["device_traces"][0] if isinstance(e, dict)]
+        assert len({id(d) for d in dicts}) < len(dicts) or not dicts  # still shared
     _same_both_ways(tmp_path, data)

@@ -53,6 +53,45 @@
 #define BYTEARRAY_DATA(o) PyByteArray_AS_STRING(o)
 #endif
 
+/* -- the reader's working arrays ---------------------------------------------------------- */
+
+/* The stack, the memo, the lists and the tables are mapped apart from the heap (Linux): growing
+ * one moves no bytes (mremap) and maps no more than it touches, and freeing one gives it back
+ * whole. In the heap, their growth left holes, and freeing a block malloc had mapped raised its
+ * mmap threshold, so that the unpickler reading a file the reader declined (or the conversion
+ * after it) kept more of the heap than it would have alone: 1 to 19 MB on crafted 100 MB files
+ * (issue 28). READER_HEAP (the sanitizer build) keeps them in the heap, where ASan sees them.
+ * New bytes read as zeros either way. */
+#if defined(__linux__) && !defined(READER_HEAP)
+#include <sys/mman.h>
+static void *region_resize(void *p, size_t old, size_t size) {
+    void *q = p ? mremap(p, old, size, MREMAP_MAYMOVE)
+                : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return q == MAP_FAILED ? NULL : q;
+}
+static void region_free(void *p, size_t size) {
+    if (p) munmap(p, size);
+}
+#else
+static void *region_resize(void *p, size_t old, size_t size) {
+    char *q = PyMem_Realloc(p, size);
+    if (q && size > old) memset(q + old, 0, size - old);
+    return q;
+}
+static void region_free(void *p, size_t size) {
+    (void)size;
+    PyMem_Free(p);
+}
+#endif
+
+/* Room for `cap` items of `item` bytes where `*p` has `old` (-1 and MemoryError if none). */
+static int region_grow(void *p, size_t item, Py_ssize_t old, Py_ssize_t cap) {
+    void *q = region_resize(*(void **)p, (size_t)old * item, (size_t)cap * item);
+    if (!q) return PyErr_NoMemory(), -1;
+    *(void **)p = q;
+    return 0;
+}
+
 #ifndef SOURCE_DIGEST
 #define SOURCE_DIGEST "unknown"
 #endif
@@ -304,7 +343,7 @@ static Column *column(Reader *r, size_t k) {
     return (Column *)((char *)r + COLUMNS[k].at);
 }
 
-#define REPORT_EVERY (1 << 20)
+#define REPORT_EVERY (1 << 18) /* and the mapped pages read so far given back (c_reader) */
 
 static int unsupported(const char *why) {
     if (!PyErr_Occurred()) PyErr_SetString(Unsupported, why);
@@ -322,12 +361,7 @@ static int unsupported(const char *why) {
 static int stack_grow(Reader *r) {
     Py_ssize_t cap = r->stack_cap ? r->stack_cap * 2 : 256;
     if (cap > MAX_STACK) return unsupported("a stack deeper than a snapshot's");
-    Val *p = PyMem_Realloc(r->stack, (size_t)cap * sizeof(Val));
-    if (!p) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    r->stack = p;
+    if (region_grow(&r->stack, sizeof(Val), r->stack_cap, cap) < 0) return -1;
     r->stack_cap = cap;
     return 0;
 }
@@ -372,12 +406,7 @@ static int push_mark(Reader *r) {
     if (r->nmarks == r->marks_cap) {
         Py_ssize_t cap = r->marks_cap ? r->marks_cap * 2 : 64;
         if (cap > MAX_STACK) return unsupported("more marks than a snapshot's");
-        Py_ssize_t *p = PyMem_Realloc(r->marks, (size_t)cap * sizeof(Py_ssize_t));
-        if (!p) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        r->marks = p;
+        if (region_grow(&r->marks, sizeof(Py_ssize_t), r->marks_cap, cap) < 0) return -1;
         r->marks_cap = cap;
     }
     r->marks[r->nmarks++] = r->sp;
@@ -419,13 +448,7 @@ static int memo_put(Reader *r, Py_ssize_t idx) {
     if (idx >= r->memo_cap) {
         Py_ssize_t cap = r->memo_cap ? r->memo_cap : 1024;
         while (cap <= idx) cap *= 2;
-        Memo *p = PyMem_Realloc(r->memo, (size_t)cap * sizeof(Memo));
-        if (!p) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        memset(p + r->memo_cap, 0, (size_t)(cap - r->memo_cap) * sizeof(Memo));
-        r->memo = p;
+        if (region_grow(&r->memo, sizeof(Memo), r->memo_cap, cap) < 0) return -1;
         r->memo_cap = cap;
     }
     Val *top = &r->stack[r->sp - 1];
@@ -473,11 +496,11 @@ static int memo_get(Reader *r, Py_ssize_t idx) {
 
 static int objs_grow(Objects *t) {
     size_t cap = t->cap ? t->cap * 2 : 1024;
-    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
-    int32_t *ids = PyMem_Malloc(cap * sizeof(int32_t));
+    PyObject **keys = region_resize(NULL, 0, cap * sizeof(PyObject *));
+    int32_t *ids = region_resize(NULL, 0, cap * sizeof(int32_t));
     if (!keys || !ids) {
-        PyMem_Free(keys);
-        PyMem_Free(ids);
+        region_free(keys, cap * sizeof(PyObject *));
+        region_free(ids, cap * sizeof(int32_t));
         PyErr_NoMemory();
         return -1;
     }
@@ -488,8 +511,8 @@ static int objs_grow(Objects *t) {
         keys[h] = t->keys[k];
         ids[h] = t->ids[k];
     }
-    PyMem_Free(t->keys);
-    PyMem_Free(t->ids);
+    region_free(t->keys, t->cap * sizeof(PyObject *));
+    region_free(t->ids, t->cap * sizeof(int32_t));
     t->keys = keys;
     t->ids = ids;
     t->cap = cap;
@@ -514,12 +537,7 @@ static int32_t obj_id(Reader *r, PyObject *o) {
 static int push_list(Reader *r) {
     if (r->n_lists == r->lists_cap) {
         Py_ssize_t cap = r->lists_cap ? r->lists_cap * 2 : 4096;
-        List *p = PyMem_Realloc(r->lists, (size_t)cap * sizeof(List));
-        if (!p) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        r->lists = p;
+        if (region_grow(&r->lists, sizeof(List), r->lists_cap, cap) < 0) return -1;
         r->lists_cap = cap;
     }
     List *l = &r->lists[r->n_lists];
@@ -545,6 +563,16 @@ static PyObject *list_object(Reader *r, List *l) {
     if (l->frames < 0 && l->start + l->len == (int64_t)r->items.len) r->items.len = (size_t)l->start;
     else if (l->frames < 0) r->wasted += l->len;
     return obj;
+}
+
+/* The lists among `n` values built last to first, as the values are about to be taken as
+ * objects: lists made one after another keep their ids one after another, so built from the
+ * last each one's ids end `items` and are given back (built from the first, all but the last
+ * would be left behind: 4 MB more than the unpickler on a crafted file of lists of lists). */
+static int build_lists(Reader *r, const Val *v, Py_ssize_t n) {
+    for (Py_ssize_t k = n - 1; k >= 0; k--)
+        if (v[k].kind == K_LIST && !list_object(r, &r->lists[v[k].i])) return -1;
+    return 0;
 }
 
 /* -- reading bytes ------------------------------------------------------------------------ */
@@ -584,7 +612,7 @@ static int read_long(Reader *r, Py_ssize_t n) {
 
 static int short_strs_grow(ShortStrings *t) {
     size_t cap = t->cap ? t->cap * 2 : 256;
-    StrSlot *slots = PyMem_Calloc(cap, sizeof(StrSlot));
+    StrSlot *slots = region_resize(NULL, 0, cap * sizeof(StrSlot));
     if (!slots) {
         PyErr_NoMemory();
         return -1;
@@ -595,7 +623,7 @@ static int short_strs_grow(ShortStrings *t) {
         while (slots[h].str) h = (h + 1) & (cap - 1);
         slots[h] = t->slots[k];
     }
-    PyMem_Free(t->slots);
+    region_free(t->slots, t->cap * sizeof(StrSlot));
     t->slots = slots;
     t->cap = cap;
     return 0;
@@ -647,11 +675,11 @@ static inline Py_ssize_t read_size(Reader *r, int n) {
 
 static int key_fields_grow(Reader *r) {
     size_t cap = r->key_fields.cap ? r->key_fields.cap * 2 : 64;
-    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
-    int8_t *fields = PyMem_Malloc(cap);
+    PyObject **keys = region_resize(NULL, 0, cap * sizeof(PyObject *));
+    int8_t *fields = region_resize(NULL, 0, cap);
     if (!keys || !fields) {
-        PyMem_Free(keys);
-        PyMem_Free(fields);
+        region_free(keys, cap * sizeof(PyObject *));
+        region_free(fields, cap);
         PyErr_NoMemory();
         return -1;
     }
@@ -663,8 +691,8 @@ static int key_fields_grow(Reader *r) {
         keys[h] = key;
         fields[h] = r->key_fields.fields[k];
     }
-    PyMem_Free(r->key_fields.keys);
-    PyMem_Free(r->key_fields.fields);
+    region_free(r->key_fields.keys, r->key_fields.cap * sizeof(PyObject *));
+    region_free(r->key_fields.fields, r->key_fields.cap);
     r->key_fields.keys = keys;
     r->key_fields.fields = fields;
     r->key_fields.cap = cap;
@@ -701,11 +729,11 @@ static int field_of(Reader *r, const Val *key) {
 
 static int nested_grow(Reader *r) {
     size_t cap = r->nested.cap ? r->nested.cap * 2 : 64;
-    PyObject **keys = PyMem_Calloc(cap, sizeof(PyObject *));
-    uint32_t *depth = PyMem_Malloc(cap * sizeof(uint32_t));
+    PyObject **keys = region_resize(NULL, 0, cap * sizeof(PyObject *));
+    uint32_t *depth = region_resize(NULL, 0, cap * sizeof(uint32_t));
     if (!keys || !depth) {
-        PyMem_Free(keys);
-        PyMem_Free(depth);
+        region_free(keys, cap * sizeof(PyObject *));
+        region_free(depth, cap * sizeof(uint32_t));
         PyErr_NoMemory();
         return -1;
     }
@@ -717,8 +745,8 @@ static int nested_grow(Reader *r) {
         keys[h] = key;
         depth[h] = r->nested.depth[k];
     }
-    PyMem_Free(r->nested.keys);
-    PyMem_Free(r->nested.depth);
+    region_free(r->nested.keys, r->nested.cap * sizeof(PyObject *));
+    region_free(r->nested.depth, r->nested.cap * sizeof(uint32_t));
     r->nested.keys = keys;
     r->nested.depth = depth;
     r->nested.cap = cap;
@@ -946,6 +974,7 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         PyObject *list = list_object(r, l);
         if (!list) return -1;
         if (row_list_of(r, list)) return unsupported("a list of trace entries holding something else");
+        if (build_lists(r, items, n) < 0) return -1;
         PyObject *slice = PyList_New(n); /* added at once, as the unpickler adds them */
         if (!slice) return -1;
         for (Py_ssize_t k = 0; k < n; k++) {
@@ -995,6 +1024,7 @@ static int set_items(Reader *r, Py_ssize_t mark) {
         drop(r, mark);
         return 0;
     }
+    if (build_lists(r, items, n) < 0) return -1;
     for (Py_ssize_t k = 0; k < n; k += 2) {
         if (items[k].kind == K_OBJ && key_hashable(r, items[k].o) < 0) return -1;
         PyObject *key = as_object(r, &items[k]);
@@ -1016,6 +1046,7 @@ static int set_items(Reader *r, Py_ssize_t mark) {
 static int make_tuple(Reader *r, Py_ssize_t from) {
     if (from < fence(r) || from > r->sp) return unsupported("a tuple across a mark");
     Py_ssize_t n = r->sp - from;
+    if (build_lists(r, &r->stack[from], n) < 0) return -1;
     PyObject *t = PyTuple_New(n);
     if (!t) return -1;
     uint32_t inner = 0;
@@ -1241,17 +1272,17 @@ fail:
 
 static void reader_free(Reader *r) {
     drop(r, 0);
-    PyMem_Free(r->stack);
-    PyMem_Free(r->marks);
+    region_free(r->stack, (size_t)r->stack_cap * sizeof(Val));
+    region_free(r->marks, (size_t)r->marks_cap * sizeof(Py_ssize_t));
     for (Py_ssize_t k = 0; k < r->memo_cap; k++) memo_clear(&r->memo[k]);
-    PyMem_Free(r->memo);
+    region_free(r->memo, (size_t)r->memo_cap * sizeof(Memo));
     for (size_t k = 0; k < N_COLUMNS; k++) Py_XDECREF(column(r, k)->bytes);
     for (size_t k = 0; k < r->short_strs.cap; k++) Py_XDECREF(r->short_strs.slots[k].str);
-    PyMem_Free(r->short_strs.slots);
+    region_free(r->short_strs.slots, r->short_strs.cap * sizeof(StrSlot));
     for (Py_ssize_t k = 0; k < r->n_lists; k++) Py_XDECREF(r->lists[k].obj);
-    PyMem_Free(r->lists);
-    PyMem_Free(r->objs.keys);
-    PyMem_Free(r->objs.ids);
+    region_free(r->lists, (size_t)r->lists_cap * sizeof(List));
+    region_free(r->objs.keys, r->objs.cap * sizeof(PyObject *));
+    region_free(r->objs.ids, r->objs.cap * sizeof(int32_t));
     Py_XDECREF(r->objs.objects);
     Strings *strs[] = {&r->actions, &r->texts};
     for (int k = 0; k < 2; k++) {
@@ -1262,11 +1293,11 @@ static void reader_free(Reader *r) {
     for (Py_ssize_t k = 0; k < r->n_row_lists; k++) Py_DECREF(r->row_lists[k].list);
     PyMem_Free(r->row_lists);
     for (size_t k = 0; k < r->key_fields.cap; k++) Py_XDECREF(r->key_fields.keys[k]);
-    PyMem_Free(r->key_fields.keys);
-    PyMem_Free(r->key_fields.fields);
+    region_free(r->key_fields.keys, r->key_fields.cap * sizeof(PyObject *));
+    region_free(r->key_fields.fields, r->key_fields.cap);
     for (size_t k = 0; k < r->nested.cap; k++) Py_XDECREF(r->nested.keys[k]);
-    PyMem_Free(r->nested.keys);
-    PyMem_Free(r->nested.depth);
+    region_free(r->nested.keys, r->nested.cap * sizeof(PyObject *));
+    region_free(r->nested.depth, r->nested.cap * sizeof(uint32_t));
 }
 
 static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *kwargs) {

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpumem_widget.snapshot.io import columnar
+from gpumem_widget.snapshot.io import columnar, nesting
 from gpumem_widget.snapshot.io.child import identity
 from gpumem_widget.snapshot.io.load import (
     DEFAULT_MAX_BYTES,
@@ -263,12 +263,24 @@ def _run_child(
             if over or code == -9
             else f"{where}: the file changed while it was being read; open it again"
             if _changed(where, st)  # a mapped file cut short kills its reader (SIGBUS)
-            else f"{where}: the conversion process died (signal {-code})"
+            else _died(where, -code)
         )
     if code != 0 or not result.get("done"):
+        why = nesting.diagnose(where) if not result else None  # aborted (under ASan, say)
+        if why is not None:
+            raise SnapshotLoadError(f"{where}: refused: {why} (the conversion process failed)")
         tail = stderr.strip().splitlines()[-1:] or [f"exit status {code}"]
         raise SnapshotLoadError(f"{where}: the conversion process failed ({tail[0]})")
     return last_child_peak, finishing
+
+
+def _died(where: str, signal: int) -> str:
+    """What to say of a child killed by `signal` (not for memory): the file is scanned for the
+    one known way a data-only pickle crashes the unpickler, to name it."""
+    why = nesting.diagnose(where)
+    if why is not None:
+        return f"{where}: refused: {why} (the conversion process died of it, signal {signal})"
+    return f"{where}: the conversion process died (signal {signal})"
 
 
 def _start(job: dict[str, Any], views: str) -> subprocess.Popen[bytes]:
