@@ -977,6 +977,7 @@ export function withAlpha(color: string, alpha: number): string {
 }
 
 let measurer: CanvasRenderingContext2D | null = null;
+const EDGE_MARGIN = 3; // CSS px kept clear of text at the canvas's left and right edges
 
 /** The x axis's labels, blank where one centred on its tick would run past the canvas's edge
  * (uPlot would draw it cut off, "05:50:0"); its grid line stays. */
@@ -988,7 +989,8 @@ export function fitLabels(u: uPlot, splits: readonly number[], labels: readonly 
   return labels.map((text, i) => {
     const x = plotLeft + u.valToPos(splits[i] ?? NaN, "x");
     const half = measurer === null ? 0 : measurer.measureText(text).width / 2;
-    return x - half < 0 || x + half > u.width ? "" : text;
+    // A margin of a few pixels: the canvas's text runs slightly wider than measured here.
+    return x - half < EDGE_MARGIN || x + half > u.width - EDGE_MARGIN ? "" : text;
   });
 }
 
