@@ -116,7 +116,8 @@ def test_a_trivial_cell_sends_one_message_and_encodes_only_its_own_record(
 def test_back_to_back_cells_wake_no_thread(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler stays at its fast rate across cells that follow each other (its own timer
     wakes it), and the history writer takes what arrives in batches: waking either at a cell's
-    edge would make the cell wait for the GIL."""
+    edge would make the cell wait for the GIL. (Where NVML reads a device, the hooks' last act
+    wakes the sampler to take the driver figures off the cell's path: test_driver_figures.py.)"""
     s = session()
     run_trivial_cells(ip, 20)
     wakes: list[Any] = []
