@@ -406,8 +406,8 @@ class Session:
         """The sample taken just after the cell: its NVML figures go into the cell's record
         (the thread's next publish sends it; a headless client gets it with the next cell's)."""
         amended = self.tracker.driver_figures(record, row)
-        if self.ledger.amend(record, amended):
-            self.history.cell_finished(amended)
+        self.ledger.amend(record, amended)  # False if the ledger was reset meanwhile
+        self.history.cell_finished(amended)  # the history keeps every cell all the same
 
     def _upcoming_count(self, info: Any) -> int:
         """The running cell's number, as far as pre_run_cell can tell (post_run_cell confirms)."""
