@@ -128,3 +128,15 @@ def test_a_pending_record_stays_out_of_the_base_and_is_amended_once() -> None:
     assert ledger.records()[-1] is amended
     assert ledger.recent_runs("x = 15")[-1] is amended
     assert json.loads(records_text(view.base))[-1] == amended.to_wire()  # its text made again
+
+
+def test_with_the_sampler_paused_the_hooks_read_nvml_themselves(shell: Shell) -> None:
+    """`%gpumem pause` stops the thread's reads: the record then has its figures at once."""
+    ip, session, nvml = shell
+    session.sampler.pause()
+    before = len(nvml.reads)
+    ip.run_cell("gpu.alloc(2**20)", store_history=True)
+    r = session.ledger.records()[-1]  # the ledger itself: nothing settles a reading here
+    assert r.devices[0].process_used_after == nvml.this_process
+    assert driver_key(0) not in r.missing
+    assert [thread for thread, _ in nvml.reads[before:]] == ["MainThread"]
