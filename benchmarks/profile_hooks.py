@@ -74,7 +74,6 @@ _wrap(_s.tracker, "start", "tracker.start (edge reads)")
 _wrap(_s.tracker, "finish", "tracker.finish (edge reads, record)")
 _wrap(_s.publisher, "ledger_now", "publisher.ledger_now")
 _wrap(_s.ledger, "window", "ledger.window (record's JSON)")
-_wrap(_s.sampler, "settle", "sampler.settle (NVML if still due)")
 _wrap(_w, "send_traits", "widget.send_traits (message)")
 _wrap(_s.history, "cell_finished", "history.cell_finished")
 _session = _w.comm.kernel.session

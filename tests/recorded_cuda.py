@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
-import threading
-import time
 from typing import Any
 
 from gpumem_widget.live.readers import AllocatorStats, DeviceInfo, HostReader, NvmlReader, Readers
@@ -80,38 +78,3 @@ class RecordedAllocator:
 def recorded_readers() -> Readers:
     torch_reader = RecordedAllocator()
     return Readers(torch_reader, NvmlReader(torch_reader.devices), HostReader())  # type: ignore[arg-type]
-
-
-class RecordedNvml:
-    """A stand-in for the NVML reader, giving the figures recorded on the H200 with the
-    allocator above (tests/fixtures/cuda_h200.json); it notes each read's thread and time."""
-
-    def __init__(self) -> None:
-        nvml = json.loads(FIXTURE.read_text())["nvml"]
-        self.used, self.total = int(nvml["used_v2"]), int(nvml["total"])
-        self.this_process = int(nvml["this_process_used"])
-        self.available = True
-        self.reason: str | None = None
-        self.process_reason: dict[int, str | None] = {0: None}
-        self.reads: list[tuple[str, float]] = []  # (thread name, unix time)
-
-    def has(self, device: int) -> bool:
-        return device == 0
-
-    def process_usage(self, device: int) -> tuple[int | None, int | None]:
-        self.reads.append((threading.current_thread().name, time.time()))
-        return self.this_process, 0
-
-    def device_memory(self, device: int) -> tuple[int, int] | None:
-        return self.used, self.total
-
-    def processes(self, device: int) -> list[Any]:
-        return []
-
-    def close(self) -> None:
-        self.available = False
-
-
-def recorded_readers_with_nvml() -> tuple[Readers, RecordedNvml]:
-    torch_reader, nvml = RecordedAllocator(), RecordedNvml()
-    return Readers(torch_reader, nvml, HostReader()), nvml  # type: ignore[arg-type]

@@ -126,26 +126,6 @@ class CellRecord:
     def peak_allocated(self) -> int:
         return max((d.peak_allocated for d in self.devices), default=0)
 
-    def with_notes(self, notes: Mapping[str, Any]) -> CellRecord:
-        """This record with `notes` (every cell that has one: `dataclasses.replace` reads each
-        field by name, a dozen calls more in the post-run hook)."""
-        return CellRecord(
-            self.execution_count,
-            self.cell_id,
-            self.source,
-            self.started,
-            self.duration,
-            self.error,
-            self.oom,
-            self.devices,
-            self.host_rss_before,
-            self.host_rss_after,
-            self.host_rss_peak,
-            notes,
-            self.workers,
-            self.missing,
-        )
-
     def _scalars(self) -> dict[str, Any]:
         """The cell's own fields (no devices, no notes)."""
         return {f.name: getattr(self, f.name) for f in _CELL_SCALARS}
@@ -292,53 +272,21 @@ class Ledger:
         # The window's base as last made, by (cut, epoch): it changes once a block, so a cell's
         # send neither re-sums the window's sizes nor copies its records (`window`).
         self._base: tuple[tuple[int, int], int, Records] | None = None
-        # Indexes of records whose driver figures are still to land (`amend`): the window's base
-        # never takes one, so an amended record goes out in the tail, never in a resent base.
-        self._pending: set[int] = set()
         self.version = 0  # bumps on every change, so the publisher can tell when to resend
         self.epoch = 0  # bumps when records are removed (the browser's copy must be replaced)
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def append(self, record: CellRecord, pending: bool = False) -> None:
-        """Add a cell's record; `pending`: it will be replaced once by `amend`."""
+    def append(self, record: CellRecord) -> None:
         with self._lock:
-            if pending:
-                self._pending.add(len(self._records))
             self._records.append(record)
             runs = self._by_source.setdefault(record.source, collections.deque(maxlen=RECENT_RUNS))
             runs.append(record)
             self.version += 1
 
-    def amend(self, old: CellRecord, new: CellRecord) -> bool:
-        """Replace a pending record (the same cell, its driver figures landed); False if it is
-        gone (the ledger was cleared). Its browser form and text are made again."""
-        with self._derive_lock, self._lock:
-            index = next(
-                (i for i in sorted(self._pending, reverse=True) if self._records[i] is old), None
-            )
-            if index is None:
-                return False
-            self._pending.discard(index)
-            self._records[index] = new
-            runs = self._by_source.get(old.source)
-            for i, run in enumerate(runs or ()):
-                if run is old and runs is not None:
-                    runs[i] = new
-            if index < len(self._wire):
-                wire = new.to_wire()
-                text = record_text(wire)
-                self._wire[index] = wire
-                self._sizes[index] = len(text)
-                if self._texts[index] is not None:
-                    self._texts[index] = text
-            self.version += 1
-            return True
-
     def clear(self) -> None:
         with self._derive_lock, self._lock:
-            self._pending.clear()
             self._records.clear()
             self._wire.clear()
             self._texts.clear()
@@ -383,11 +331,6 @@ class Ledger:
         with self._derive_lock:
             total, epoch = self._derive()
             cut = total // WIRE_BLOCK * WIRE_BLOCK
-            if self._pending:  # see `_pending`
-                with self._lock:
-                    waiting = min(self._pending, default=total)
-                if waiting < cut and total - waiting <= WIRE_BLOCK:
-                    cut = waiting // WIRE_BLOCK * WIRE_BLOCK
             if self._base is not None and self._base[0] == (cut, epoch):
                 first, base = self._base[1], self._base[2]
             else:

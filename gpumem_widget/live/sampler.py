@@ -7,7 +7,6 @@ and nothing busy-polls. It is also the only thread that publishes to the widget 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import threading
@@ -111,8 +110,6 @@ class Sampler:
         self.checkpoint: Callable[[npt.NDArray[np.float64] | None], None] | None = None
         self.checkpoint_interval = 1.0
         self._last_checkpoint = 0.0
-        # Given the full sample (NVML's figures too) taken just after a cell: see `after_cell`.
-        self._after_cell: Callable[[npt.NDArray[np.float64]], None] | None = None
 
     @property
     def error(self) -> str | None:
@@ -138,8 +135,6 @@ class Sampler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._thread = None
-        with contextlib.suppress(Exception):  # a cell's driver figures, if the thread left them
-            self.settle()
 
     def set_intervals(self, busy: float | None = None, idle: float | None = None) -> None:
         for v in (busy, idle):
@@ -174,40 +169,6 @@ class Sampler:
             self._cell_ended = time.monotonic()
             self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
         return out
-
-    @property
-    def takes_after_cell(self) -> bool:
-        """Whether the thread is there to take a reading just after a cell (`after_cell`)."""
-        return self._thread is not None and not self.paused
-
-    def after_cell(self, take: Callable[[npt.NDArray[np.float64]], None]) -> None:
-        """Have the thread take a full sample right after the cell's hooks and hand it to `take`
-        (under `layout_lock`): NVML's reads (a driver call of 50-150 us each) leave the cell's
-        path, and the ctypes calls let the GIL go while the kernel sends the cell's reply. A
-        sample taken by whoever comes first: the thread, the next cell's start (`settle`, so it
-        is never a reading from inside the next cell) or a reader of the ledger."""
-        self._after_cell = take
-        self._rate_only = False
-        self._wake.set()
-
-    def settle(self) -> None:
-        """Take the after-cell sample now if the thread has not yet (see `after_cell`)."""
-        if self._after_cell is None:
-            return
-        with self.layout_lock:
-            take = self._take_after_cell()
-            if take is None:  # the thread (or the hooks) came first
-                return
-            try:
-                row = read_row(self.readers)
-            except Exception:  # the record goes without the driver's figures, never pending
-                take(self.record(read_row(self.readers, nvml=False)))
-                raise
-            take(self.record(row))
-
-    def _take_after_cell(self) -> Callable[[npt.NDArray[np.float64]], None] | None:
-        take, self._after_cell = self._after_cell, None
-        return take
 
     def poke(self) -> None:
         """Wake the thread now (to publish to a new widget)."""
@@ -251,11 +212,6 @@ class Sampler:
     def _run(self) -> None:
         failures = 0  # consecutive failed samples
         while not self._stop.is_set():
-            if self._after_cell is not None:
-                try:
-                    self.settle()
-                except Exception as e:
-                    self._note_error("sampler", e)
             if self._rate_only:  # a cell started: only take up its rate (see `_rate_only`)
                 self._rate_only = False
                 self._plan(failures, None)

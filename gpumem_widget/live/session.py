@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import IPython
-import numpy as np
-import numpy.typing as npt
 
 from gpumem_widget.drilldown.controller import Drilldown
 from gpumem_widget.live import modules, notes
@@ -27,7 +25,7 @@ from gpumem_widget.live.publisher import LedgerPages, Publisher
 from gpumem_widget.live.readers import Readers, imported_torch
 from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
-from gpumem_widget.live.tracker import DRIVER_FIGURES_PENDING, CellTracker, PeakMode
+from gpumem_widget.live.tracker import CellTracker, PeakMode
 from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.snapshot.views.panel import CellWindow
 from gpumem_widget.wire import payloads, protocol
@@ -390,24 +388,13 @@ class Session:
             if note is not None:
                 cell_notes[name] = note
         if cell_notes:
-            record = record.with_notes(cell_notes)
+            record = dataclasses.replace(record, notes=cell_notes)
         if self.workers is not None and (usage := self.workers.cell_finished()):
             record = dataclasses.replace(record, workers=usage)
-        pending = bool(record.missing) and DRIVER_FIGURES_PENDING in record.missing.values()
-        self.ledger.append(record, pending=pending)
+        self.ledger.append(record)
         with self.sampler.layout_lock:
             self.publisher.ledger_now()  # this cell's row goes out as part of the cell
-        if pending:  # the history gets the record once its driver figures are in
-            self.sampler.after_cell(functools.partial(self._driver_figures, record))
-        else:
-            self.history.cell_finished(record)
-
-    def _driver_figures(self, record: CellRecord, row: npt.NDArray[np.float64]) -> None:
-        """The sample taken just after the cell: its NVML figures go into the cell's record
-        (the thread's next publish sends it; a headless client gets it with the next cell's)."""
-        amended = self.tracker.driver_figures(record, row)
-        self.ledger.amend(record, amended)  # False if the ledger was reset meanwhile
-        self.history.cell_finished(amended)  # the history keeps every cell all the same
+        self.history.cell_finished(record)
 
     def _upcoming_count(self, info: Any) -> int:
         """The running cell's number, as far as pre_run_cell can tell (post_run_cell confirms)."""
@@ -438,7 +425,6 @@ class Session:
         close_widget(self.widget)
 
     def records(self) -> LedgerRecords:
-        self.sampler.settle()  # the last cell's driver figures, if the thread has not read them
         return self.ledger.records()
 
     def ledger_windows(self) -> list[CellWindow]:

@@ -9,7 +9,6 @@ edges and the sampled values), marked as such.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -27,14 +26,6 @@ from gpumem_widget.snapshot.model.tags import cell_tag
 from gpumem_widget.wire import protocol
 
 PeakMode = Literal["exact", "passive"]
-# A device's driver figures at a cell's end while the sampler's reading of them is on its way
-# (`CellTracker.driver_figures`): the record says so in `missing` until it lands.
-DRIVER_FIGURES_PENDING = "pending: NVML is read just after the cell, off the cell's path"
-
-
-def driver_key(device: int) -> str:
-    """The `missing` key of a device's driver (NVML) figures."""
-    return f"cuda:{device} NVML"
 
 
 @dataclass(slots=True)
@@ -88,7 +79,6 @@ class CellTracker:
             self._start(execution_count, source, cell_id)
 
     def _start(self, execution_count: int, source: str, cell_id: str | None) -> None:
-        self.sampler.settle()  # the last cell's driver figures, read before this cell runs
         missing: dict[str, str] = {}
         stats = [self._stats(d, missing) for d in range(self.readers.num_devices)]
         for d, s in enumerate(stats):
@@ -153,14 +143,7 @@ class CellTracker:
         except Exception as e:
             missing["cell tag"] = _why("_set_memory_metadata", e)
         after = [self._stats(d, missing) for d in range(self.readers.num_devices)]
-        # NVML's figures come from the sampler just after the cell (`driver_figures`) when its
-        # thread is there to read them; the record says they are pending until then.
-        defer = self.readers.nvml.available and self.sampler.takes_after_cell
-        row = self.sampler.record(read_row(self.readers, after, nvml=not defer))
-        if defer:
-            for d in range(len(after)):
-                if self.readers.nvml.has(d):
-                    missing[driver_key(d)] = DRIVER_FIGURES_PENDING
+        row = self.sampler.record(read_row(self.readers, after))
         sampled = self.sampler.end_cell()
         # A device that appeared during the cell (the cell imported torch): its allocator held
         # nothing at the cell's start, and its peak counters count from then.
@@ -235,30 +218,6 @@ class CellTracker:
             device_used_after=self._value(row, protocol.device_column(d, "device_used")),
             others_used_after=self._value(row, protocol.device_column(d, "others_used")),
         )
-
-    def driver_figures(self, record: CellRecord, row: npt.NDArray[np.float64]) -> CellRecord:
-        """`record` with the driver's figures (NVML) from `row`, the sample the sampler took just
-        after the cell (under the layout lock): a figure NVML did not give stays None."""
-        pending = {k for k, v in record.missing.items() if v == DRIVER_FIGURES_PENDING}
-        devices = tuple(
-            dataclasses.replace(
-                d,
-                process_used_after=self._value(
-                    row, protocol.device_column(d.device, "process_used")
-                ),
-                device_used_after=self._value(row, protocol.device_column(d.device, "device_used")),
-                others_used_after=self._value(row, protocol.device_column(d.device, "others_used")),
-            )
-            if driver_key(d.device) in pending
-            and self._has(protocol.device_column(d.device, "device_used"))
-            else d
-            for d in record.devices
-        )
-        missing = {k: v for k, v in record.missing.items() if k not in pending}
-        return dataclasses.replace(record, devices=devices, missing=missing)
-
-    def _has(self, column: str) -> bool:
-        return column in self._cols
 
     def _bump_session_peak(self, d: int, allocated: int, reserved: int) -> None:
         p = self.session_peaks[d]

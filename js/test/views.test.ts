@@ -134,16 +134,6 @@ describe("details", () => {
     expect(text).toContain("n/a (no NVML process figure)");
   });
 
-  it("says NVML's figures are pending until the reading after the cell lands", () => {
-    const details = new Details(() => undefined);
-    const nvml = { outside_pytorch: null, process_used_after: null, device_used_after: null, others_used_after: null };
-    const pending = "pending: NVML is read just after the cell, off the cell's path";
-    details.show(cell(2, GiB, { devices: [usage(GiB, nvml)], missing: { "cuda:0 NVML": pending } }), [H200], "cuda");
-    const cells = [...details.el.querySelectorAll("tbody tr")].map((tr) => tr.textContent ?? "");
-    expect(cells.filter((row) => row.endsWith("pending"))).toHaveLength(4);
-    expect(details.el.textContent).not.toContain("n/a (no NVML process figure)");
-  });
-
   it("closes through its button", () => {
     const onClose = vi.fn();
     const details = new Details(onClose);

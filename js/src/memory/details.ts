@@ -33,12 +33,6 @@ const DEVICE_ROWS: readonly Row[] = [
   ["OOMs", (d) => String(d.ooms)],
 ];
 
-// The rows NVML gives: "pending" while the kernel's reading just after the cell is on its way (the
-// record says so in `missing` under "cuda:N NVML"; the amended record follows).
-const NVML_ROWS = new Set(["outside PyTorch", "process (NVML)", "other processes (NVML)", "whole device (NVML)"]);
-const nvmlPending = (missing: Readonly<Record<string, string>>, device: number): boolean =>
-  (missing[`cuda:${device} NVML`] ?? "").startsWith("pending");
-
 export class Details {
   readonly el: HTMLElement;
   private readonly onClose: () => void;
@@ -73,7 +67,7 @@ export class Details {
     head.append(title, meta, close);
 
     const parts: HTMLElement[] = [head];
-    if (mode === "cuda" && cell.devices.length > 0) parts.push(deviceTable(cell.devices, devices, cell.missing ?? {}));
+    if (mode === "cuda" && cell.devices.length > 0) parts.push(deviceTable(cell.devices, devices));
     parts.push(hostLine(cell), ...workerSection(cell.workers), ...noteSections(cell.notes));
     if (cell.notes.modules) parts.push(modulesSection(cell.notes.modules, cell.execution_count));
     const missing = Object.entries(cell.missing ?? {});
@@ -101,11 +95,7 @@ export class Details {
   }
 }
 
-function deviceTable(
-  usage: readonly DeviceCellUsage[],
-  devices: readonly DeviceInfo[],
-  missing: Readonly<Record<string, string>>,
-): HTMLElement {
+function deviceTable(usage: readonly DeviceCellUsage[], devices: readonly DeviceInfo[]): HTMLElement {
   const wrap = document.createElement("div");
   wrap.className = "gpumem-details-devices";
   const table = document.createElement("table");
@@ -128,7 +118,7 @@ function deviceTable(
     tr.append(th);
     for (const d of usage) {
       const td = document.createElement("td");
-      td.textContent = NVML_ROWS.has(label) && nvmlPending(missing, d.device) ? "pending" : value(d);
+      td.textContent = value(d);
       tr.append(td);
     }
     return tr;
