@@ -209,3 +209,14 @@ def test_the_ledger_keeps_two_containers_per_record_beside_it() -> None:
         ledger.window()
     gc.collect()
     assert (len(gc.get_objects()) - before) / len(records) <= 2.01
+
+
+def test_with_notes_is_replace_for_every_field() -> None:
+    """The post-run hook's cheap copy keeps every field, a field added later included: each one
+    here holds a value of its own, so one left out would show."""
+    import dataclasses
+
+    base = record(7)
+    r = dataclasses.replace(base, **{f.name: object() for f in dataclasses.fields(base)})
+    notes = {"history": {"peak": 1}}
+    assert r.with_notes(notes) == dataclasses.replace(r, notes=notes)

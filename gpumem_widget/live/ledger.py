@@ -126,6 +126,26 @@ class CellRecord:
     def peak_allocated(self) -> int:
         return max((d.peak_allocated for d in self.devices), default=0)
 
+    def with_notes(self, notes: Mapping[str, Any]) -> CellRecord:
+        """This record with `notes` (every cell that has one: `dataclasses.replace` reads each
+        field by name, a dozen calls more in the post-run hook)."""
+        return CellRecord(
+            self.execution_count,
+            self.cell_id,
+            self.source,
+            self.started,
+            self.duration,
+            self.error,
+            self.oom,
+            self.devices,
+            self.host_rss_before,
+            self.host_rss_after,
+            self.host_rss_peak,
+            notes,
+            self.workers,
+            self.missing,
+        )
+
     def _scalars(self) -> dict[str, Any]:
         """The cell's own fields (no devices, no notes)."""
         return {f.name: getattr(self, f.name) for f in _CELL_SCALARS}

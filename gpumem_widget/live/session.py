@@ -388,7 +388,7 @@ class Session:
             if note is not None:
                 cell_notes[name] = note
         if cell_notes:
-            record = dataclasses.replace(record, notes=cell_notes)
+            record = record.with_notes(cell_notes)
         if self.workers is not None and (usage := self.workers.cell_finished()):
             record = dataclasses.replace(record, workers=usage)
         self.ledger.append(record)
