@@ -498,14 +498,12 @@ export interface ModuleNode {
   label: string;
   bytes: number;
   phases: Record<(typeof PHASES)[number], number>;
-  count: number;
-  depth: number;
-  children: ModuleNode[]; // in tree order
+  count: number; // allocations
+  depth: number; children: ModuleNode[]; // in tree order
 }
 
 export interface ModuleTree {
-  event: number;
-  traced: boolean;
+  event: number; traced: boolean;
   root: ModuleNode; // "active": every byte alive then, once
   truncated: number; // the smallest modules left out
 }
