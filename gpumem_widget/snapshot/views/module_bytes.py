@@ -16,12 +16,13 @@ module and no phase; a snapshot recorded without the tracer has ``traced`` False
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from gpumem_widget.snapshot.model.data import I64
-from gpumem_widget.snapshot.model.replay import Snapshot
+from gpumem_widget.snapshot.model.replay import DeviceReplay, Intervals, Snapshot
 from gpumem_widget.snapshot.model.tags import PHASES, Phase, Tag, parent_path
 from gpumem_widget.snapshot.views.facts import in_wire_form
 from gpumem_widget.snapshot.views.grid import group_peaks
@@ -34,10 +35,33 @@ from gpumem_widget.snapshot.views.module_tags import (
     NONE,
     PHASE,
     UNTAGGED,
+    ModuleTags,
     module_tags,
 )
 from gpumem_widget.wire import payloads
 from gpumem_widget.wire.protocol import pack_f8
+
+
+class _Instant(NamedTuple):
+    """A device's allocations, their tags, and which are alive right after `event`."""
+
+    device: int
+    replay: DeviceReplay
+    iv: Intervals
+    tags: ModuleTags
+    event: int  # -1: before the trace
+    alive: npt.NDArray[np.bool_]
+
+
+def _instant(snap: Snapshot, device: int | None, event: int | None) -> _Instant:
+    """`event` None: the device's peak (its first highest entry)."""
+    d = snap.device(device)
+    rep = snap.replay(d)
+    if event is None:
+        event = int(np.argmax(rep.active)) if rep.n_events else -1
+    return _Instant(
+        d, rep, rep.intervals, module_tags(snap, d), event, rep.intervals.alive_after(event)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +116,7 @@ def modules_at(
 ) -> ModulesAt:
     """Alive right after `event` (None: at the device's peak, its first highest entry), by
     (module, phase)."""
-    d = snap.device(device)
-    rep = snap.replay(d)
-    iv = rep.intervals
-    t = module_tags(snap, d)
-    if event is None:
-        event = int(np.argmax(rep.active)) if rep.n_events else -1
-    alive = iv.alive_after(event)
+    d, rep, iv, t, event, alive = _instant(snap, device, event)
     n_phase = len(PHASES) + 1  # slot len(PHASES): no phase
     key = (t.node.astype(np.int64) + 1) * n_phase + np.where(t.phase < 0, len(PHASES), t.phase)
     keys, inverse = np.unique(key[alive], return_inverse=True)
@@ -150,16 +168,11 @@ class ModuleNode:
 def module_tree(snap: Snapshot, device: int | None = None) -> tuple[ModuleNode, ...]:
     """Every module the tags name and its ancestors, in tree order, each counting its
     submodules. Exact: the highest bytes come from the replay's intervals, a pass per depth."""
-    d = snap.device(device)
-    rep = snap.replay(d)
-    iv = rep.intervals
-    t = module_tags(snap, d)
+    _, _, iv, t, _, alive = _instant(snap, device, None)  # alive at the peak
     n = len(t.paths)
     if not n:
         return ()
     node = np.where(t.node < 0, n, t.node)  # n: in no module
-    peak = int(np.argmax(rep.active)) if rep.n_events else -1
-    alive = iv.alive_after(peak)
     own = np.bincount(node[alive], iv.size[alive], n + 1)[:n].astype(np.int64)
     at_peak = t.roll_up(own)
     made = t.roll_up(np.bincount(node[iv.start >= 0], minlength=n + 1)[:n].astype(np.int64))
@@ -230,12 +243,7 @@ def module_tree_at(
     """Every module's bytes per phase right after trace entry `event` (None: at the peak; -1:
     before the first entry), rolled up the module tree; at most `max_nodes` modules (the
     largest: an ancestor always holds at least its descendants' bytes, so it stays)."""
-    rep = snap.replay(device)
-    iv = rep.intervals
-    tags = module_tags(snap, device)
-    if event is None:
-        event = int(np.argmax(rep.active)) if rep.n_events else -1
-    alive = iv.alive_after(event)
+    d, _, iv, tags, event, alive = _instant(snap, device, event)
     n_phases = len(PHASES)
     other = PHASES.index("other")
     phase = np.where(tags.phase >= 0, tags.phase, other)
@@ -292,7 +300,7 @@ def module_tree_at(
     by_phase[0] = rolled[top_level].sum(axis=0) + by_phase[outside].sum(axis=0)
     counts[0] = int(count[top_level].sum() + np.array(counts)[outside].sum())
     return ModuleTree(
-        device=snap.device(device),
+        device=d,
         event=event,
         traced=tags.traced,
         labels=tuple(labels),
