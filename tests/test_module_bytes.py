@@ -40,6 +40,27 @@ def test_each_allocation_reads_its_cell_phase_and_module(step: object) -> None:
     assert (tags.node[~recorded] == -1).all()
 
 
+def test_the_tags_are_read_once_per_snapshot_and_device_and_die_with_it() -> None:
+    """Every view of modules reads the same columns; the cache does not keep a snapshot alive."""
+    import gc
+    import weakref
+
+    snap = open_snapshot(traced_step())
+    tags = module_tags(snap)
+    assert module_tags(snap, snap.devices[0]) is tags
+    assert module_tags(open_snapshot(traced_step())) is not tags  # another snapshot: read anew
+    assert len(tags.kind) == len(snap.intervals())
+    # The tree the tags name: each path's parent one level up, ancestors before descendants.
+    for i, p in enumerate(tags.paths):
+        parent = parent_path(p)
+        assert tags.parent[i] == (tags.paths.index(parent) if parent else -1)
+        assert tags.depth[i] == len(ancestors(p))
+    alive = weakref.ref(snap)
+    del snap
+    gc.collect()
+    assert alive() is None
+
+
 def test_at_the_peak_every_byte_is_where_the_step_put_it(step: object) -> None:
     at = modules_at(step)  # type: ignore[arg-type]
     assert at.total == PEAK

@@ -37,7 +37,7 @@ class ModuleTags:
     tags name: every module and its ancestors, in tree order (`paths`)."""
 
     kind: I8  # MODULE, PHASE, ...
-    cell: I64  # the cell's execution count; NONE without a cell tag
+    cell: I32  # the cell's execution count; NONE without a cell tag
     phase: I8  # into `PHASES`; NONE: no tracer tag
     node: I32  # into `paths`: the module the tag names; NONE: in no module
     metadata: I32  # into `strings` (METADATA only); NONE
@@ -94,7 +94,7 @@ def _read(snap: Snapshot, device: int) -> ModuleTags:
     used, inverse = np.unique(iv.tag, return_inverse=True)
     inverse = inverse.reshape(-1)
     kinds = np.full(len(used), UNTAGGED, np.int8)
-    cells = np.full(len(used), NONE, np.int64)
+    cells = np.full(len(used), NONE, np.int32)
     phases = np.full(len(used), NONE, np.int8)
     module_of: list[str | None] = [None] * len(used)
     metadata_of = np.full(len(used), NONE, np.int32)
