@@ -16,7 +16,8 @@ bench_snapshot.py makes it). It is loaded and replayed once, untimed; each case 
   compare           the snapshot against itself (two sides, 1,000 columns)
   by module         the By-module view (1,000 columns) and the module tree at the peak, on the
                     same trace tagged as the module tracer tags (``--modules`` of
-                    make_big_snapshot.py), as ratios to that file's overview
+                    make_big_snapshot.py), as ratios to that file's overview; the tags
+                    are read once per snapshot (`module_tags`, cached), before the timing
 """
 
 from __future__ import annotations
