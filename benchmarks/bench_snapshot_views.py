@@ -16,7 +16,8 @@ bench_snapshot.py makes it). It is loaded and replayed once, untimed; each case 
   compare           the snapshot against itself (two sides, 1,000 columns)
   by module         the By-module view (1,000 columns) and the module tree at the peak, on the
                     same trace tagged as the module tracer tags (``--modules`` of
-                    make_big_snapshot.py), as ratios to that file's overview
+                    make_big_snapshot.py), as ratios to that file's overview; the tags
+                    are read once per snapshot (`module_tags`, cached), before the timing
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def main() -> None:
 def by_module(path: Path, repeat: int) -> None:
     """The By-module view and the module tree, beside the overview of the same (tagged) file."""
     from gpumem_widget.snapshot import active_memory_view, categories, open_snapshot
-    from gpumem_widget.snapshot.views.modules import module_tree, modules_view
+    from gpumem_widget.snapshot.views.module_bytes import module_tree_at
+    from gpumem_widget.snapshot.views.modules import modules_view
 
     snap = open_snapshot(path)
     snap.replay(0)
@@ -128,7 +130,7 @@ def by_module(path: Path, repeat: int) -> None:
     print(f"  {'overview':<22} {base * 1000:8.0f} ms")
     for name, fn in (
         ("by module", lambda: modules_view(snap, 0, 1000, 12, axis="event", full_columns=False)),
-        ("module tree at peak", lambda: module_tree(snap, 0)),
+        ("module tree at peak", lambda: module_tree_at(snap, 0)),
     ):
         s = timed(fn, repeat)
         print(f"  {name:<22} {s * 1000:8.0f} ms   x{s / base:5.2f} of the overview")

@@ -1,5 +1,6 @@
-"""Bytes by module and phase from the module tracer's tags (`snapshot/views/module_bytes.py`),
-on a traced training step written into the allocator model, every figure added up by hand."""
+"""The module tracer's tags read (`snapshot/views/module_tags.py`) and bytes by module and phase
+from them (`snapshot/views/module_bytes.py`), on a traced training step written into the
+allocator model, every figure added up by hand."""
 
 from __future__ import annotations
 
@@ -9,11 +10,8 @@ from traced_step import ACT, GRAD, GRAD_IN, LEAVES, LOGITS, LOSS, PARAMS, PEAK, 
 
 from gpumem_widget.snapshot import open_snapshot
 from gpumem_widget.snapshot.model.tags import Tag, ancestors, parent_path, tree_key
-from gpumem_widget.snapshot.views.module_bytes import (
-    interval_tags,
-    module_tree,
-    modules_at,
-)
+from gpumem_widget.snapshot.views.module_bytes import module_tree, modules_at
+from gpumem_widget.snapshot.views.module_tags import module_tags
 
 FIXTURES = "tests/fixtures/snapshots"
 
@@ -24,7 +22,7 @@ def step() -> object:
 
 
 def test_each_allocation_reads_its_cell_phase_and_module(step: object) -> None:
-    tags = interval_tags(step)  # type: ignore[arg-type]
+    tags = module_tags(step)  # type: ignore[arg-type]
     assert tags.traced
     assert tags.modules == (
         "gpt.h.0.ln",
@@ -39,7 +37,28 @@ def test_each_allocation_reads_its_cell_phase_and_module(step: object) -> None:
     recorded = step.intervals().start >= 0  # type: ignore[attr-defined]
     assert set(tags.cell[recorded].tolist()) == {3}
     assert set(tags.cell[~recorded].tolist()) == {-1}  # the parameters, from before
-    assert (tags.module[~recorded] == -1).all()
+    assert (tags.node[~recorded] == -1).all()
+
+
+def test_the_tags_are_read_once_per_snapshot_and_device_and_die_with_it() -> None:
+    """Every view of modules reads the same columns; the cache does not keep a snapshot alive."""
+    import gc
+    import weakref
+
+    snap = open_snapshot(traced_step())
+    tags = module_tags(snap)
+    assert module_tags(snap, snap.devices[0]) is tags
+    assert module_tags(open_snapshot(traced_step())) is not tags  # another snapshot: read anew
+    assert len(tags.kind) == len(snap.intervals())
+    # The tree the tags name: each path's parent one level up, ancestors before descendants.
+    for i, p in enumerate(tags.paths):
+        parent = parent_path(p)
+        assert tags.parent[i] == (tags.paths.index(parent) if parent else -1)
+        assert tags.depth[i] == len(ancestors(p))
+    alive = weakref.ref(snap)
+    del snap
+    gc.collect()
+    assert alive() is None
 
 
 def test_at_the_peak_every_byte_is_where_the_step_put_it(step: object) -> None:
@@ -87,12 +106,12 @@ def test_the_tree_rolls_submodules_up_with_exact_highest_bytes(step: object) -> 
     assert nodes["gpt.h"].allocations == 6 + 4 + 6 * 2  # activations, temporaries, backward
     # Checked against a replay by hand: the highest of each node over every instant.
     iv = snap.intervals()  # type: ignore[attr-defined]
-    tags = interval_tags(snap)  # type: ignore[arg-type]
+    tags = module_tags(snap)  # type: ignore[arg-type]
     for path, node in nodes.items():
         inside = np.array(
             [
-                m >= 0 and (tags.modules[m] == path or tags.modules[m].startswith(path + "."))
-                for m in tags.module
+                m >= 0 and (tags.paths[m] == path or tags.paths[m].startswith(path + "."))
+                for m in tags.node
             ]
         )
         levels = [int(iv.size[inside & iv.alive_after(e)].sum()) for e in range(-1, iv.n_events)]
@@ -101,7 +120,7 @@ def test_the_tree_rolls_submodules_up_with_exact_highest_bytes(step: object) -> 
 
 def test_a_snapshot_without_the_tracer_has_no_modules() -> None:
     snap = open_snapshot(f"{FIXTURES}/train_tagged.pickle.gz")  # cell tags only
-    tags = interval_tags(snap)
+    tags = module_tags(snap)
     assert not tags.traced
     assert tags.modules == ()
     assert (tags.cell >= 0).any()

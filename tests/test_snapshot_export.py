@@ -103,7 +103,8 @@ def test_export_keeps_every_entrys_user_metadata_for_memory_viz(tmp_path: Path) 
     OOM's) go out exactly as they came in, entry for entry, and read back the same."""
     from traced_step import traced_step
 
-    from gpumem_widget.snapshot.views.module_bytes import interval_tags, module_tree
+    from gpumem_widget.snapshot.views.module_bytes import module_tree
+    from gpumem_widget.snapshot.views.module_tags import module_tags
 
     source = traced_step(capacity=160 << 20, oom_in="gpt.h.1.mlp.0")
     out = export_memory_viz(open_snapshot(source), tmp_path / "traced.pickle")
@@ -116,8 +117,9 @@ def test_export_keeps_every_entrys_user_metadata_for_memory_viz(tmp_path: Path) 
     oom = next(e for e in written["device_traces"][0] if e["action"] == "oom")
     assert oom["user_metadata"] == "cell:3 backward gpt.h.1.mlp.0"
     a, b = open_snapshot(source), open_snapshot(out)
-    ta, tb = interval_tags(a), interval_tags(b)
+    ta, tb = module_tags(a), module_tags(b)
     assert ta.modules == tb.modules
-    assert np.array_equal(ta.module, tb.module)
+    assert ta.paths == tb.paths
+    assert np.array_equal(ta.node, tb.node)
     assert np.array_equal(ta.phase, tb.phase)
     assert module_tree(a) == module_tree(b)

@@ -1,4 +1,5 @@
-"""The By-module view (`snapshot/views/modules.py`) against a real snapshot recorded on a GPU with
+"""The By-module view (`snapshot/views/modules.py`) and the module tree at an instant
+(`module_bytes.module_tree_at`) against a real snapshot recorded on a GPU with
 the module tracer on (tests/fixtures/snapshots/train_modules: a named transformer, two AdamW
 steps; scripts/make_snapshot_fixtures.py), checked against an independent replay of its raw
 trace and the model's analytic facts written beside it; and snapshots without the tracer.
@@ -21,15 +22,14 @@ from independent_replay import (
 )
 
 from gpumem_widget.snapshot import Snapshot, open_snapshot
+from gpumem_widget.snapshot.views.module_bytes import module_tree_at
+from gpumem_widget.snapshot.views.module_tags import NO_MODULE, PHASE
 from gpumem_widget.snapshot.views.modules import (
-    NO_MODULE,
     NOT_TRACED,
     OTHER_MODULES,
-    PHASE,
     ModuleMemory,
     compress_runs,
     module_memory,
-    module_tree,
     peak_reading,
 )
 from gpumem_widget.units import format_bytes
@@ -126,7 +126,7 @@ def test_the_level_shown_names_the_blocks(snap: Snapshot, facts: dict[str, Any])
 
 
 def test_the_tree_names_every_module_with_parameters(snap: Snapshot, facts: dict[str, Any]) -> None:
-    tree = module_tree(snap, 0, event=snap.replay(0).n_events - 1)
+    tree = module_tree_at(snap, 0, event=snap.replay(0).n_events - 1)
     with_parameters = {m for m, b in facts["parameters"].items() if b}
     assert with_parameters <= set(tree.labels)
     assert set(tree.labels) - {"active", NO_MODULE} <= set(facts["modules"])
@@ -140,7 +140,7 @@ def test_gradients_alive_at_the_end_are_the_parameters_bytes(
     alive = alive_tags_at_end(raw(NAME), 0)
     for module, grads in facts["gradients"].items():
         assert alive.get(f"cell:4 backward {module}", 0) == grads, module
-    tree = module_tree(snap, 0, event=snap.replay(0).n_events - 1)
+    tree = module_tree_at(snap, 0, event=snap.replay(0).n_events - 1)
     row = dict(zip(tree.labels, tree.by_phase, strict=True))
     backward = PHASES.index("backward")
     for i in range(facts["config"]["blocks"]):
@@ -154,7 +154,7 @@ def test_gradients_alive_at_the_end_are_the_parameters_bytes(
 def test_the_tree_at_an_instant_sums_to_the_active_bytes(snap: Snapshot, step: int) -> None:
     rep = snap.replay(0)
     event = min(rep.n_events - 1, step * rep.n_events // 13) if step else -1
-    tree = module_tree(snap, 0, event=event, max_nodes=10_000)
+    tree = module_tree_at(snap, 0, event=event, max_nodes=10_000)
     truth = independent_active(raw(NAME), 0)[event + 1]
     total = tree.bytes
     assert total[0] == truth
@@ -168,8 +168,8 @@ def test_the_tree_at_an_instant_sums_to_the_active_bytes(snap: Snapshot, step: i
 
 
 def test_the_tree_at_the_peak_keeps_the_largest_when_cut(snap: Snapshot) -> None:
-    full = module_tree(snap, 0)
-    cut = module_tree(snap, 0, max_nodes=5)
+    full = module_tree_at(snap, 0)
+    cut = module_tree_at(snap, 0, max_nodes=5)
     size = {lab: int(b) for lab, b in zip(full.labels, full.bytes, strict=True)}
     modules = [lab for lab in full.labels if lab.startswith("gpt")]
     kept = [lab for lab in cut.labels if lab.startswith("gpt")]
@@ -237,6 +237,6 @@ def test_another_tools_metadata_shows_as_it_is() -> None:
     assert {"warmup step 0", "warmup step 1", "warmup step 2"} <= labels
     truth = independent_tag_peaks(other, 0, grouping(view), BEFORE)
     assert {g.label: g.peak_bytes for g in view.groups if g.peak_bytes} == truth
-    tree = module_tree(snap, 0)
+    tree = module_tree_at(snap, 0)
     assert "warmup step 1" in tree.labels
     assert tree.bytes[0] == int(snap.replay(0).active.max())

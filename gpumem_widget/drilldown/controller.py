@@ -156,7 +156,7 @@ def alive_view(
     answer)."""
     from gpumem_widget.snapshot import alive_at
     from gpumem_widget.snapshot.views.grid import axis_x
-    from gpumem_widget.snapshot.views.modules import module_tree_view
+    from gpumem_widget.snapshot.views.module_bytes import module_tree_view
 
     answer = alive_at(snap, device, t, event=event, max_nodes=MAX_TREE_NODES, largest=LARGEST)
     view = cast("Alive", answer)  # the same dict, its optional keys added below

@@ -16,7 +16,6 @@ from gpumem_widget.snapshot.views.active import ActiveMemory
 from gpumem_widget.snapshot.views.module_bytes import (
     ModuleNode,
     ModulesAt,
-    interval_tags,
     module_tree,
     modules_at,
 )
@@ -176,7 +175,6 @@ def summarize(
     out = []
     for device in snap.devices:
         replay = snap.replay(device)
-        tags = interval_tags(snap, device)
         out.append(
             DeviceSummary(
                 label=label,
@@ -184,8 +182,8 @@ def summarize(
                 active=active_memory(snap, device, width=width, top=top),
                 peak_reserved=max(int(replay.reserved.max(initial=0)), replay.reserved_before),
                 free=free_space(snap, device),
-                at_peak=modules_at(snap, device, tags=tags),
-                modules=module_tree(snap, device, tags),
+                at_peak=modules_at(snap, device),
+                modules=module_tree(snap, device),
             )
         )
     return out

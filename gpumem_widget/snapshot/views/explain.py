@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from gpumem_widget.snapshot.model.replay import Oom, Snapshot
 from gpumem_widget.snapshot.model.tags import parent_path, parse_tag
-from gpumem_widget.snapshot.views.module_bytes import ModulesAt, interval_tags, modules_at
+from gpumem_widget.snapshot.views.module_bytes import ModulesAt, modules_at
 from gpumem_widget.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -240,8 +240,7 @@ def explain_snapshot(
         return Explanation("snapshot", source, unknown=("the snapshot holds no allocation",))
     d = device if device is not None else max(snap.devices, key=lambda i: _peak_of(snap, i))
     rep = snap.replay(d)
-    tags = interval_tags(snap, d)
-    at = modules_at(snap, d, tags=tags)
+    at = modules_at(snap, d)
     running = at.running
     unknown: list[str] = []
     if not at.traced:

@@ -1,12 +1,13 @@
-"""Bytes by module and phase, read from the module tracer's tags (``cell:12 backward gpt.h.3``,
-`model.tags`): the one aggregation `explain`, the reports and the command line share.
+"""Bytes by module, from the module tracer's tags (`module_tags`): the module tree's figures
+the By-module view, `explain`, the reports, the command line and the post-mortem share.
 
-- `interval_tags`: each allocation's tag read as columns (cell, phase, module), each distinct
-  string parsed once;
 - `modules_at`: what is alive right after one trace entry (default: the device's peak) by
-  (module, phase), and what was running then (the tag of the allocation made at that entry);
+  (module, phase), each module on its own, and what was running then (the tag of the
+  allocation made at that entry);
 - `module_tree`: every module and its ancestors (``gpt`` -> ``gpt.h`` -> ``gpt.h.3``), each
-  counting its submodules' bytes: alive at the peak, and its exact highest at any instant.
+  counting its submodules' bytes: alive at the peak, and its exact highest at any instant;
+- `module_tree_at` (`module_tree_view` its browser form): the tree at one instant, per phase,
+  then what no module holds, so every active byte is in it once.
 
 Allocations without a tracer tag (a plain ``cell:N``, another tool's metadata, none) are in no
 module and no phase; a snapshot recorded without the tracer has ``traced`` False.
@@ -15,61 +16,51 @@ module and no phase; a snapshot recorded without the tracer has ``traced`` False
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from gpumem_widget.snapshot.model.data import I32, I64
-from gpumem_widget.snapshot.model.replay import Snapshot
-from gpumem_widget.snapshot.model.tags import (
-    PHASES,
-    Phase,
-    Tag,
-    ancestors,
-    parent_path,
-    parse_tag,
-    tree_key,
-)
+from gpumem_widget.snapshot.model.data import I64
+from gpumem_widget.snapshot.model.replay import DeviceReplay, Intervals, Snapshot
+from gpumem_widget.snapshot.model.tags import PHASES, Phase, Tag, parent_path
+from gpumem_widget.snapshot.views.facts import in_wire_form
 from gpumem_widget.snapshot.views.grid import group_peaks
-
-NONE = -1  # in the columns: no cell, no phase, no module
-I8 = npt.NDArray[np.int8]
-
-
-@dataclass(frozen=True, slots=True)
-class IntervalTags:
-    """One device's allocations (`Intervals` order), their tags read."""
-
-    cell: I64  # the cell's execution count; NONE without a cell tag
-    phase: I8  # into `PHASES`; NONE: no tracer tag
-    module: I32  # into `modules`; NONE: in no module
-    modules: tuple[str, ...]  # every module path the tags name, in tree order
-    traced: bool  # some allocation carries a phase: the tracer was on while recording
-
-    def phase_name(self, i: int) -> Phase | None:
-        return PHASES[i] if i != NONE else None
-
-    def module_name(self, i: int) -> str | None:
-        return self.modules[i] if i != NONE else None
+from gpumem_widget.snapshot.views.module_tags import (
+    BEFORE,
+    CELL,
+    KIND_LABELS,
+    METADATA,
+    MODULE,
+    NONE,
+    PHASE,
+    UNTAGGED,
+    ModuleTags,
+    module_tags,
+)
+from gpumem_widget.wire import payloads
+from gpumem_widget.wire.protocol import pack_f8
 
 
-def interval_tags(snap: Snapshot, device: int | None = None) -> IntervalTags:
-    """Each allocation's cell, phase and module (its tag at allocation, as torch recorded it)."""
-    iv = snap.intervals(device)
-    strings, inverse = np.unique(iv.tag, return_inverse=True)
-    tags = [parse_tag(snap.string(int(s))) for s in strings]
-    modules = tuple(sorted({t.module for t in tags if t is not None and t.module}, key=tree_key))
-    index = {m: i for i, m in enumerate(modules)}
-    cell = [t.cell if t is not None and t.cell is not None else NONE for t in tags]
-    phase = [PHASES.index(t.phase) if t is not None and t.phase else NONE for t in tags]
-    module = [index[t.module] if t is not None and t.module else NONE for t in tags]
-    inverse = inverse.reshape(-1)
-    return IntervalTags(
-        cell=np.array(cell, np.int64)[inverse],
-        phase=np.array(phase, np.int8)[inverse],
-        module=np.array(module, np.int32)[inverse],
-        modules=modules,
-        traced=any(t is not None and t.phase is not None for t in tags),
+class _Instant(NamedTuple):
+    """A device's allocations, their tags, and which are alive right after `event`."""
+
+    device: int
+    replay: DeviceReplay
+    iv: Intervals
+    tags: ModuleTags
+    event: int  # -1: before the trace
+    alive: npt.NDArray[np.bool_]
+
+
+def _instant(snap: Snapshot, device: int | None, event: int | None) -> _Instant:
+    """`event` None: the device's peak (its first highest entry)."""
+    d = snap.device(device)
+    rep = snap.replay(d)
+    if event is None:
+        event = int(np.argmax(rep.active)) if rep.n_events else -1
+    return _Instant(
+        d, rep, rep.intervals, module_tags(snap, d), event, rep.intervals.alive_after(event)
     )
 
 
@@ -122,19 +113,12 @@ def modules_at(
     snap: Snapshot,
     device: int | None = None,
     event: int | None = None,
-    tags: IntervalTags | None = None,
 ) -> ModulesAt:
     """Alive right after `event` (None: at the device's peak, its first highest entry), by
     (module, phase)."""
-    d = snap.device(device)
-    rep = snap.replay(d)
-    iv = rep.intervals
-    t = tags if tags is not None else interval_tags(snap, d)
-    if event is None:
-        event = int(np.argmax(rep.active)) if rep.n_events else -1
-    alive = iv.alive_after(event)
+    d, rep, iv, t, event, alive = _instant(snap, device, event)
     n_phase = len(PHASES) + 1  # slot len(PHASES): no phase
-    key = (t.module.astype(np.int64) + 1) * n_phase + np.where(t.phase < 0, len(PHASES), t.phase)
+    key = (t.node.astype(np.int64) + 1) * n_phase + np.where(t.phase < 0, len(PHASES), t.phase)
     keys, inverse = np.unique(key[alive], return_inverse=True)
     sizes = np.bincount(inverse.reshape(-1), weights=iv.size[alive], minlength=len(keys))
     counts = np.bincount(inverse.reshape(-1), minlength=len(keys))
@@ -143,7 +127,7 @@ def modules_at(
         module, phase = divmod(int(k), n_phase)
         shares.append(
             ModulePhaseBytes(
-                t.module_name(module - 1),
+                t.path(module - 1),
                 PHASES[phase] if phase < len(PHASES) else None,
                 int(b),
                 int(c),
@@ -157,7 +141,7 @@ def modules_at(
             running = Tag(
                 int(t.cell[made[0]]) if t.cell[made[0]] != NONE else None,
                 t.phase_name(int(t.phase[made[0]])),
-                t.module_name(int(t.module[made[0]])),
+                t.path(int(t.node[made[0]])),
             )
     return ModulesAt(
         device=d,
@@ -181,55 +165,150 @@ class ModuleNode:
     allocations: int  # made in it during the trace
 
 
-def module_tree(
-    snap: Snapshot, device: int | None = None, tags: IntervalTags | None = None
-) -> tuple[ModuleNode, ...]:
+def module_tree(snap: Snapshot, device: int | None = None) -> tuple[ModuleNode, ...]:
     """Every module the tags name and its ancestors, in tree order, each counting its
     submodules. Exact: the highest bytes come from the replay's intervals, a pass per depth."""
-    d = snap.device(device)
-    rep = snap.replay(d)
-    iv = rep.intervals
-    t = tags if tags is not None else interval_tags(snap, d)
-    chains = [_with_ancestors(m) for m in t.modules]
-    paths = sorted({p for chain in chains for p in chain}, key=tree_key)
-    if not paths:
+    _, _, iv, t, _, alive = _instant(snap, device, None)  # alive at the peak
+    n = len(t.paths)
+    if not n:
         return ()
-    node = {p: i for i, p in enumerate(paths)}
-    depth = np.array([len(ancestors(p)) for p in paths], np.int64)
-    # ancestor[k][m]: module m's ancestor at depth k (itself at its own depth), or none.
-    ancestor = np.full((int(depth.max()) + 1, len(t.modules) + 1), len(paths), np.int64)
-    for m, chain in enumerate(chains):
-        for p in chain:
-            ancestor[len(ancestors(p)), m] = node[p]
-    peak = int(np.argmax(rep.active)) if rep.n_events else -1
-    alive = iv.alive_after(peak)
-    module = np.where(t.module < 0, len(t.modules), t.module)
-    at_peak = np.zeros(len(paths) + 1, np.int64)
-    highest = np.zeros(len(paths) + 1, np.int64)
-    where = np.full(len(paths) + 1, -1, np.int64)
-    made = np.zeros(len(paths) + 1, np.int64)
-    for k in range(ancestor.shape[0]):
-        group = ancestor[k][module]
-        top, first = group_peaks(iv, group, len(paths) + 1)
-        at_depth = depth == k
-        idx = np.flatnonzero(at_depth)
-        highest[idx], where[idx] = top[idx], first[idx]
-        at_peak[idx] += np.bincount(group[alive], iv.size[alive], len(paths) + 1)[idx].astype(
-            np.int64
-        )
-        made[idx] += np.bincount(group[iv.start >= 0], minlength=len(paths) + 1)[idx]
+    node = np.where(t.node < 0, n, t.node)  # n: in no module
+    own = np.bincount(node[alive], iv.size[alive], n + 1)[:n].astype(np.int64)
+    at_peak = t.roll_up(own)
+    made = t.roll_up(np.bincount(node[iv.start >= 0], minlength=n + 1)[:n].astype(np.int64))
+    highest = np.zeros(n, np.int64)
+    where = np.full(n, -1, np.int64)
+    for k in range(int(t.depth.max()) + 1):
+        # Every allocation in its module's ancestor at depth k: that depth's exact highest.
+        top, first = group_peaks(iv, np.append(t.cut(k), n)[node], n + 1)
+        at_depth = np.flatnonzero(t.depth == k)
+        highest[at_depth], where[at_depth] = top[at_depth], first[at_depth]
     return tuple(
         ModuleNode(
             path=p,
-            depth=int(depth[i]),
+            depth=int(t.depth[i]),
             at_peak=int(at_peak[i]),
             highest=int(highest[i]),
             highest_event=int(where[i]),
             allocations=int(made[i]),
         )
-        for i, p in enumerate(paths)
+        for i, p in enumerate(t.paths)
     )
 
 
-def _with_ancestors(path: str) -> list[str]:
-    return [path, *ancestors(path)]
+# The module tree at one instant ------------------------------------------------------------
+TREE_COLUMNS = ("bytes", *PHASES, "count")
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleTree:
+    """What is alive right after trace entry `event`, by module, rolled up (a module's bytes
+    include its submodules'), per phase; then what no module holds, each kind a top-level row
+    under the root (every active byte once: the root is the active total)."""
+
+    device: int
+    event: int
+    traced: bool
+    labels: tuple[str, ...]  # each row's; the root ("active") first
+    parent: I64  # -1 for the root
+    by_phase: npt.NDArray[np.int64]  # rows x PHASES: bytes in each phase ("other": no phase)
+    count: I64  # allocations
+    truncated: int  # modules left out (the smallest), their bytes still in their ancestors
+
+    @property
+    def bytes(self) -> I64:
+        return np.asarray(self.by_phase.sum(axis=1), np.int64)
+
+    def to_wire(self) -> payloads.ModuleTreeView:
+        columns: dict[str, npt.NDArray[np.float64]] = {
+            "parent": self.parent.astype(np.float64),
+            "bytes": self.bytes.astype(np.float64),
+        }
+        for p, phase in enumerate(PHASES):
+            columns[phase] = self.by_phase[:, p].astype(np.float64)
+        columns["count"] = self.count.astype(np.float64)
+        return {
+            "device": self.device,
+            "event": self.event,
+            "traced": self.traced,
+            "labels": list(self.labels),
+            "tree": pack_f8(columns),
+            "truncated": self.truncated,
+        }
+
+
+def module_tree_at(
+    snap: Snapshot, device: int | None = None, event: int | None = None, *, max_nodes: int = 400
+) -> ModuleTree:
+    """Every module's bytes per phase right after trace entry `event` (None: at the peak; -1:
+    before the first entry), rolled up the module tree; at most `max_nodes` modules (the
+    largest: an ancestor always holds at least its descendants' bytes, so it stays)."""
+    d, _, iv, tags, event, alive = _instant(snap, device, event)
+    n_phases = len(PHASES)
+    other = PHASES.index("other")
+    phase = np.where(tags.phase >= 0, tags.phase, other)
+    is_module = alive & (tags.kind == MODULE)
+    n_paths = len(tags.paths)
+    own = np.bincount(
+        tags.node[is_module] * n_phases + phase[is_module],
+        weights=iv.size[is_module],
+        minlength=n_paths * n_phases,
+    ).reshape(n_paths, n_phases)
+    rolled = tags.roll_up(own.astype(np.int64))
+    count = tags.roll_up(np.bincount(tags.node[is_module], minlength=n_paths).astype(np.int64))
+    totals = rolled.sum(axis=1)
+    shown = np.flatnonzero(totals > 0)
+    truncated = 0
+    if len(shown) > max_nodes:
+        order = np.lexsort((tags.depth[shown], -totals[shown]))
+        truncated = len(shown) - max_nodes
+        shown = np.sort(shown[order[:max_nodes]])  # tree order: parents before children
+    row_of = np.full(n_paths, -1, np.int64)
+    row_of[shown] = np.arange(1, len(shown) + 1)
+    labels = ["active", *(tags.paths[i] for i in shown)]
+    parent = [-1, *(int(row_of[tags.parent[i]]) if tags.parent[i] >= 0 else 0 for i in shown)]
+    rows = [np.zeros(n_phases, np.int64), *rolled[shown]]
+    counts = [0, *count[shown]]
+    # What no module holds: one row per kind (metadata: per string), under the root.
+    for kind in (CELL, UNTAGGED, METADATA, BEFORE):  # CELL's row has PHASE's too
+        mask = alive & (np.isin(tags.kind, (PHASE, CELL)) if kind == CELL else tags.kind == kind)
+        if not mask.any():
+            continue
+        if kind == METADATA:
+            by = np.bincount(
+                tags.metadata[mask], weights=iv.size[mask], minlength=len(tags.strings)
+            )
+            n = np.bincount(tags.metadata[mask], minlength=len(tags.strings))
+            for s in np.flatnonzero(n):
+                labels.append(tags.strings[s])
+                parent.append(0)
+                row = np.zeros(n_phases, np.int64)
+                row[other] = int(by[s])
+                rows.append(row)
+                counts.append(int(n[s]))
+            continue
+        labels.append(KIND_LABELS[kind])
+        parent.append(0)
+        rows.append(
+            np.bincount(phase[mask], weights=iv.size[mask], minlength=n_phases).astype(np.int64)
+        )
+        counts.append(int(mask.sum()))
+    by_phase = np.array(rows, np.int64).reshape(-1, n_phases)
+    # The root from every top-level module (a truncated one's bytes too) and the rest.
+    outside = np.arange(len(labels)) > len(shown)
+    top_level = tags.depth == 0
+    by_phase[0] = rolled[top_level].sum(axis=0) + by_phase[outside].sum(axis=0)
+    counts[0] = int(count[top_level].sum() + np.array(counts)[outside].sum())
+    return ModuleTree(
+        device=d,
+        event=event,
+        traced=tags.traced,
+        labels=tuple(labels),
+        parent=np.array(parent, np.int64),
+        by_phase=by_phase,
+        count=np.array(counts, np.int64),
+        truncated=truncated,
+    )
+
+
+module_tree_view = in_wire_form(module_tree_at, "module_tree_view")

@@ -1,8 +1,7 @@
-"""View (f): active memory by module, from the module tracer's tags (``cell:12 backward
-gpt.h.3.mlp``, `snapshot.model.tags`): `module_memory` (`ModuleMemory`, stacked over time at a
-rolled-up level of the module tree; `modules_view` its browser form), `module_tree` (every
-module's bytes per phase at one instant, rolled up `gpt` -> `gpt.h` -> `gpt.h.3`) and
-`peak_reading` (the peak in one line).
+"""View (f): active memory by module, from the module tracer's tags as `module_tags` reads them:
+`module_memory` (`ModuleMemory`, stacked over time at a rolled-up level of the module tree;
+`modules_view` its browser form) and `peak_reading` (the peak in one line). The module tree at
+one instant, which a click on the chart opens, is `module_bytes.module_tree_at`.
 
 Every byte is in exactly one series: modules (the chosen level; below the `top` largest, the
 rest summed in "other modules"), then what no module holds: bytes tagged with a phase only
@@ -18,11 +17,10 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
-import numpy.typing as npt
 
 from gpumem_widget.snapshot.model.data import I64
-from gpumem_widget.snapshot.model.replay import Intervals, Snapshot
-from gpumem_widget.snapshot.model.tags import PHASES, ancestors, parse_tag, tree_key
+from gpumem_widget.snapshot.model.replay import Snapshot
+from gpumem_widget.snapshot.model.tags import PHASES
 from gpumem_widget.snapshot.views.facts import StackedView, base_columns, device_facts, in_wire_form
 from gpumem_widget.snapshot.views.grid import (
     F64,
@@ -32,13 +30,21 @@ from gpumem_widget.snapshot.views.grid import (
     screen_grid,
     stacked_bytes,
 )
+from gpumem_widget.snapshot.views.module_tags import (
+    BEFORE,
+    CELL,
+    KIND_LABELS,
+    METADATA,
+    MODULE,
+    NO_MODULE,
+    PHASE,
+    UNTAGGED,
+    ModuleTags,
+    module_tags,
+)
 from gpumem_widget.units import format_bytes
 from gpumem_widget.wire import payloads
-from gpumem_widget.wire.protocol import pack_f8
 
-# What an allocation's tag says, in the order the series stack (modules at the bottom).
-MODULE, PHASE, CELL, UNTAGGED, METADATA, BEFORE = range(6)
-NO_MODULE: Final = "(no module)"
 OTHER_MODULES: Final = "other modules"
 OTHER_METADATA: Final = "other metadata"
 TOP_METADATA = 8  # other tools' metadata strings shown one by one
@@ -46,7 +52,6 @@ NOT_TRACED: Final = (
     "No allocation carries a module: recorded without the module tracer (`%gpumem modules on`, "
     "or `%gpumem record on`, which turns it on)"
 )
-_LABELS = {CELL: NO_MODULE, UNTAGGED: "untagged", BEFORE: "before recording"}
 _KINDS: dict[int, payloads.SeriesKind] = {
     MODULE: "module",
     PHASE: "phase",
@@ -55,82 +60,6 @@ _KINDS: dict[int, payloads.SeriesKind] = {
     METADATA: "metadata",
     BEFORE: "before_recording",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleTags:
-    """Each allocation's tag read back (one entry an interval), and the module tree the tags
-    name: every module and its ancestors, in tree order."""
-
-    kind: I64  # MODULE, PHASE, ...
-    phase: I64  # into PHASES; -1: none
-    node: I64  # into `paths` (MODULE only); -1
-    metadata: I64  # into `strings` (METADATA only); -1
-    paths: tuple[str, ...]
-    parent: I64  # each path's parent's index; -1 for a top-level module
-    depth: I64  # 0 for a top-level module
-    strings: tuple[str, ...]  # other tools' metadata
-
-    @property
-    def traced(self) -> bool:
-        """Whether the module tracer wrote any of the tags."""
-        return bool(np.isin(self.kind, (MODULE, PHASE)).any())
-
-    def cut(self, level: int) -> I64:
-        """Each path's ancestor at `level` (itself where it is no deeper)."""
-        up = np.arange(len(self.paths), dtype=np.int64)
-        for _ in range(int(self.depth.max(initial=0)) - level):
-            deeper = self.depth[up] > level
-            up = np.where(deeper, self.parent[up], up)
-        return up
-
-
-def module_tags(snap: Snapshot, iv: Intervals) -> ModuleTags:
-    """Read every distinct tag once, then spread to the intervals."""
-    used, inverse = np.unique(iv.tag, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    kinds = np.full(len(used), UNTAGGED, np.int64)
-    phases = np.full(len(used), -1, np.int64)
-    module_of: list[str | None] = [None] * len(used)
-    metadata_of = np.full(len(used), -1, np.int64)
-    strings: list[str] = []
-    for i, s in enumerate(used):
-        text = snap.string(int(s)) if s >= 0 else ""
-        tag = parse_tag(text) if text else None
-        if not text:
-            continue
-        if tag is None:
-            kinds[i], metadata_of[i] = METADATA, len(strings)
-            strings.append(text)
-        elif tag.module is not None:
-            kinds[i], module_of[i] = MODULE, tag.module
-        elif tag.phase is not None and tag.phase != "other":
-            kinds[i] = PHASE
-        else:
-            kinds[i] = CELL
-        if tag is not None and tag.phase is not None:
-            phases[i] = PHASES.index(tag.phase)
-    named = {m for m in module_of if m is not None}
-    every = set(named)
-    for m in named:
-        every.update(ancestors(m))
-    paths = tuple(sorted(every, key=tree_key))
-    index = {p: i for i, p in enumerate(paths)}
-    parent = np.array([index.get(a[0], -1) if (a := ancestors(p)) else -1 for p in paths], np.int64)
-    depth = np.array([len(ancestors(p)) for p in paths], np.int64)
-    nodes = np.array([-1 if m is None else index[m] for m in module_of], np.int64)
-    kind = kinds[inverse]
-    kind[iv.start < 0] = BEFORE
-    return ModuleTags(
-        kind=kind,
-        phase=phases[inverse],
-        node=nodes[inverse],
-        metadata=metadata_of[inverse],
-        paths=paths,
-        parent=parent.reshape(-1),
-        depth=depth.reshape(-1),
-        strings=tuple(strings),
-    )
 
 
 def choose_level(tags: ModuleTags, top: int) -> int:
@@ -259,7 +188,7 @@ def _series(tags: ModuleTags, level: int, top: int, module_peaks: I64, meta_peak
     for kind in (CELL, UNTAGGED):
         mask = tags.kind == kind
         if mask.any():
-            out.of_interval[mask] = add(kind, _LABELS[kind])
+            out.of_interval[mask] = add(kind, KIND_LABELS[kind])
     is_meta = tags.kind == METADATA
     if is_meta.any():
         ranked = np.argsort(-meta_peaks, kind="stable")
@@ -271,7 +200,7 @@ def _series(tags: ModuleTags, level: int, top: int, module_peaks: I64, meta_peak
         out.of_interval[is_meta] = series_of_string[tags.metadata[is_meta]]
     mask = tags.kind == BEFORE
     if mask.any():
-        out.of_interval[mask] = add(BEFORE, _LABELS[BEFORE])
+        out.of_interval[mask] = add(BEFORE, KIND_LABELS[BEFORE])
     return out
 
 
@@ -293,7 +222,7 @@ def module_memory(
     `active.active_memory` does."""
     rep = snap.replay(device)
     iv = rep.intervals
-    tags = module_tags(snap, iv)
+    tags = module_tags(snap, device)
     level = choose_level(tags, top)
     ax = axis_x(snap, rep, axis, collapse_idle)
     grid = screen_grid(rep, ax.x, width, t0, t1)
@@ -344,138 +273,11 @@ def module_memory(
         level=level,
         traced=traced,
         reason=None if traced else NOT_TRACED,
-        reading=peak_reading(snap, device, tags=tags) if traced else None,
+        reading=peak_reading(snap, device) if traced else None,
     )
 
 
 modules_view = in_wire_form(module_memory, "modules_view")
-
-
-# The module tree at one instant ------------------------------------------------------------
-TREE_COLUMNS = ("bytes", *PHASES, "count")
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleTree:
-    """What is alive right after trace entry `event`, by module, rolled up (a module's bytes
-    include its submodules'), per phase; then what no module holds, each kind a top-level row
-    under the root (every active byte once: the root is the active total)."""
-
-    device: int
-    event: int
-    traced: bool
-    labels: tuple[str, ...]  # each row's; the root ("active") first
-    parent: I64  # -1 for the root
-    by_phase: npt.NDArray[np.int64]  # rows x PHASES: bytes in each phase ("other": no phase)
-    count: I64  # allocations
-    truncated: int  # modules left out (the smallest), their bytes still in their ancestors
-
-    @property
-    def bytes(self) -> I64:
-        return np.asarray(self.by_phase.sum(axis=1), np.int64)
-
-    def to_wire(self) -> payloads.ModuleTreeView:
-        columns: dict[str, npt.NDArray[np.float64]] = {
-            "parent": self.parent.astype(np.float64),
-            "bytes": self.bytes.astype(np.float64),
-        }
-        for p, phase in enumerate(PHASES):
-            columns[phase] = self.by_phase[:, p].astype(np.float64)
-        columns["count"] = self.count.astype(np.float64)
-        return {
-            "device": self.device,
-            "event": self.event,
-            "traced": self.traced,
-            "labels": list(self.labels),
-            "tree": pack_f8(columns),
-            "truncated": self.truncated,
-        }
-
-
-def module_tree(
-    snap: Snapshot, device: int | None = None, event: int | None = None, *, max_nodes: int = 400
-) -> ModuleTree:
-    """Every module's bytes per phase right after trace entry `event` (None: at the peak; -1:
-    before the first entry), rolled up the module tree; at most `max_nodes` modules (the
-    largest: an ancestor always holds at least its descendants' bytes, so it stays)."""
-    rep = snap.replay(device)
-    iv = rep.intervals
-    tags = module_tags(snap, iv)
-    if event is None:
-        event = int(np.argmax(rep.active)) if rep.n_events else -1
-    alive = iv.alive_after(event)
-    n_phases = len(PHASES)
-    other = PHASES.index("other")
-    phase = np.where(tags.phase >= 0, tags.phase, other)
-    is_module = alive & (tags.kind == MODULE)
-    n_paths = len(tags.paths)
-    own = np.bincount(
-        tags.node[is_module] * n_phases + phase[is_module],
-        weights=iv.size[is_module],
-        minlength=n_paths * n_phases,
-    ).reshape(n_paths, n_phases)
-    rolled = own.astype(np.int64)
-    count = np.bincount(tags.node[is_module], minlength=n_paths).astype(np.int64)
-    for d in range(int(tags.depth.max(initial=0)), 0, -1):  # deepest first, into the parents
-        at = np.flatnonzero(tags.depth == d)
-        np.add.at(rolled, tags.parent[at], rolled[at])
-        np.add.at(count, tags.parent[at], count[at])
-    totals = rolled.sum(axis=1)
-    shown = np.flatnonzero(totals > 0)
-    truncated = 0
-    if len(shown) > max_nodes:
-        order = np.lexsort((tags.depth[shown], -totals[shown]))
-        truncated = len(shown) - max_nodes
-        shown = np.sort(shown[order[:max_nodes]])  # tree order: parents before children
-    row_of = np.full(n_paths, -1, np.int64)
-    row_of[shown] = np.arange(1, len(shown) + 1)
-    labels = ["active", *(tags.paths[i] for i in shown)]
-    parent = [-1, *(int(row_of[tags.parent[i]]) if tags.parent[i] >= 0 else 0 for i in shown)]
-    rows = [np.zeros(n_phases, np.int64), *rolled[shown]]
-    counts = [0, *count[shown]]
-    # What no module holds: one row per kind (metadata: per string), under the root.
-    for kind in (CELL, UNTAGGED, METADATA, BEFORE):  # CELL's row has PHASE's too
-        mask = alive & (np.isin(tags.kind, (PHASE, CELL)) if kind == CELL else tags.kind == kind)
-        if not mask.any():
-            continue
-        if kind == METADATA:
-            by = np.bincount(
-                tags.metadata[mask], weights=iv.size[mask], minlength=len(tags.strings)
-            )
-            n = np.bincount(tags.metadata[mask], minlength=len(tags.strings))
-            for s in np.flatnonzero(n):
-                labels.append(tags.strings[s])
-                parent.append(0)
-                row = np.zeros(n_phases, np.int64)
-                row[other] = int(by[s])
-                rows.append(row)
-                counts.append(int(n[s]))
-            continue
-        labels.append(_LABELS[kind])
-        parent.append(0)
-        rows.append(
-            np.bincount(phase[mask], weights=iv.size[mask], minlength=n_phases).astype(np.int64)
-        )
-        counts.append(int(mask.sum()))
-    by_phase = np.array(rows, np.int64).reshape(-1, n_phases)
-    # The root from every top-level module (a truncated one's bytes too) and the rest.
-    outside = np.arange(len(labels)) > len(shown)
-    top_level = tags.depth == 0
-    by_phase[0] = rolled[top_level].sum(axis=0) + by_phase[outside].sum(axis=0)
-    counts[0] = int(count[top_level].sum() + np.array(counts)[outside].sum())
-    return ModuleTree(
-        device=snap.device(device),
-        event=event,
-        traced=tags.traced,
-        labels=tuple(labels),
-        parent=np.array(parent, np.int64),
-        by_phase=by_phase,
-        count=np.array(counts, np.int64),
-        truncated=truncated,
-    )
-
-
-module_tree_view = in_wire_form(module_tree, "module_tree_view")
 
 
 # The peak in one line ----------------------------------------------------------------------
@@ -556,8 +358,6 @@ def _fewest_names(tags: ModuleTags, nodes: I64) -> list[str]:
 def peak_reading(
     snap: Snapshot,
     device: int | None = None,
-    *,
-    tags: ModuleTags | None = None,
 ) -> str | None:
     """The peak in one line: where it happened (the phase and module of the allocation that
     made it) and what was alive then, by phase, each phase's modules in at most
@@ -568,7 +368,7 @@ def peak_reading(
     if not rep.n_events:
         return None
     iv = rep.intervals
-    tags = tags if tags is not None else module_tags(snap, iv)
+    tags = module_tags(snap, device)
     peak = int(np.argmax(rep.active))
     total = int(rep.active[peak])
     made = np.flatnonzero(iv.start == peak)
