@@ -22,8 +22,12 @@ calls a step makes (counted in a separate, untimed step).
 
 On CUDA the tracer sets torch's real allocator metadata. On the CPU a C-level call that stores
 the string per thread stands in for it (torch's CPU builds have no such call). `--ablate` adds
-`leaves` (every module followed, `%gpumem modules on --leaves`) and `nosink` (the metadata call
-replaced by a C no-op: on minus nosink is that call's cost). The
+`leaves` (every module followed, `%gpumem modules on --leaves`), `nosink` (the metadata call
+replaced by a C no-op: on minus nosink is that call's cost), and two floors with no tracer:
+`passthrough` (`nn.Module.__call__` replaced by a bare pass-through, the tracer's way to reach
+modules) and `modhooks` (no-op per-module forward pre and post hooks, `always_call`, on just the
+modules the tracer follows: the other way, leaving torch's leaf layers on `_call_impl`'s fast
+path while the followed ones take its slow path). The
 figures mode reads the allocated bytes at every boundary and is expected to cost more: it is
 measured, not held to the target.
 """
@@ -175,7 +179,59 @@ ABLATIONS = {
     "leaves": "the tracer following every module, torch's own layers included (--leaves)",
     "nosink": "the tracer on with a sink that does nothing (the cost of the C metadata call is "
     "on minus nosink)",
+    "passthrough": "no tracer; nn.Module.__call__ replaced by a bare pass-through (the floor of "
+    "the tracer's interception: every module call through one Python frame)",
+    "modhooks": "no tracer; no-op per-module forward pre and post hooks (always_call) on the "
+    "modules the tracer follows (the floor of intercepting those alone through torch's hooks)",
 }
+
+
+def _noop_pre(module: nn.Module, args: Any) -> None:
+    return None
+
+
+def _noop_post(module: nn.Module, args: Any, output: Any) -> None:
+    return None
+
+
+class Interception:
+    """The `passthrough` and `modhooks` modes: only the cost of reaching the followed modules,
+    each way, with nothing done there."""
+
+    def __init__(self, mode: str, ns: dict[str, Any]) -> None:
+        self.mode = mode
+        names = ModuleNames(lambda: ns)
+        follows = ModuleTracer(names, sink=lambda tag: None).traced
+        self.followed = [
+            m
+            for v in ns.values()
+            if isinstance(v, nn.Module)
+            for m in v.modules()
+            if follows(m) == "always"
+        ]
+        self.handles: list[Any] = []
+        self.call: Any = None
+
+    def install(self) -> None:
+        if self.mode == "passthrough":
+            call = self.call = nn.Module.__call__
+
+            def __call__(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+                return call(module, *args, **kwargs)
+
+            nn.Module.__call__ = __call__  # type: ignore[method-assign]
+        else:
+            for m in self.followed:
+                self.handles.append(m.register_forward_pre_hook(_noop_pre))
+                self.handles.append(m.register_forward_hook(_noop_post, always_call=True))
+
+    def uninstall(self) -> None:
+        if self.call is not None:
+            nn.Module.__call__ = self.call  # type: ignore[method-assign]
+            self.call = None
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
 
 
 def bench(
@@ -186,7 +242,12 @@ def bench(
     real = default_sink(torch) if cuda else c_level_sink()
     modes = ["off", "on"] + (list(ABLATIONS) if ablate else []) + (["figures"] if figures else [])
     sinks: dict[str, Callable[[str], None]] = {"nosink": id}  # a C call that does nothing
-    tracers = {m: ModuleTracer(ModuleNames(lambda: ns), sink=sinks.get(m, real)) for m in modes[1:]}
+    tracers: dict[str, ModuleTracer | Interception] = {
+        m: Interception(m, ns)
+        if m in ("passthrough", "modhooks")
+        else ModuleTracer(ModuleNames(lambda: ns), sink=sinks.get(m, real))
+        for m in modes[1:]
+    }
     times: dict[str, list[float]] = {m: [] for m in modes}
     rng = random.Random(0)
     for _ in range(rounds):
@@ -194,7 +255,9 @@ def bench(
         rng.shuffle(order)
         for mode in order:
             tracer = tracers.get(mode)
-            if tracer is not None:
+            if isinstance(tracer, Interception):
+                tracer.install()
+            elif tracer is not None:
                 tracer.install(1, measure=mode == "figures", leaves=mode == "leaves")
             try:
                 times[mode].append(timed(step, steps, cuda, CLOCKS[clock]))
