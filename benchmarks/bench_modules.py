@@ -1,7 +1,8 @@
 """What the module tracer costs a training step: tracer off against on, in one process.
 
     python benchmarks/bench_modules.py [--device cuda|cpu] [--rounds 7] [--steps 300]
-                                       [--workload W1,W2] [--figures] [--ablate] [--json OUT]
+                                       [--workload W1,W2] [--figures] [--ablate] [--forward]
+                                       [--json OUT]
 
 Workloads, each a full step (zero_grad, forward, loss, backward, AdamW step):
   transformer       a small GPT (embedding, 4 pre-norm blocks of attention and MLP, d=256,
@@ -18,7 +19,8 @@ Rounds interleave the modes in a shuffled order (off, on, and the optional ones)
 `--steps` steps after a short warm-up (on CUDA, synchronized at both ends), so all modes come
 from the same moments of the same process. Prints each mode's median step time and its ratio to
 off (the median of the per-round ratios; the target for on: <= 1.03), and how many metadata
-calls a step makes (counted in a separate, untimed step).
+calls a step makes (counted in a separate, untimed step). `--forward`: each step is the
+workload's forward pass alone (with grad; the graph is dropped), to split the cost.
 
 On CUDA the tracer sets torch's real allocator metadata. On the CPU a C-level call that stores
 the string per thread stands in for it (torch's CPU builds have no such call). `--ablate` adds
@@ -94,12 +96,14 @@ class Gpt(nn.Module):
         return self.head(self.ln_f(x))
 
 
-Step = Callable[[], None]
+Step = Callable[[], object]
+# The notebook's variables, a full training step, and its forward pass alone.
+Workload = tuple[dict[str, Any], Step, Step]
 
 
 def transformer(
     device: str, vocab: int = 512, d: int = 256, seq: int = 128, batch: int = 8
-) -> tuple[dict[str, Any], Step]:
+) -> Workload:
     torch.manual_seed(0)
     gpt = Gpt(vocab=vocab, d=d).to(device)
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-4, foreach=True)  # as on CUDA by default
@@ -112,10 +116,10 @@ def transformer(
         F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1)).backward()
         opt.step()
 
-    return {"gpt": gpt, "opt": opt}, step
+    return {"gpt": gpt, "opt": opt}, step, lambda: gpt(idx)
 
 
-def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
+def loop8(device: str, width: int = 256) -> Workload:
     torch.manual_seed(0)
     layers = []
     for _ in range(8):
@@ -129,11 +133,11 @@ def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
         model(xb).square().mean().backward()
         opt.step()
 
-    return {"model": model, "opt": opt}, step
+    return {"model": model, "opt": opt}, step, lambda: model(xb)
 
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-WORKLOADS: dict[str, Callable[[str], tuple[dict[str, Any], Step]]] = {
+WORKLOADS: dict[str, Callable[[str], Workload]] = {
     "transformer": transformer,
     "loop8": loop8,
     # The CPU's own launch-bound loop: layers so small the step is all Python and dispatch.
@@ -235,9 +239,18 @@ class Interception:
 
 
 def bench(
-    name: str, device: str, rounds: int, steps: int, *, figures: bool, ablate: bool, clock: str
+    name: str,
+    device: str,
+    rounds: int,
+    steps: int,
+    *,
+    figures: bool,
+    ablate: bool,
+    clock: str,
+    forward: bool = False,
 ) -> dict[str, Any]:
-    ns, step = WORKLOADS[name](device)
+    ns, train_step, forward_pass = WORKLOADS[name](device)
+    step = forward_pass if forward else train_step
     cuda = device == "cuda"
     real = default_sink(torch) if cuda else c_level_sink()
     modes = ["off", "on"] + (list(ABLATIONS) if ablate else []) + (["figures"] if figures else [])
@@ -288,6 +301,7 @@ def bench(
         "rounds": rounds,
         "steps": steps,
         "clock": clock,
+        "forward_only": forward,
         "median_step_s": med,
         "ratio_to_off": ratios,
         "ratio_on_off": ratios["on"],
@@ -317,6 +331,11 @@ def main() -> None:
         help="wall (the default on CUDA) or cpu: this process's CPU time (the default on the "
         "CPU: steadier where other processes share the cores)",
     )
+    ap.add_argument(
+        "--forward",
+        action="store_true",
+        help="time forward passes alone (with grad, no backward): the hooks' forward share",
+    )
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON")
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -325,7 +344,7 @@ def main() -> None:
     clock = args.clock or ("wall" if device == "cuda" else "cpu")
     print(
         f"torch {torch.__version__} on {device}; {args.rounds} rounds x {args.steps} steps; "
-        f"{clock} time"
+        f"{clock} time" + ("; forward passes alone" if args.forward else "")
     )
     results = []
     for name in (args.workload or DEFAULT_WORKLOADS[device]).split(","):
@@ -337,6 +356,7 @@ def main() -> None:
             figures=args.figures,
             ablate=args.ablate,
             clock=clock,
+            forward=args.forward,
         )
         results.append(r)
         med = r["median_step_s"]
