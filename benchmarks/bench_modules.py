@@ -1,7 +1,8 @@
 """What the module tracer costs a training step: tracer off against on, in one process.
 
     python benchmarks/bench_modules.py [--device cuda|cpu] [--rounds 7] [--steps 300]
-                                       [--workload W1,W2] [--figures] [--ablate] [--json OUT]
+                                       [--workload W1,W2] [--figures] [--ablate] [--forward]
+                                       [--json OUT]
 
 Workloads, each a full step (zero_grad, forward, loss, backward, AdamW step):
   transformer       a small GPT (embedding, 4 pre-norm blocks of attention and MLP, d=256,
@@ -18,12 +19,17 @@ Rounds interleave the modes in a shuffled order (off, on, and the optional ones)
 `--steps` steps after a short warm-up (on CUDA, synchronized at both ends), so all modes come
 from the same moments of the same process. Prints each mode's median step time and its ratio to
 off (the median of the per-round ratios; the target for on: <= 1.03), and how many metadata
-calls a step makes (counted in a separate, untimed step).
+calls a step makes (counted in a separate, untimed step). `--forward`: each step is the
+workload's forward pass alone (with grad; the graph is dropped), to split the cost.
 
 On CUDA the tracer sets torch's real allocator metadata. On the CPU a C-level call that stores
 the string per thread stands in for it (torch's CPU builds have no such call). `--ablate` adds
-`leaves` (every module followed, `%gpumem modules on --leaves`) and `nosink` (the metadata call
-replaced by a C no-op: on minus nosink is that call's cost). The
+`leaves` (every module followed, `%gpumem modules on --leaves`), `nosink` (the metadata call
+replaced by a C no-op: on minus nosink is that call's cost), and two floors with no tracer:
+`passthrough` (`nn.Module.__call__` replaced by a bare pass-through, the tracer's way to reach
+modules) and `modhooks` (no-op per-module forward pre and post hooks, `always_call`, on just the
+modules the tracer follows: the other way, leaving torch's leaf layers on `_call_impl`'s fast
+path while the followed ones take its slow path). The
 figures mode reads the allocated bytes at every boundary and is expected to cost more: it is
 measured, not held to the target.
 """
@@ -90,12 +96,14 @@ class Gpt(nn.Module):
         return self.head(self.ln_f(x))
 
 
-Step = Callable[[], None]
+Step = Callable[[], object]
+# The notebook's variables, a full training step, and its forward pass alone.
+Workload = tuple[dict[str, Any], Step, Step]
 
 
 def transformer(
     device: str, vocab: int = 512, d: int = 256, seq: int = 128, batch: int = 8
-) -> tuple[dict[str, Any], Step]:
+) -> Workload:
     torch.manual_seed(0)
     gpt = Gpt(vocab=vocab, d=d).to(device)
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-4, foreach=True)  # as on CUDA by default
@@ -108,10 +116,10 @@ def transformer(
         F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1)).backward()
         opt.step()
 
-    return {"gpt": gpt, "opt": opt}, step
+    return {"gpt": gpt, "opt": opt}, step, lambda: gpt(idx)
 
 
-def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
+def loop8(device: str, width: int = 256) -> Workload:
     torch.manual_seed(0)
     layers = []
     for _ in range(8):
@@ -125,11 +133,11 @@ def loop8(device: str, width: int = 256) -> tuple[dict[str, Any], Step]:
         model(xb).square().mean().backward()
         opt.step()
 
-    return {"model": model, "opt": opt}, step
+    return {"model": model, "opt": opt}, step, lambda: model(xb)
 
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-WORKLOADS: dict[str, Callable[[str], tuple[dict[str, Any], Step]]] = {
+WORKLOADS: dict[str, Callable[[str], Workload]] = {
     "transformer": transformer,
     "loop8": loop8,
     # The CPU's own launch-bound loop: layers so small the step is all Python and dispatch.
@@ -175,18 +183,84 @@ ABLATIONS = {
     "leaves": "the tracer following every module, torch's own layers included (--leaves)",
     "nosink": "the tracer on with a sink that does nothing (the cost of the C metadata call is "
     "on minus nosink)",
+    "passthrough": "no tracer; nn.Module.__call__ replaced by a bare pass-through (the floor of "
+    "the tracer's interception: every module call through one Python frame)",
+    "modhooks": "no tracer; no-op per-module forward pre and post hooks (always_call) on the "
+    "modules the tracer follows (the floor of intercepting those alone through torch's hooks)",
 }
 
 
+def _noop_pre(module: nn.Module, args: Any) -> None:
+    return None
+
+
+def _noop_post(module: nn.Module, args: Any, output: Any) -> None:
+    return None
+
+
+class Interception:
+    """The `passthrough` and `modhooks` modes: only the cost of reaching the followed modules,
+    each way, with nothing done there."""
+
+    def __init__(self, mode: str, ns: dict[str, Any]) -> None:
+        self.mode = mode
+        names = ModuleNames(lambda: ns)
+        follows = ModuleTracer(names, sink=lambda tag: None).traced
+        self.followed = [
+            m
+            for v in ns.values()
+            if isinstance(v, nn.Module)
+            for m in v.modules()
+            if follows(m) == "always"
+        ]
+        self.handles: list[Any] = []
+        self.call: Any = None
+
+    def install(self) -> None:
+        if self.mode == "passthrough":
+            call = self.call = nn.Module.__call__
+
+            def __call__(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+                return call(module, *args, **kwargs)
+
+            nn.Module.__call__ = __call__  # type: ignore[method-assign]
+        else:
+            for m in self.followed:
+                self.handles.append(m.register_forward_pre_hook(_noop_pre))
+                self.handles.append(m.register_forward_hook(_noop_post, always_call=True))
+
+    def uninstall(self) -> None:
+        if self.call is not None:
+            nn.Module.__call__ = self.call  # type: ignore[method-assign]
+            self.call = None
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
 def bench(
-    name: str, device: str, rounds: int, steps: int, *, figures: bool, ablate: bool, clock: str
+    name: str,
+    device: str,
+    rounds: int,
+    steps: int,
+    *,
+    figures: bool,
+    ablate: bool,
+    clock: str,
+    forward: bool = False,
 ) -> dict[str, Any]:
-    ns, step = WORKLOADS[name](device)
+    ns, train_step, forward_pass = WORKLOADS[name](device)
+    step = forward_pass if forward else train_step
     cuda = device == "cuda"
     real = default_sink(torch) if cuda else c_level_sink()
     modes = ["off", "on"] + (list(ABLATIONS) if ablate else []) + (["figures"] if figures else [])
     sinks: dict[str, Callable[[str], None]] = {"nosink": id}  # a C call that does nothing
-    tracers = {m: ModuleTracer(ModuleNames(lambda: ns), sink=sinks.get(m, real)) for m in modes[1:]}
+    tracers: dict[str, ModuleTracer | Interception] = {
+        m: Interception(m, ns)
+        if m in ("passthrough", "modhooks")
+        else ModuleTracer(ModuleNames(lambda: ns), sink=sinks.get(m, real))
+        for m in modes[1:]
+    }
     times: dict[str, list[float]] = {m: [] for m in modes}
     rng = random.Random(0)
     for _ in range(rounds):
@@ -194,7 +268,9 @@ def bench(
         rng.shuffle(order)
         for mode in order:
             tracer = tracers.get(mode)
-            if tracer is not None:
+            if isinstance(tracer, Interception):
+                tracer.install()
+            elif tracer is not None:
                 tracer.install(1, measure=mode == "figures", leaves=mode == "leaves")
             try:
                 times[mode].append(timed(step, steps, cuda, CLOCKS[clock]))
@@ -225,6 +301,7 @@ def bench(
         "rounds": rounds,
         "steps": steps,
         "clock": clock,
+        "forward_only": forward,
         "median_step_s": med,
         "ratio_to_off": ratios,
         "ratio_on_off": ratios["on"],
@@ -254,6 +331,11 @@ def main() -> None:
         help="wall (the default on CUDA) or cpu: this process's CPU time (the default on the "
         "CPU: steadier where other processes share the cores)",
     )
+    ap.add_argument(
+        "--forward",
+        action="store_true",
+        help="time forward passes alone (with grad, no backward): the hooks' forward share",
+    )
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON")
     args = ap.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -262,7 +344,7 @@ def main() -> None:
     clock = args.clock or ("wall" if device == "cuda" else "cpu")
     print(
         f"torch {torch.__version__} on {device}; {args.rounds} rounds x {args.steps} steps; "
-        f"{clock} time"
+        f"{clock} time" + ("; forward passes alone" if args.forward else "")
     )
     results = []
     for name in (args.workload or DEFAULT_WORKLOADS[device]).split(","):
@@ -274,6 +356,7 @@ def main() -> None:
             figures=args.figures,
             ablate=args.ablate,
             clock=clock,
+            forward=args.forward,
         )
         results.append(r)
         med = r["median_step_s"]

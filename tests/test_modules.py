@@ -65,6 +65,19 @@ def global_hooks() -> dict[str, int]:
     }
 
 
+def module_hooks(model: nn.Module) -> int:
+    """How many per-module hooks `model` and its submodules hold (any of them makes that
+    module's calls take torch's slow path)."""
+    return sum(
+        len(m._forward_pre_hooks)
+        + len(m._forward_hooks)
+        + len(m._forward_hooks_always_called)
+        + len(m._backward_pre_hooks)
+        + len(m._backward_hooks)
+        for m in model.modules()
+    )
+
+
 class Block(nn.Module):
     """A transformer-like block: a residual add in its own code between its children."""
 
@@ -719,6 +732,9 @@ def test_no_hook_stays_installed_when_off(sink: Sink) -> None:
     }  # and no module hook: they would send every module call down torch's slow path
     lin = nn.Linear(2, 2)
     out = lin(torch.randn(1, 2))
+    block = Block()
+    block(torch.randn(2, 8)).sum().backward()  # followed modules get no hook of their own either
+    assert module_hooks(block) == module_hooks(lin) == 0
     t.uninstall()
     assert global_hooks() == before
     assert nn.Module.__call__ is ORIGINAL_MODULE_CALL

@@ -9,10 +9,14 @@ metadata from it:
   run (the innermost followed one wins; leaving restores its parent, also when its forward
   raises, so the state unwinds). Not torch's global module hooks: while any exists, every
   module call in the process takes `_call_impl`'s slow path, which cost more than the rest of
-  the tracer together. Followed by default: modules holding other modules and the user's own
-  layers; torch's leaf layers (Linear, GELU, ...) are counted in the module that calls them,
-  unless called in no module or `leaves` is set (`ModuleTracer.traced`): each followed module
-  costs a node hook registered per call and run in backward;
+  the tracer together. Nor per-module hooks on just the followed modules (torch's leaf layers
+  would keep the fast path): each hooked module takes the slow path itself, and on the
+  benchmark's transformer no-op hooks on its 14 followed modules cost more than a bare
+  replaced `__call__` on all 45 of its module calls (`bench_modules.py --ablate`, `modhooks`
+  against `passthrough`; docs/BENCHMARKS.md). Followed by default: modules holding other
+  modules and the user's own layers; torch's leaf layers (Linear, GELU, ...) are counted in the
+  module that calls them, unless called in no module or `leaves` is set (`ModuleTracer.traced`):
+  each followed module costs a node hook registered per call and run in backward;
 - a pre-hook on the node that made each module's output (`grad_fn`): backward enters that
   module there, on the thread that runs the node. A node several nested modules share (a
   `Sequential`'s output is its last child's) is claimed by the innermost, whose hook comes
