@@ -54,7 +54,7 @@ def step():
 CELLS = [
     "%load_ext gpumem_widget",
     MODEL,
-    "%gpumem modules on --figures",
+    "%gpumem modules on --figures --leaves",  # the Linear layers their own rows
     f"for _ in range({STEPS}):\n    step()",
     "import json as _json, gpumem_widget as _g\n"
     "print(_json.dumps({r.execution_count: {'started': r.started, 'duration': r.duration,"

@@ -48,6 +48,7 @@ from gpumem_widget.wire import payloads
 OTHER_MODULES: Final = "other modules"
 OTHER_METADATA: Final = "other metadata"
 TOP_METADATA = 8  # other tools' metadata strings shown one by one
+TAGGED_KINDS: Final = (MODULE, PHASE, CELL, METADATA)  # an allocation with any tag at all
 NOT_TRACED: Final = (
     "No allocation carries a module: recorded without the module tracer (`%gpumem modules on`, "
     "or `%gpumem record on`, which turns it on)"
@@ -226,6 +227,22 @@ def module_memory(
     level = choose_level(tags, top)
     ax = axis_x(snap, rep, axis, collapse_idle)
     grid = screen_grid(rep, ax.x, width, t0, t1)
+    if not np.isin(tags.kind, TAGGED_KINDS).any():
+        # No allocation carries any tag: there is nothing to stack by (the tab disables By
+        # module and says why), so no series is computed (a first open's whole view waits for
+        # this view).
+        return ModuleMemory(
+            facts=device_facts(snap, rep, ax),
+            t0=grid.t0,
+            t1=grid.t1,
+            range_events=(grid.lo, grid.hi),
+            columns=base_columns(snap, rep, ax, grid, full_columns),
+            groups=(),
+            level=level,
+            traced=False,
+            reason=NOT_TRACED,
+            reading=None,
+        )
     # Ranking first, only where some are summed: each module's (at the level) and each metadata
     # string's exact peak.
     is_module = tags.kind == MODULE
