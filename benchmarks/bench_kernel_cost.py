@@ -5,9 +5,12 @@ One kernel per configuration, all alive at once; the configurations take turns, 
 cells each, in a shuffled order every round, so each one's median comes from the same moments
 of a machine that others share:
   none            no extension (the baseline)
-  gpumem_widget   `%load_ext gpumem_widget`
-  paused          `%load_ext gpumem_widget` then `%gpumem pause` (the sampler stopped: what is
-                  left is the cell hooks, the comm message and whatever the kernel adds)
+  gpumem_widget   `%load_ext gpumem_widget`, the widget shown by a front end (the client sends
+                  the `shown` message a browser's view sends, as JupyterLab or VS Code would)
+  paused          the same, then `%gpumem pause` (the sampler stopped: what is left is the
+                  cell hooks, the comm messages and whatever the kernel adds)
+  headless        `%load_ext gpumem_widget` with no front end showing the widget (nbclient,
+                  nbconvert): each cell sends its row in a message of its own
   no_history      `%load_ext gpumem_widget` with GPUMEM_WIDGET_HISTORY=off (no on-disk
                   history: its writer thread's share); not run unless asked for (--configs)
 
@@ -59,11 +62,12 @@ import psutil
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-CONFIGS = ("none", "gpumem_widget", "paused", "no_history")
+CONFIGS = ("none", "gpumem_widget", "paused", "headless", "no_history")
 SETUP = {
     "none": [],
     "gpumem_widget": ["%load_ext gpumem_widget"],
     "paused": ["%load_ext gpumem_widget", "%gpumem pause"],
+    "headless": ["%load_ext gpumem_widget"],
     "no_history": ["%load_ext gpumem_widget"],  # GPUMEM_WIDGET_HISTORY=off (see main)
     "compare": ["%load_ext gpumem_widget", "import gpumem_widget; print(gpumem_widget.__file__)"],
 }
@@ -77,6 +81,7 @@ except ImportError:
     print('no torch')
 """
 TRIVIAL = "x = 1"
+SHOWN = {"type": "shown"}  # `wire/messages.py`: a front end's view was rendered
 MAIN_CPU = "import time as _t; print(repr(_t.thread_time()))"
 EARLY = (100, 600)  # the early block the session's growth is measured against
 TIMEOUT_S = 60.0
@@ -100,6 +105,13 @@ class Kernel:
         self.main_cpu_s = 0.0  # the kernel's main thread's (the cells' and the hooks')
         self.main_cpu_blocks: list[float] = []  # per round: its ms a cell
         self.process = psutil.Process(self.km.provisioner.process.pid)  # type: ignore[union-attr]
+        self.widget_comms: list[str] = []  # the anywidget models the kernel opened
+
+    def show_widget(self) -> None:
+        """Send what a front end's view of the widget sends the kernel when it renders."""
+        for comm_id in self.widget_comms:
+            content = {"comm_id": comm_id, "data": {"method": "custom", "content": SHOWN}}
+            self.kc.shell_channel.send(self.kc.session.msg("comm_msg", content))
 
     def run(self, code: str) -> tuple[float, float, list[str]]:
         """Run one cell: (kernel ms, client ms, its stream text); raise if it failed."""
@@ -119,6 +131,10 @@ class Kernel:
                 out.append(msg["content"]["text"])
             elif kind == "error":
                 out.append("\n".join(msg["content"]["traceback"]))
+            elif kind == "comm_open":
+                state = msg["content"].get("data", {}).get("state", {})
+                if state.get("_model_name") == "AnyModel":
+                    self.widget_comms.append(msg["content"]["comm_id"])
         if reply["content"]["status"] != "ok":
             raise RuntimeError(f"{self.config}: {code!r} failed:\n{''.join(out)}")
         if started is None:
@@ -211,7 +227,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument(
         "--configs",
-        default="none,gpumem_widget,paused",
+        default="none,gpumem_widget,paused,headless",
         help="comma-separated, of: " + ", ".join(CONFIGS),
     )
     ap.add_argument(
@@ -262,6 +278,8 @@ def main() -> None:
             text = []
             for code in [TORCH, *SETUP[c]]:
                 text += k.run(code)[2]
+            if c != "headless":
+                k.show_widget()
             setup_text[c] = "".join(text).strip()
             for _ in range(args.warmup):
                 k.run(TRIVIAL)

@@ -184,8 +184,9 @@ def in_kernel(cells: int, lines: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def parts(cells: int) -> None:
-    """Each part's wall and main-thread CPU per cell, in a real kernel, no profiler."""
+def parts(cells: int, headless: bool = False) -> None:
+    """Each part's wall and main-thread CPU per cell, in a real kernel, no profiler; the widget
+    shown by a front end unless `headless` (see `bench_kernel_cost.py`'s configurations)."""
     from bench_kernel_cost import TORCH, Kernel, kernel_specs
 
     folder = tempfile.mkdtemp(prefix="profile-parts-")
@@ -199,6 +200,8 @@ def parts(cells: int) -> None:
     try:
         setup = "".join(kernel.run(TORCH)[2]).strip()
         kernel.run("%load_ext gpumem_widget")
+        if not headless:
+            kernel.show_widget()
         for _ in range(100):
             kernel.run("x = 1")
         kernel.run(_TIME_PARTS)
@@ -232,11 +235,14 @@ if __name__ == "__main__":
     ap.add_argument("--parts", action="store_true", help="time each part in a real kernel")
     ap.add_argument("--cells", type=int, default=2000, help="with --kernel or --parts")
     ap.add_argument("--lines", type=int, default=40, help="with --kernel: rows of the profile")
+    ap.add_argument(
+        "--headless", action="store_true", help="with --parts: no front end shows the widget"
+    )
     args = ap.parse_args()
     if args.kernel or args.parts:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         if args.parts:
-            parts(args.cells)
+            parts(args.cells, args.headless)
         else:
             in_kernel(args.cells, args.lines)
     else:

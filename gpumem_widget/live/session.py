@@ -6,6 +6,7 @@ in the widget's status, and never reaches the user's cell.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import logging
@@ -392,9 +393,20 @@ class Session:
         if self.workers is not None and (usage := self.workers.cell_finished()):
             record = dataclasses.replace(record, workers=usage)
         self.ledger.append(record)
-        with self.sampler.layout_lock:
-            self.publisher.ledger_now()  # this cell's row goes out as part of the cell
+        if self._cell_sends_its_row():
+            with self.sampler.layout_lock:
+                self.publisher.ledger_now()  # this cell's row goes out as part of the cell
         self.history.cell_finished(record)
+
+    def _cell_sends_its_row(self) -> bool:
+        """Whether a finished cell sends its row in a message of its own, inside its execution.
+        Only a client that keeps just the updates a cell caused needs that (nbclient, nbconvert:
+        no front end renders the widget there); a front end that shows it keeps the state
+        itself, so the row rides with the thread's next publish (`end_cell` wakes it within
+        `1 / MAX_PUBLISH_HZ` s), and back-to-back cells share one message: a message is most of
+        what a trivial cell costs in a real kernel (docs/BENCHMARKS.md). With the thread stopped
+        the cell sends it, shown or not."""
+        return not self.widget.shown or self.sampler.state == "stopped"
 
     def _upcoming_count(self, info: Any) -> int:
         """The running cell's number, as far as pre_run_cell can tell (post_run_cell confirms)."""
@@ -412,11 +424,23 @@ class Session:
     # Lifecycle and controls ---------------------------------------------------------------
     def start(self) -> None:
         self.sampler.start()
+        atexit.register(self.flush)  # a kernel shut down right after a cell
+
+    def flush(self) -> None:
+        """Publish now what the thread has not sent yet: the rows of cells that ended within its
+        last publish period, which a shown widget leaves to it (`_cell_sends_its_row`)."""
+        try:
+            with self.sampler.layout_lock:
+                self.publisher()
+        except Exception as e:  # a closed comm, a kernel half shut down: nobody to tell
+            log.info("gpumem_widget: the last publish failed: %s: %s", type(e).__name__, e)
 
     def stop(self) -> None:
+        atexit.unregister(self.flush)
         if self.oom is not None:
             self.oom.active = False  # PyTorch cannot detach an observer: silence it
         self.sampler.stop()
+        self.flush()
         modules.reset()  # unloading leaves no hook of the module tracer behind
         self.history.close()
         if self.workers is not None:

@@ -113,6 +113,13 @@ class CellsPageRequest(TypedDict, total=False):
     execution_count: int
 
 
+class ShownNotice(TypedDict):
+    """A front end shows the widget (sent by each view it renders): it keeps the widget's state
+    itself, so the thread's updates reach it and a cell need send no message of its own."""
+
+    type: Literal["shown"]
+
+
 class SnapshotRef(TypedDict):
     """A snapshot a worker reported: the worker's key (host:pid) and its index in that worker's
     list (the browser never names a path)."""
@@ -143,11 +150,19 @@ BrowserMessage = (
     | ViewRequest
     | SearchRequest
     | CellsPageRequest
+    | ShownNotice
     | WorkerSnapshotRequest
     | WorkerCompareRequest
 )
 BrowserMessageType = Literal[
-    "load", "alive_at", "view", "search", "cells_page", "worker_snapshot", "worker_compare"
+    "load",
+    "alive_at",
+    "view",
+    "search",
+    "cells_page",
+    "shown",
+    "worker_snapshot",
+    "worker_compare",
 ]
 
 
@@ -246,6 +261,10 @@ def _parse_cells_page(m: Json) -> CellsPageRequest:
     return out
 
 
+def _parse_shown(m: Json) -> ShownNotice:
+    return {"type": "shown"}
+
+
 def _ref(m: Json, what: str) -> SnapshotRef:
     return {
         "key": field(m, "key", what, _KEY, "a worker's key (host:pid)"),
@@ -332,6 +351,17 @@ MESSAGES: Final = (
         "one that ends with cell `execution_count`; answered by the `cells_page` message below "
         "once no cell runs.",
         _parse_cells_page,
+    ),
+    Message(
+        "shown",
+        "browser → kernel",
+        ShownNotice,
+        "`wire/widget.py` `GpuMemWidget` (read by `live/session.py`)",
+        "A front end renders the widget and keeps its state: from then on a cell's row goes out "
+        "with the thread's next publish (within `1 / MAX_PUBLISH_HZ` s) instead of in a message "
+        "of the cell's own, which only a headless client (nbclient, which keeps just the updates "
+        "a cell caused) needs.",
+        _parse_shown,
     ),
     Message(
         "worker_snapshot",

@@ -111,7 +111,10 @@ class GpuMemWidget(anywidget.AnyWidget):
             **kwargs,
         )
         self.front_end_closed = False
+        # A front end renders it and keeps its state (its views say so: the `shown` message).
+        self.shown = False
         self.messages = MessageDispatcher()
+        self.messages.on(self._on_shown, "shown")
         self.on_msg(self.messages.receive)
         if self.comm is not None:  # the front end can close it (a closed output, a restart)
             self.comm.on_close(self._on_front_end_close)
@@ -145,6 +148,9 @@ class GpuMemWidget(anywidget.AnyWidget):
             else:
                 state[name] = value
         self._send({"method": "update", "state": state, "buffer_paths": paths}, buffers=buffers)
+
+    def _on_shown(self, widget: Any, msg: Any) -> None:
+        self.shown = True
 
     def _on_front_end_close(self, msg: Any) -> None:
         self.front_end_closed = True

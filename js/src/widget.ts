@@ -106,13 +106,21 @@ class WidgetView implements TabHost {
     const onComm = (event: string): void => {
       const connected = event === "comm_live_update" && this.session !== "live" && !host.classList.contains(DISCONNECTED);
       this.setSession(connected ? "live" : this.session === "saved" ? "saved" : "gone");
+      if (connected) this.announceShown();
     };
     for (const event of ["comm:close", "comm_live_update"]) {
       const listener = (): void => onComm(event);
       model.on(event, listener);
       this.listeners.push([event, listener]);
     }
+    if (this.session === "live") this.announceShown();
     this.requestFrame();
+  }
+
+  /** Tell the kernel a front end shows this widget and keeps its state: a cell's row then rides
+   * with the kernel's next publish instead of a message of the cell's own. */
+  private announceShown(): void {
+    sendToKernel(this.model, { type: "shown" });
   }
 
   destroy(): void {

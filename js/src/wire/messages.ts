@@ -22,6 +22,7 @@ export type BrowserMessage =
   | { type: "search"; device: number; query: string; axis: Axis; t0: number | null; t1: number | null }
   | { type: "cells_page"; before: number; limit: number } // older ledger records
   | { type: "cells_page"; execution_count: number; limit: number } // the page ending with this cell
+  | { type: "shown" } // a view is rendered: this front end keeps the state, no per-cell message needed
   | { type: "worker_snapshot"; key: string; index: number } // a rank's reported snapshot
   | { type: "worker_compare"; a: SnapshotRef; b: SnapshotRef }; // two of them side by side
 
