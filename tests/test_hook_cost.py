@@ -38,11 +38,14 @@ from gpumem_widget.live.publisher import TAIL_WITH_CELL_S
 from gpumem_widget.live.session import Session
 from gpumem_widget.live.timeline import TAIL_ROWS
 from gpumem_widget.wire import record_json
+from gpumem_widget.wire.protocol import MAX_PUBLISH_HZ
 
 CELLS = 5 * WIRE_BLOCK + 3  # crosses several blocks: the base moves in the hook too
 # Python calls in the two hooks for a plain trivial cell, at most: 224, 242 with the note that
 # compares it with the previous run's same source (this module's earlier tests ran "x = 1").
 PLAIN_CELL_CALLS = 245
+# The same when a front end shows the widget: the cell sends no message (the thread does).
+PLAIN_SHOWN_CELL_CALLS = 172
 
 
 def mode(values: list[int]) -> int:
@@ -111,6 +114,61 @@ def test_a_trivial_cell_sends_one_message_and_encodes_only_its_own_record(
     counts = [t[-1]["execution_count"] for t in tails if t]
     assert counts == sorted(counts)  # each message carries its own cell's row, in order
     assert len(counts) >= CELLS - CELLS // WIRE_BLOCK - 1  # a row ending a block goes in `cells`
+
+
+def test_a_shown_widget_gets_every_row_from_the_thread(
+    ip: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a front end shows the widget (its view sends `shown`), a cell sends no message of its
+    own: the thread's publishes carry the rows, back-to-back cells' together (at most
+    `MAX_PUBLISH_HZ` a second), every one and in order, and a lone cell's within a publish
+    period. With the thread stopped a cell sends its row itself again."""
+    s = session()
+    run_trivial_cells(ip, 20)
+    s.widget.messages.receive(s.widget, {"type": "shown"}, [])
+    assert s.widget.shown
+    sent: list[Any] = []
+    monkeypatch.setattr(s.widget, "_send", counting(sent, s.widget._send))
+    started = time.monotonic()
+    run_trivial_cells(ip, CELLS)
+    took = time.monotonic() - started
+    assert [a for thread, a in sent if thread is threading.main_thread()] == []
+    wait_for_rows(s)
+    published = [args[0]["state"] for thread, args in sent]
+    assert len(published) <= 2 + (time.monotonic() - started) * MAX_PUBLISH_HZ, (len(sent), took)
+    tails = [json.loads(p["cells_tail"]) for p in published if "cells_tail" in p]
+    ends = [tail[-1]["execution_count"] for tail in tails if tail]
+    assert ends == sorted(ends)  # each publish's window ends at the newest row, in order
+    extent = s.widget.ledger_extent
+    window = [c["execution_count"] for c in [*s.widget.cells, *s.widget.cells_tail]]
+    assert window == [r.execution_count for r in s.ledger.records()[extent["first"] :]]
+    # Without the message the hooks do less: their Python calls for a plain cell.
+    monkeypatch.undo()  # measure_block wraps `_send` itself
+    sizes, calls = measure_block(ip, s)
+    assert sizes == []
+    assert mode(calls) <= PLAIN_SHOWN_CELL_CALLS, mode(calls)
+    # A lone cell: its row is out within a publish period (and the load's delay).
+    time.sleep(2 / MAX_PUBLISH_HZ)
+    run_trivial_cells(ip, 1)
+    ended = time.monotonic()
+    wait_for_rows(s)
+    assert time.monotonic() - ended < 1 / MAX_PUBLISH_HZ + 0.5
+    # No thread: the cell sends its own row.
+    s.sampler.stop()
+    sent.clear()
+    monkeypatch.setattr(s.widget, "_send", counting(sent, s.widget._send))
+    run_trivial_cells(ip, 1)
+    (own,) = [a[0] for thread, a in sent if thread is threading.main_thread()]
+    row = json.loads(own["state"]["cells_tail"])[-1]
+    assert row["execution_count"] == s.ledger.records()[-1].execution_count
+
+
+def wait_for_rows(s: Session, timeout: float = 5.0) -> None:
+    """Until the widget's ledger extent counts every record."""
+    deadline = time.monotonic() + timeout
+    while s.widget.ledger_extent.get("total") != len(s.ledger):
+        assert time.monotonic() < deadline, (s.widget.ledger_extent, len(s.ledger))
+        time.sleep(0.005)
 
 
 def test_back_to_back_cells_wake_no_thread(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
