@@ -354,7 +354,7 @@ def main() -> None:
         f"{'client ms':>11}{'added':>9}{'growth':>8}{'vs none':>9}{'cpu gr':>8}"
     )
     for c, r in results.items():
-        g = f"{r['growth']:>8.3f}" if r["growth"] is not None else f"{'':>8}"
+        gr = f"{r['growth']:>8.3f}" if r["growth"] is not None else f"{'':>8}"
         gn = f"{r['growth_vs_none']:>9.3f}" if r["growth_vs_none"] is not None else f"{'':>9}"
         gc = f"{r['cpu_growth']:>8.3f}" if r["cpu_growth"] is not None else f"{'':>8}"
         print(
@@ -362,7 +362,7 @@ def main() -> None:
             f"{r['paired_added_ms']:>+8.3f}{r['ratio']:>7.3f}{r['cpu_added_ms']:>+8.3f}"
             f"{r['main_cpu_added_ms']:>+8.3f}"
             f"{r['client_ms']:>11.3f}"
-            f"{r['client_added_ms']:>+9.3f}{g}{gn}{gc}"
+            f"{r['client_added_ms']:>+9.3f}{gr}{gn}{gc}"
         )
     summary = ", ".join(
         f"{c} {r['kernel_ms']:.3f} ms"

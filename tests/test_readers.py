@@ -175,7 +175,7 @@ def test_the_process_list_read_in_one_call_equals_pynvmls(monkeypatch: pytest.Mo
     fake.c_nvmlProcessInfo_v3_t = pynvml.c_nvmlProcessInfo_v3_t
     fake.NVML_VALUE_NOT_AVAILABLE_ulonglong = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong
     fake.NVMLError = pynvml.NVMLError
-    fake._nvmlGetFunctionPointer = lambda name: running
+    fake.nvmlLib = types.SimpleNamespace(nvmlDeviceGetComputeRunningProcesses_v3=running)
     read = nvml_reader._fast_process_list(fake)
     assert read is not None
     want = [(pid, None if used == na else used) for pid, used in listed]
@@ -187,3 +187,39 @@ def test_the_process_list_read_in_one_call_equals_pynvmls(monkeypatch: pytest.Mo
         types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in want
     ]
     assert nvml_reader._wrapped_process_list(fake)(0) == want
+
+
+def test_the_one_call_memory_read_fills_a_kept_v2_struct() -> None:
+    """`device_memory`'s read without pynvml's wrapper: the v2 struct, its version set each
+    call, one struct kept between reads; NVML's error raised as pynvml's `NVMLError`."""
+    import ctypes
+
+    import pynvml
+
+    from gpumem_widget.live.readers import nvml as nvml_reader
+
+    structs: list[int] = []
+    answer = [int(pynvml.NVML_SUCCESS)]
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(pynvml.c_nvmlMemory_v2_t))
+    def memory_info(handle: Any, memory: Any) -> int:
+        assert memory[0].version == pynvml.nvmlMemory_v2
+        structs.append(ctypes.addressof(memory[0]))
+        memory[0].used, memory[0].total = FIXTURE["nvml"]["used_v2"], TOTAL
+        return answer[0]
+
+    fake = types.SimpleNamespace(
+        nvmlLib=types.SimpleNamespace(nvmlDeviceGetMemoryInfo_v2=memory_info),
+        c_nvmlMemory_v2_t=pynvml.c_nvmlMemory_v2_t,
+        nvmlMemory_v2=pynvml.nvmlMemory_v2,
+        NVML_SUCCESS=pynvml.NVML_SUCCESS,
+        NVMLError=pynvml.NVMLError,
+    )
+    read = nvml_reader._fast_memory(fake)
+    assert read is not None
+    assert read(0) == read(0) == (FIXTURE["nvml"]["used_v2"], TOTAL)
+    assert len(set(structs)) == 1
+    answer[0] = int(pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(pynvml.NVMLError):
+        read(0)
+    assert nvml_reader._fast_memory(types.SimpleNamespace(nvmlLib=None)) is None

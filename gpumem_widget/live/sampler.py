@@ -39,11 +39,15 @@ def _nan_row(width: int) -> npt.NDArray[np.float64]:
 
 
 def read_row(
-    readers: Readers, stats: Sequence[AllocatorStats | None] | None = None, nvml: bool = True
+    readers: Readers,
+    stats: Sequence[AllocatorStats | None] | None = None,
+    nvml: bool = True,
+    hold_gil: bool = False,
 ) -> npt.NDArray[np.float64]:
     """One sample in `protocol.timeline_columns` order; NaN where a source has nothing.
     `stats`, when the caller has just read them, saves reading the allocator twice;
-    `nvml=False` skips NVML's process list, the costliest read (about 40 us)."""
+    `nvml=False` skips NVML's process list, the costliest read (about 40 us); `hold_gil`: NVML
+    read from a cell hook (`nvml._library`)."""
     n = readers.num_devices
     row = _nan_row(2 + n * len(protocol.DEVICE_FIELDS))
     row[0] = time.time()
@@ -53,12 +57,12 @@ def read_row(
         if s is not None:  # None: the caller could not read it (NaN here, a reason there)
             row[k : k + 3] = (s.allocated, s.reserved, s.active)
         if nvml and readers.nvml.has(d):
-            mine, others = readers.nvml.process_usage(d)
+            mine, others = readers.nvml.process_usage(d, hold_gil)
             row[k + 3 : k + 5] = (
                 np.nan if mine is None else mine,
                 np.nan if others is None else others,
             )
-            mem = readers.nvml.device_memory(d)
+            mem = readers.nvml.device_memory(d, hold_gil)
             if mem is not None:
                 row[k + 5] = mem[0]
         k += len(protocol.DEVICE_FIELDS)

@@ -143,7 +143,7 @@ class CellTracker:
         except Exception as e:
             missing["cell tag"] = _why("_set_memory_metadata", e)
         after = [self._stats(d, missing) for d in range(self.readers.num_devices)]
-        row = self.sampler.record(read_row(self.readers, after))
+        row = self.sampler.record(read_row(self.readers, after, hold_gil=True))
         sampled = self.sampler.end_cell()
         # A device that appeared during the cell (the cell imported torch): its allocator held
         # nothing at the cell's start, and its peak counters count from then.

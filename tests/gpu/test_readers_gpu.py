@@ -1,4 +1,5 @@
-"""The NVML reader on a real device: its one-call process list reads what pynvml's wrapper reads."""
+"""The NVML reader on a real device: its one-call reads (the process list, the device's memory),
+GIL released or held, read what pynvml's wrappers read."""
 
 from __future__ import annotations
 
@@ -21,9 +22,19 @@ def test_the_one_call_process_list_equals_pynvmls_wrapper() -> None:
     try:
         fast = nvml_reader._fast_process_list(pynvml)
         assert fast is not None, "this pynvml lacks the one-call read: the wrapper is used"
+        held = nvml_reader._fast_process_list(pynvml, hold_gil=True)
+        assert held is not None
+        memory = nvml_reader._fast_memory(pynvml)
+        memory_held = nvml_reader._fast_memory(pynvml, hold_gil=True)
+        assert memory is not None
+        assert memory_held is not None
         for handle in reader._handles.values():
             want = nvml_reader._wrapped_process_list(pynvml)(handle)
-            assert sorted(fast(handle)) == sorted(want)
+            assert sorted(fast(handle)) == sorted(held(handle)) == sorted(want)
+            m = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            assert memory(handle) == memory_held(handle) == (int(m.used), int(m.total))
+        assert reader.process_usage(0, hold_gil=True) == reader.process_usage(0)
+        assert reader.device_memory(0, hold_gil=True) == reader.device_memory(0)
         mine, _ = reader.process_usage(0)
         assert mine is not None
         assert mine >= held.numel()

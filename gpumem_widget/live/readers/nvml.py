@@ -53,16 +53,28 @@ class NvmlReader:
             self.reason = "no NVML device matched CUDA device(s) " + ", ".join(map(str, unmatched))
         self._v2 = getattr(pynvml, "nvmlMemory_v2", None)
         self._list_processes = _fast_process_list(pynvml) or _wrapped_process_list(pynvml)
+        self._memory = _fast_memory(pynvml)
+        # The same calls for the cell hooks, holding the GIL through the driver's answer (see
+        # `_library`); the sampler thread's let it go, so a slow driver never stalls a cell.
+        self._list_processes_held = _fast_process_list(pynvml, True) or self._list_processes
+        self._memory_held = _fast_memory(pynvml, True)
 
     def has(self, device: int) -> bool:
         return device in self._handles
 
-    def device_memory(self, device: int) -> tuple[int, int] | None:
+    def device_memory(self, device: int, hold_gil: bool = False) -> tuple[int, int] | None:
         """(used, total) for the whole device. The v2 struct's `used` excludes driver-reserved
-        memory, where v1 included it; v2 is used where the driver has it."""
+        memory, where v1 included it; v2 is used where the driver has it. `hold_gil`: read from
+        a cell hook (see `_library`)."""
         h = self._handles.get(device)
         if h is None:
             return None
+        fast = self._memory_held if hold_gil else self._memory
+        if fast is not None and self._v2 is not None:
+            try:
+                return fast(h)
+            except Exception:
+                self._memory = self._memory_held = None  # pynvml's wrapper says what is wrong
         if self._v2 is not None:
             try:
                 m = self._nvml.nvmlDeviceGetMemoryInfo(h, version=self._v2)
@@ -72,24 +84,24 @@ class NvmlReader:
         m = self._nvml.nvmlDeviceGetMemoryInfo(h)
         return int(m.used), int(m.total)
 
-    def processes(self, device: int) -> list[ProcessUse] | None:
+    def processes(self, device: int, hold_gil: bool = False) -> list[ProcessUse] | None:
         """Every compute process NVML lists on `device` (None if the list can't be read)."""
         h = self._handles.get(device)
         if h is None:
             self.process_reason[device] = self.reason or "NVML unavailable"
             return None
         try:
-            procs = self._list_processes(h)
+            procs = (self._list_processes_held if hold_gil else self._list_processes)(h)
         except Exception as e:
             self.process_reason[device] = f"NVML process list failed: {_describe(e)}"
             return None
         return [ProcessUse(pid, used, pid == self.pid) for pid, used in procs]
 
-    def process_usage(self, device: int) -> tuple[int | None, int | None]:
+    def process_usage(self, device: int, hold_gil: bool = False) -> tuple[int | None, int | None]:
         """(this process's use, all other processes' use) on `device`, from one NVML call.
         This process's is None with a reason in `process_reason[device]`: containers hide host
         PIDs, and MIG and some drivers report N/A."""
-        procs = self.processes(device)
+        procs = self.processes(device, hold_gil)
         if procs is None:
             return None, None
         mine = [p for p in procs if p.is_self]
@@ -130,13 +142,50 @@ def _wrapped_process_list(nvml: Any) -> ProcessList:
     return read
 
 
-def _fast_process_list(nvml: Any) -> ProcessList | None:
+def _library(nvml: Any, hold_gil: bool) -> Any:
+    """NVML's library as pynvml loaded it (`ctypes.CDLL`: a call lets the GIL go), or, to
+    `hold_gil`, the same loaded library through `ctypes.PyDLL`. A cell hook holds it: a thread
+    that took the GIL during the driver's answer (IOPub, the sampler) would keep the hook
+    waiting for it back, as a GIL-releasing read of a kept-open file did (`host.py`)."""
+    lib = nvml.nvmlLib
+    if lib is None:
+        raise RuntimeError("NVML is not loaded")
+    return ctypes.PyDLL(lib._name, handle=lib._handle) if hold_gil else lib
+
+
+# A device's memory as (used, total) bytes.
+MemoryRead = Callable[[Any], tuple[int, int]]
+
+
+def _fast_memory(nvml: Any, hold_gil: bool = False) -> MemoryRead | None:
+    """`nvmlDeviceGetMemoryInfo` (the v2 struct) in one C call into a struct kept between reads,
+    without pynvml's wrapper (a struct made and a check function called each read). None where
+    this pynvml lacks what it needs."""
+    try:
+        fn = _library(nvml, hold_gil).nvmlDeviceGetMemoryInfo_v2
+        memory = nvml.c_nvmlMemory_v2_t()
+        version = int(nvml.nvmlMemory_v2)
+        success, error = int(nvml.NVML_SUCCESS), nvml.NVMLError
+    except Exception:
+        return None
+
+    def read(handle: Any) -> tuple[int, int]:
+        memory.version = version
+        ret = fn(handle, ctypes.byref(memory))
+        if ret != success:
+            raise error(ret)
+        return int(memory.used), int(memory.total)
+
+    return read
+
+
+def _fast_process_list(nvml: Any, hold_gil: bool = False) -> ProcessList | None:
     """The same list from one C call into a buffer kept between reads. The post-run hook reads
     it every cell, and pynvml's wrapper (a first call for the size, then a Python object built
     field by field for each process) made that read about half a millisecond of a trivial
     cell's cost in a real kernel on an H200. None where this pynvml lacks what it needs."""
     try:
-        fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+        fn = _library(nvml, hold_gil).nvmlDeviceGetComputeRunningProcesses_v3
         info = nvml.c_nvmlProcessInfo_v3_t
         success, too_small = int(nvml.NVML_SUCCESS), int(nvml.NVML_ERROR_INSUFFICIENT_SIZE)
         not_available = int(nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value)
