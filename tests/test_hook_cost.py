@@ -163,6 +163,22 @@ def test_a_shown_widget_gets_every_row_from_the_thread(
     assert row["execution_count"] == s.ledger.records()[-1].execution_count
 
 
+def test_a_shown_widget_gets_the_rows_the_thread_has_not_sent_at_stop(ip: Any) -> None:
+    """What the thread has not published yet (cells that ended within its last period) goes
+    out when the session stops (`%unload_ext`; at the interpreter's exit, through `atexit`)."""
+    s = session()
+    run_trivial_cells(ip, 5)
+    s.widget.messages.receive(s.widget, {"type": "shown"}, [])
+    s.sampler._publish = None  # the thread publishes nothing from now on
+    time.sleep(2 / MAX_PUBLISH_HZ)  # nor is it still publishing
+    run_trivial_cells(ip, 7)
+    assert s.widget.ledger_extent["total"] == len(s.ledger) - 7
+    s.stop()
+    assert s.widget.ledger_extent["total"] == len(s.ledger)
+    window = [c["execution_count"] for c in [*s.widget.cells, *s.widget.cells_tail]]
+    assert window[-7:] == [r.execution_count for r in s.ledger.records()[-7:]]
+
+
 def wait_for_rows(s: Session, timeout: float = 5.0) -> None:
     """Until the widget's ledger extent counts every record."""
     deadline = time.monotonic() + timeout
