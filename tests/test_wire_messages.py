@@ -35,6 +35,7 @@ SENT: list[dict[str, Any]] = [
     {"type": "search", "device": 0, "query": "backward", "axis": "event", "t0": 0, "t1": 50},
     {"type": "cells_page", "before": 400, "limit": 200},
     {"type": "cells_page", "execution_count": 7, "limit": 20},
+    {"type": "shown"},
     {"type": "worker_snapshot", "key": "node-a:4242", "index": 0},
     {"type": "worker_compare", "a": {"key": "h:1", "index": 0}, "b": {"key": "h:2", "index": 3}},
 ]
@@ -156,3 +157,6 @@ def test_the_kernel_refuses_bad_messages_counts_them_and_keeps_answering(
     w._handle_custom_msg({"type": "alive_at", "device": 0, "event": 5, "id": 9}, [])
     assert (w.drilldown_alive["event"], w.drilldown_alive["id"]) == (5, 9)  # type: ignore[typeddict-item]
     assert w.messages.refused == len(BAD)
+    assert not w.shown  # until a front end's view says so
+    w._handle_custom_msg({"type": "shown"}, [])
+    assert w.shown
