@@ -137,3 +137,23 @@ def test_cell_maxima_cover_the_samples_taken_during_the_cell() -> None:
     assert maxima is not None
     col = protocol.timeline_columns(1).index("cuda:0/allocated")
     assert maxima[col] >= 3 * 2**30
+
+
+def test_a_paused_sampler_wakes_to_publish_without_spinning() -> None:
+    """`%gpumem pause` stops the sampling, not the publishing (a shown widget's rows go out
+    with it): the thread wakes about once an interval, not every millisecond."""
+    sampler, _, _ = make()
+    published: list[float] = []
+    sampler._publish = lambda: published.append(time.monotonic())
+    plans = []
+    plan = sampler._plan
+    sampler._plan = lambda *a: (plans.append(1), plan(*a))[1]  # type: ignore[method-assign]
+    sampler.idle_interval = 0.1
+    sampler.pause()
+    sampler.start()
+    try:
+        time.sleep(1.0)
+    finally:
+        sampler.stop()
+    assert len(plans) <= 20, len(plans)  # about 10; it spun at hundreds
+    assert len(published) >= 3

@@ -252,7 +252,9 @@ class Sampler:
         with self._rate_lock:
             now = time.monotonic()
             interval = self.busy_interval if self.busy else self.idle_interval
-            wait = max(self._last_sample + interval - now, 0.001)
+            # Paused, no sample is due: wake each interval only to publish (from the last
+            # sample's time, the wait would be over at once and the thread would spin).
+            wait = interval if self.paused else max(self._last_sample + interval - now, 0.001)
             # Back off on repeated failures so a broken reader cannot spin a core.
             wait = min(wait * (2 ** min(failures, 6)), 60.0)
             if publish_due is not None:
