@@ -2,8 +2,9 @@
 
 Called from the sampler thread (see `sampler.py`), at most `protocol.MAX_PUBLISH_HZ` times a
 second, and for the ledger from the post-run hook too (`ledger_now`, while no front end shows the
-widget: `Session._cell_sends_its_row`), both under the sampler's layout lock; each trait is resent only when its source's version changed. The ledger goes out as a
-window (`Ledger.window`): the browser asks for older records by page (`LedgerPages`).
+widget: `Session._cell_sends_its_row`), both under the sampler's layout lock; each trait is resent
+only when its source's version changed. The ledger goes out as a window (`Ledger.window`): the
+browser asks for older records by page (`LedgerPages`).
 """
 
 from __future__ import annotations
