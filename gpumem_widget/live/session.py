@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _COUNTS_BEFORE_PRE_RUN = int(IPython.version_info[0]) >= 9
 F = TypeVar("F", bound=Callable[..., Any])
+FLUSH_WAIT_S = 1.0  # the longest a stop or the exit waits for the thread to let the layout go
 
 
 @functools.lru_cache(maxsize=256)
@@ -428,12 +429,16 @@ class Session:
 
     def flush(self) -> None:
         """Publish now what the thread has not sent yet: the rows of cells that ended within its
-        last publish period, which a shown widget leaves to it (`_cell_sends_its_row`)."""
+        last publish period, which a shown widget leaves to it (`_cell_sends_its_row`). At exit
+        the thread may still hold the lock (a hung driver read): then nothing is sent."""
+        if not self.sampler.layout_lock.acquire(timeout=FLUSH_WAIT_S):
+            return
         try:
-            with self.sampler.layout_lock:
-                self.publisher()
+            self.publisher()
         except Exception as e:  # a closed comm, a kernel half shut down: nobody to tell
             log.info("gpumem_widget: the last publish failed: %s: %s", type(e).__name__, e)
+        finally:
+            self.sampler.layout_lock.release()
 
     def stop(self) -> None:
         atexit.unregister(self.flush)
