@@ -43,9 +43,11 @@ from gpumem_widget.wire.protocol import MAX_PUBLISH_HZ
 CELLS = 5 * WIRE_BLOCK + 3  # crosses several blocks: the base moves in the hook too
 # Python calls in the two hooks for a plain trivial cell, at most: 224, 242 with the note that
 # compares it with the previous run's same source (this module's earlier tests ran "x = 1").
-PLAIN_CELL_CALLS = 245
+# On a CUDA machine the edges also read the allocator's stats and NVML (counted on an H200,
+# torch 2.11: 444 and 370).
+PLAIN_CELL_CALLS = {"host": 245, "cuda": 450}
 # The same when a front end shows the widget: the cell sends no message (the thread does).
-PLAIN_SHOWN_CELL_CALLS = 172
+PLAIN_SHOWN_CELL_CALLS = {"host": 172, "cuda": 375}
 
 
 def mode(values: list[int]) -> int:
@@ -146,7 +148,7 @@ def test_a_shown_widget_gets_every_row_from_the_thread(
     monkeypatch.undo()  # measure_block wraps `_send` itself
     sizes, calls = measure_block(ip, s)
     assert sizes == []
-    assert mode(calls) <= PLAIN_SHOWN_CELL_CALLS, mode(calls)
+    assert mode(calls) <= PLAIN_SHOWN_CELL_CALLS[s.mode], mode(calls)
     # A lone cell: its row is out within a publish period (and the load's delay).
     time.sleep(2 / MAX_PUBLISH_HZ)
     run_trivial_cells(ip, 1)
@@ -315,7 +317,7 @@ def test_a_cell_costs_the_same_however_long_the_session(ip: Any) -> None:
     assert plain_late <= plain_early * 1.02, (plain_early, plain_late)
     # The budget: the two hooks' Python calls for a plain cell (their whole work: edges, record,
     # its JSON, the message; 285 when every cell's message also packed the timeline's tail).
-    assert plain_late <= PLAIN_CELL_CALLS, plain_late
+    assert plain_late <= PLAIN_CELL_CALLS[s.mode], plain_late
 
 
 def test_the_rss_read_keeps_following_a_forked_child() -> None:

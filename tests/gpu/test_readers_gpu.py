@@ -17,7 +17,7 @@ def test_the_one_call_process_list_equals_pynvmls_wrapper() -> None:
     from gpumem_widget.live.readers import nvml as nvml_reader
     from gpumem_widget.live.readers.torch_cuda import TorchCudaReader
 
-    held = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # this process is listed
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # this process is listed
     reader = nvml_reader.NvmlReader(TorchCudaReader().devices)
     try:
         fast = nvml_reader._fast_process_list(pynvml)
@@ -37,7 +37,7 @@ def test_the_one_call_process_list_equals_pynvmls_wrapper() -> None:
         assert reader.device_memory(0, hold_gil=True) == reader.device_memory(0)
         mine, _ = reader.process_usage(0)
         assert mine is not None
-        assert mine >= held.numel()
+        assert mine >= block.numel()
         assert any(pid == os.getpid() for pid, _ in fast(reader._handles[0]))
     finally:
         reader.close()
