@@ -112,7 +112,7 @@ def test_session_report_has_timeline_bands_and_ledger(session: Session, tmp_path
     assert re.search(r"<script[^>]*\bsrc=|<link[^>]*\bhref=", page) is None
     assert out.stat().st_size < 4_000_000
     assert len(models(page, "DataTable")) == 1
-    assert len(models(page, "Select")) == 0  # no snapshots: no rank selector
+    assert len(models(page, "Tabs")) == 0  # no snapshots: no rank tabs
     # The ledger table and the bands carry the real records, and the markup only as data.
     assert HOSTILE not in page.replace(html.escape(HOSTILE), "")
     fig = timeline_figure(session.timeline, records, 1)
@@ -217,19 +217,21 @@ def test_session_and_snapshot_in_one_report(session: Session, tmp_path: Path) ->
     assert "train_tagged.pickle.gz" in page
 
 
-def test_several_snapshots_get_an_overview_and_a_selector(tmp_path: Path) -> None:
+def test_several_snapshots_get_an_overview_and_a_tab_each(tmp_path: Path) -> None:
     names = ["train_tagged", "oom", "toy_linear"]
     page = report(
         tmp_path / "ranks.html",
         snapshots=[(f"rank {i}", SNAPSHOTS / f"{n}.pickle.gz") for i, n in enumerate(names)],
     ).read_text()
-    (select,) = models(page, "Select")
-    labels = [o[1] for o in select["attributes"]["options"]]
-    assert labels == ["rank 0 · cuda:0", "rank 1 · cuda:0", "rank 2 · cuda:0"]
-    (callback,) = models(page, "CustomJS")
-    panels = callback["attributes"]["args"]["entries"][0][1]
-    assert len(panels) == 3  # each a list of the items the selector shows or hides
-    assert all(len(items) >= 5 for items in panels)
+    assert len(models(page, "Tabs")) == 1
+    tabs = models(page, "TabPanel")
+    assert [t["attributes"]["title"] for t in tabs] == [
+        "rank 0 · cuda:0",
+        "rank 1 · cuda:0",
+        "rank 2 · cuda:0",
+    ]
+    # Each tab holds its snapshot's items in one column: a switch shows one model, hides another.
+    assert all(len(t["attributes"]["child"]["attributes"]["children"]) >= 5 for t in tabs)
     assert "rank 1" in page
     assert "OOM" in page
 
@@ -244,8 +246,7 @@ def test_two_devices_in_one_snapshot_are_two_panels(tmp_path: Path) -> None:
         sim.malloc(size, [frame("/w/train.py", 3, "step")])
         sims.append(sim.snapshot())
     page = report(tmp_path / "two.html", snapshots=[merge_devices(*sims)]).read_text()  # type: ignore[list-item]
-    (select,) = models(page, "Select")
-    assert [o[1] for o in select["attributes"]["options"]] == [
+    assert [t["attributes"]["title"] for t in models(page, "TabPanel")] == [
         "snapshot 0 · cuda:0",
         "snapshot 0 · cuda:1",
     ]

@@ -1,5 +1,5 @@
-"""The report page: a header, the session (timeline and ledger) and the snapshots, with a rank
-selector and an overview when there are several, written as one self-contained HTML file."""
+"""The report page: a header, the session (timeline and ledger) and the snapshots, with an
+overview and a tab per rank when there are several, written as one self-contained HTML file."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 from bokeh.embed import file_html
 from bokeh.layouts import column
-from bokeh.models import CustomJS
-from bokeh.models.widgets.inputs import Select
+from bokeh.models import TabPanel, Tabs
 from bokeh.models.widgets.tables import NumberFormatter, TableColumn
 from bokeh.resources import INLINE
 
@@ -88,7 +87,7 @@ def render(
             panels.append(snapshot_panel(snap, summary, _overlapping(cells, summary)))
             summaries.append(summary)
     if len(panels) > 1:
-        parts += _selector(summaries, panels)
+        parts += _rank_tabs(summaries, panels)
     elif panels:
         parts += panels[0]
     if not session and not panels:
@@ -126,32 +125,24 @@ def _header(title: str, session: SessionData | None, snapshots: Sequence[tuple[s
     )
 
 
-def _selector(summaries: Sequence[DeviceSummary], panels: Sequence[list[Any]]) -> list[Any]:
-    """Several snapshots (ranks): an overview of all, and a selector showing one in detail."""
-    for panel in panels[1:]:
-        for item in panel:
-            item.visible = False
-    options: list[str | tuple[Any, str]] = [(str(i), s.title) for i, s in enumerate(summaries)]
-    select = Select(
-        title="Snapshot (rank) shown in detail",
-        options=options,
-        value="0",
-        width=420,
-    )
-    select.js_on_change(
-        "value",
-        CustomJS(
-            args={"panels": list(panels)},
-            code="panels.forEach((items, i) => items.forEach((m) => {"
-            " m.visible = String(i) === cb_obj.value }))",
-        ),
+def _rank_tabs(summaries: Sequence[DeviceSummary], panels: Sequence[list[Any]]) -> list[Any]:
+    """Several snapshots (ranks): an overview of all, and a tab per snapshot with its detail.
+
+    Tabs rather than a select toggling `visible`: BokehJS lays the whole document out again on
+    each `visible` change (seconds per model in a report this size), while a tab switch only
+    hides one built panel and shows another (docs/BENCHMARKS.md, "Standalone report")."""
+    tabs = Tabs(
+        tabs=[
+            TabPanel(title=s.title, child=column(*panel, sizing_mode="stretch_width"))
+            for s, panel in zip(summaries, panels, strict=True)
+        ],
+        sizing_mode="stretch_width",
     )
     return [
         div("<h2>Snapshots</h2>"),
         _overview_figure(summaries),
         _overview_table(summaries),
-        select,
-        *(item for panel in panels for item in panel),
+        tabs,
     ]
 
 

@@ -55,8 +55,9 @@ Series = tuple[str, str, F64]  # a stacked series: its key, its label, its bytes
 def snapshot_panel(snap: Snapshot, summary: DeviceSummary, cells: CellWindows | None) -> list[Any]:
     """The items of `summary`'s device, top to bottom; `cells` are the ledger's windows, if any.
 
-    A list rather than a nested column: BokehJS squeezes stretch-width tables inside nested
-    columns to a sliver, so the page keeps one flat column."""
+    A list: a single snapshot's items go straight into the page's column, several snapshots'
+    each into a tab's column, which must stretch to the page's width too (BokehJS squeezes
+    stretch-width tables inside a nested column that does not)."""
     # report_segments formats with this package's style: imported here, not at the top.
     from gpumem_widget.reporting.segments import bokeh_reserved_over_time
 

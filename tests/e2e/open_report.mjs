@@ -1,6 +1,6 @@
 // Opens one standalone report in Debian's Chromium with every non-local request aborted, and
 // records what rendered: Bokeh documents, canvases, tables, errors, blocked requests. Optionally
-// picks each entry of the rank selector in turn. It asserts nothing: test_report_browser.py does.
+// picks each rank's tab in turn. It asserts nothing: test_report_browser.py does.
 //
 // Usage: node open_report.mjs PLAN.json   PLAN: {chromium, html, screenshot, result, selectRanks}
 
@@ -8,6 +8,7 @@ import { readFile, writeFile } from "node:fs/promises";
 import { pathToFileURL } from "node:url";
 import { chromium } from "playwright-core";
 import { BROWSER_ARGS, isLocal } from "./browser.mjs";
+import { pageState, rankTitles, showRank } from "./report_page.mjs";
 
 // A report draws its plots within a second or two; generous for a loaded 2-core machine.
 const RENDER_TIMEOUT_MS = 30000;
@@ -26,37 +27,6 @@ const result = {
   ranks: [],
   error: null,
 };
-
-// What the page shows now: Bokeh's documents, its plot views with a canvas, painted pixels.
-async function rendered(page) {
-  return page.evaluate(() => {
-    const views = [...(window.Bokeh?.index?.values?.() ?? [])];
-    const all = [];
-    const walk = (root) => {
-      for (const el of root.querySelectorAll("*")) {
-        all.push(el);
-        if (el.shadowRoot) walk(el.shadowRoot);
-      }
-    };
-    walk(document);
-    const visible = (el) => el.getClientRects().length > 0;
-    const canvases = all.filter((el) => el.tagName === "CANVAS" && visible(el));
-    const painted = canvases.filter((c) => {
-      const ctx = c.getContext("2d");
-      if (!ctx || !c.width || !c.height) return false;
-      const data = ctx.getImageData(0, 0, c.width, c.height).data;
-      for (let i = 3; i < data.length; i += 4 * 97) if (data[i] !== 0) return true;
-      return false;
-    });
-    return {
-      documents: window.Bokeh?.documents?.length ?? 0,
-      plotViews: all.filter((el) => el.classList?.contains("bk-Canvas") && visible(el)).length,
-      canvases: canvases.length,
-      paintedCanvases: painted.length,
-      tableRows: all.filter((el) => el.classList?.contains("slick-row") && visible(el)).length,
-    };
-  });
-}
 
 const browser = await chromium.launch({
   executablePath: plan.chromium,
@@ -80,48 +50,20 @@ try {
     await d.dismiss();
   });
   await page.goto(pathToFileURL(plan.html).href, { waitUntil: "load" });
-  await page.waitForFunction(
-    () => (window.Bokeh?.documents?.length ?? 0) > 0 && document.querySelector(".bk-Canvas, div.bk-Column") !== null,
-    null,
-    { timeout: RENDER_TIMEOUT_MS },
-  ).catch(() => {});
-  // Bokeh paints after layout; wait until some canvas has pixels (or give up and report zero).
-  await page.waitForFunction(
-    () => {
-      const find = (root) => {
-        for (const el of root.querySelectorAll("*")) {
-          if (el.tagName === "CANVAS" && el.width && el.getContext("2d")) return true;
-          if (el.shadowRoot && find(el.shadowRoot)) return true;
-        }
-        return false;
-      };
-      return find(document);
-    },
-    null,
-    { timeout: RENDER_TIMEOUT_MS },
-  ).catch(() => {});
-  await page.waitForTimeout(500);
-  Object.assign(result, await rendered(page));
+  // BokehJS calls a document idle once every view has been built, laid out and painted.
+  await page
+    .waitForFunction(() => window.Bokeh?.documents?.[0]?.is_idle === true, null, {
+      timeout: RENDER_TIMEOUT_MS,
+    })
+    .catch(() => {});
+  Object.assign(result, await page.evaluate(pageState));
   await page.screenshot({ path: plan.screenshot, fullPage: true });
   if (plan.selectRanks) {
-    const select = page.locator("select").first();
-    const values = await select.locator("option").evaluateAll((os) => os.map((o) => o.value));
-    for (const value of values.reverse()) {
-      await select.selectOption(value);
-      await page.waitForTimeout(700);
-      const now = await rendered(page);
-      const heading = await page.evaluate(() => {
-        const texts = [];
-        const walk = (root) => {
-          for (const el of root.querySelectorAll("h2")) {
-            if (el.getClientRects().length > 0) texts.push(el.textContent);
-          }
-          for (const el of root.querySelectorAll("*")) if (el.shadowRoot) walk(el.shadowRoot);
-        };
-        walk(document);
-        return texts;
-      });
-      result.ranks.push({ value, headings: heading, ...now });
+    // Each tab in turn, last to first: its heading must show and its plots paint.
+    const titles = await rankTitles(page);
+    for (let i = titles.length - 1; i >= 0; i--) {
+      await showRank(page, i, titles[i], RENDER_TIMEOUT_MS);
+      result.ranks.push({ title: titles[i], ...(await page.evaluate(pageState)) });
     }
     await page.screenshot({ path: plan.screenshot.replace(/\.png$/, "-rank.png"), fullPage: true });
   }

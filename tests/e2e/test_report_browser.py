@@ -1,5 +1,5 @@
 """Reports opened in Debian's Chromium with every non-local request aborted (open_report.mjs):
-each renders its Bokeh plots and tables with no error, and the rank selector switches panels.
+each renders its Bokeh plots and tables with no error, and the rank tabs switch panels.
 Screenshots go to tests/e2e/artifacts/."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def test_rank_selector_switches_panels(tmp_path: Path) -> None:
     )
     result = open_in_browser(html, "ranks", select_ranks=True)
     shown = [r["headings"] for r in result["ranks"]]
-    # The driver picks the options last to first; each shows only its own panel.
+    # The driver clicks the tabs last to first; each shows only its own panel.
     assert shown == [
         ["Snapshots", "rank 2 · cuda:0"],
         ["Snapshots", "rank 1 · cuda:0"],
