@@ -36,7 +36,8 @@ so fullgraph compiles still compile whole).
 
 Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
 `Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
-formatting and build nothing per call (an entry's node hooks are made once). The cell's phase
+formatting and build nothing per call (an entry's node hooks are made once); a thread's state is
+a plain object behind one `threading.local` slot, fetched once per module call. The cell's phase
 spans (`phases.py`, for the live chart) are checked only where the tag changes, and written only
 when the phase does. Hooks never
 return a value: results and the autograd graph are untouched. Everything is removed by
