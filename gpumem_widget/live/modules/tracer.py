@@ -36,7 +36,8 @@ so fullgraph compiles still compile whole).
 
 Cost: metadata strings are made once per (cell, module, phase) and interned on the module's
 `Entry`; a thread's last set tag is kept so the C call happens only on change; the hooks do no
-formatting and build nothing per call (an entry's node hooks are made once). The cell's phase
+formatting and build nothing per call (an entry's node hooks are made once); a thread's state is
+a plain object behind one `threading.local` slot, fetched once per module call. The cell's phase
 spans (`phases.py`, for the live chart) are checked only where the tag changes, and written only
 when the phase does. Hooks never
 return a value: results and the autograd graph are untouched. Everything is removed by
@@ -143,9 +144,9 @@ class Entry:
         try:
             if tracer.figures is not None or self.version != tracer.version:
                 # (A graph built in an earlier cell: its backward is this cell's.)
-                tracer.switch(tracer.local, tracer.fresh(self.backward))
+                tracer.switch(tracer.state(), tracer.fresh(self.backward))
                 return
-            st = tracer.local  # `switch`, inlined: this runs for every module in backward
+            st = tracer.state()  # `switch`, inlined: this runs for every module in backward
             frame = st.cur = self.backward
             tag = frame.tag
             if tag is not st.last:
@@ -180,7 +181,7 @@ class _Leave:
         if not tracer.installed:
             return
         try:
-            st = tracer.local
+            st = tracer.state()
             cur = st.cur
             if cur.phase == BACKWARD and self.child.contains(cur):
                 tracer.switch(st, tracer.fresh(self.parent))
@@ -188,9 +189,13 @@ class _Leave:
             tracer.failed("backward leave hook", err)
 
 
-class _Thread(threading.local):
+class _Thread:
     """One thread's state: its frame, the tag last set on it, the frames its running forwards
-    interrupted, and the nodes claimed during the current outermost forward."""
+    interrupted, and the nodes claimed during the current outermost forward. A plain object
+    behind one `threading.local` slot (`ModuleTracer.state`): attributes of a `threading.local`
+    subclass go through its generic lookup, several times dearer, on every module call."""
+
+    __slots__ = ("claimed", "cur", "last", "mark", "readings", "stack")
 
     def __init__(self, tracer: ModuleTracer) -> None:
         self.cur: Frame = tracer.idle
@@ -199,9 +204,6 @@ class _Thread(threading.local):
         self.claimed: dict[int, Any] = {}
         self.readings: list[int] = []  # allocated bytes at each running forward's start
         self.mark = 0  # allocated bytes when this thread's backward frame began
-        # This thread's attributes, readable from another: a backward's end closes the figures
-        # of the module autograd's thread was last in.
-        tracer.thread_states[threading.get_ident()] = self.__dict__
 
 
 class ModuleTracer:
@@ -234,9 +236,11 @@ class ModuleTracer:
         self.phases = PhaseLog(None, clock)  # the running cell's phase spans
         self._entries: dict[int, Entry] = {}
         self.version = 0
-        self.thread_states: dict[int, dict[str, Any]] = {}
+        # Each thread's state, readable from another: a backward's end closes the figures of
+        # the module autograd's thread was last in.
+        self.thread_states: dict[int, _Thread] = {}
         self._frames_for(None)
-        self.local = _Thread(self)
+        self._tls = threading.local()
         self._handles: list[Any] = []
         self._engine_run: Any = None
         self._engine_wrapper: Any = None
@@ -250,6 +254,19 @@ class ModuleTracer:
         self._tensor = torch.Tensor
         self.sequential = torch.nn.Sequential
         self._graph_module = torch.fx.GraphModule
+
+    def state(self) -> _Thread:
+        """The calling thread's state (made on its first use)."""
+        try:
+            return self._tls.s  # type: ignore[no-any-return]
+        except AttributeError:
+            st = self._tls.s = _Thread(self)
+            self.thread_states[threading.get_ident()] = st
+            return st
+
+    @property
+    def local(self) -> _Thread:
+        return self.state()
 
     # Control ------------------------------------------------------------------------------
     def install(self, cell: int | None = None, measure: bool = False, leaves: bool = False) -> None:
@@ -280,7 +297,7 @@ class ModuleTracer:
             self._engine_wrapper = self._wrap_engine_run(run)
             autograd._engine_run_backward = self._engine_wrapper
         self.installed = True
-        self.switch(self.local, self.idle)
+        self.switch(self.state(), self.idle)
 
     def uninstall(self) -> None:
         """Remove every hook; the calling thread's tag goes back to the plain cell tag."""
@@ -300,7 +317,7 @@ class ModuleTracer:
             # (Replaced again by someone since: ours stays in the chain, passing calls through.)
             module_class.__call__ = self._module_call
             self._module_call = self._call_wrapper = None
-        self._reset_thread(self.local)
+        self._reset_thread(self.state())
 
     def new_cell(self, cell: int | None) -> None:
         """A cell starts (or the tracer is turned on in one): fresh frames, and the calling
@@ -313,7 +330,7 @@ class ModuleTracer:
         self.phases.close()
         self.phases = PhaseLog(cell, self.clock)
         if self.installed:
-            self._reset_thread(self.local)
+            self._reset_thread(self.state())
 
     def end_cell(self) -> CellFigures | None:
         """The cell ended: the calling thread's frames unwind, its phase spans close (`phases`
@@ -321,7 +338,7 @@ class ModuleTracer:
         figures = self.figures
         if figures is not None:
             figures.finish(self._entries_by_path())
-        self._reset_thread(self.local)
+        self._reset_thread(self.state())
         self.phases.close()
         return figures
 
@@ -412,40 +429,49 @@ class ModuleTracer:
         send every module call in the process down `_call_impl`'s slow path, which costs several
         times more (docs/BENCHMARKS.md). A closure over what it reads, for the same reason."""
         tracer = self
-        local = self.local
+        tls = self._tls
+        state = self.state
         entries = self._entries
         entry = self.entry
         is_compiling = self._is_compiling
+        enter = self._enter
+        leave = self._leave
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
             if is_compiling() or not tracer.installed:
                 return call(module, *args, **kwargs)
-            st = local
             e = entries.get(id(module))
             if e is None or e.ref() is not module:
                 e = entry(module)
-            if e.traced is not ALWAYS:
-                cur = st.cur
-                # A torch layer called from a module is counted in it; one called in no module,
-                # or from backward (checkpointing's recompute), is followed.
-                if e.traced is NEVER or (cur.entry is not None and cur.phase != BACKWARD):
-                    return call(module, *args, **kwargs)
+            try:
+                st = tls.s
+            except AttributeError:
+                st = state()
+            prev = st.cur
+            traced = e.traced
+            # A torch layer called from a module is counted in it; one called in no module, or
+            # from backward (checkpointing's recompute), is followed.
+            if traced is not ALWAYS and (
+                traced is NEVER or (prev.entry is not None and prev.phase != BACKWARD)
+            ):
+                return call(module, *args, **kwargs)
             depth = len(st.stack)
-            tracer._enter(st, e, args)
+            grad = enter(st, e, prev, args)
             try:
                 output = call(module, *args, **kwargs)
             except BaseException:
-                tracer._leave(st, e, module, None, depth)  # the state unwinds with the stack
+                leave(st, e, module, None, depth, grad=False)  # the state unwinds with the stack
                 raise
-            tracer._leave(st, e, module, output, depth)
+            leave(st, e, module, output, depth, grad=grad)
             return output
 
         return __call__
 
-    def _enter(self, st: _Thread, e: Entry, args: tuple[Any, ...]) -> None:
+    def _enter(self, st: _Thread, e: Entry, prev: Frame, args: tuple[Any, ...]) -> bool:
+        """`e`'s forward begins on this thread, interrupting `prev`; whether grad is on."""
         try:
-            prev = st.cur
-            frame = e.recompute if prev.phase in (BACKWARD, RECOMPUTE) else e.forward
+            phase = prev.phase
+            frame = e.recompute if phase in (BACKWARD, RECOMPUTE) else e.forward
             st.stack.append(prev)
             if self.figures is not None:
                 st.readings.append(self.read_allocated())
@@ -456,8 +482,9 @@ class ModuleTracer:
                 self.sink(tag)
                 if frame.phase != self.phases.phase:
                     self.phases.enter(frame.phase)
+            grad: bool = self._grad_enabled()
             parent = prev.entry
-            if parent is not None and prev.phase == FORWARD and args and self._grad_enabled():
+            if grad and parent is not None and phase == FORWARD and args:
                 # Nodes the parent's own code made, feeding this module: backward, done here,
                 # goes back to the parent there.
                 if len(args) == 1 and type(args[0]) is self._tensor:  # the usual call
@@ -466,10 +493,15 @@ class ModuleTracer:
                         node.register_prehook(e.leave_to(parent.backward))
                 else:
                     self._leave_hooks(st, e, parent.backward, args)
+            return grad
         except Exception as err:  # never into the user's forward
             self.failed("module entry", err)
+            return False
 
-    def _leave(self, st: _Thread, e: Entry, module: Any, output: Any, depth: int) -> None:
+    def _leave(
+        self, st: _Thread, e: Entry, module: Any, output: Any, depth: int, *, grad: bool
+    ) -> None:
+        """`e`'s forward returned `output` (None: it raised); `grad`: grad was on at its start."""
         if not self.installed:
             return
         try:
@@ -481,8 +513,7 @@ class ModuleTracer:
             del stack[depth:]
             if prev.entry is None:
                 prev = self.roots[prev.phase]  # (a thread idle since an earlier cell)
-            grad = output is not None and self._grad_enabled()
-            if grad:
+            if grad and output is not None:
                 tensor = self._tensor
                 if type(output) is tensor or isinstance(output, tensor):
                     node = output.grad_fn
@@ -503,7 +534,7 @@ class ModuleTracer:
                     )
             if not stack:
                 st.claimed.clear()  # the outermost forward is done: hold no node beyond it
-                if grad and frame.phase == FORWARD:
+                if grad and output is not None and frame.phase == FORWARD:
                     prev = self.forward_root  # what follows, up to backward, is the loss
             st.cur = prev
             tag = prev.tag
@@ -550,7 +581,7 @@ class ModuleTracer:
     # Optimizer hooks --------------------------------------------------------------------------
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            st = self.local
+            st = self.state()
             st.stack.append(st.cur)
             self.switch(st, self.optimizer)
         except Exception as err:  # never into the user's step
@@ -558,7 +589,7 @@ class ModuleTracer:
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            st = self.local
+            st = self.state()
             prev = self.fresh(st.stack.pop()) if st.stack else self.idle
             if prev is self.forward_root:
                 prev = self.idle
@@ -574,7 +605,7 @@ class ModuleTracer:
             if not tracer.installed:
                 return run(t_outputs, *args, **kwargs)
             handles = []
-            st = tracer.local
+            st = tracer.state()
             saved, depth = st.cur, len(st.stack)
             try:
                 tensor = tracer._tensor
@@ -605,7 +636,7 @@ class ModuleTracer:
     def _root(self, grad: Any) -> None:
         if self.installed:
             try:
-                self.switch(self.local, self.backward_root)
+                self.switch(self.state(), self.backward_root)
             except Exception as err:  # never into the user's backward
                 self.failed("backward root hook", err)
 
@@ -615,11 +646,11 @@ class ModuleTracer:
         assert figures is not None
         now = self.read_allocated()
         for state in list(self.thread_states.values()):
-            cur = state.get("cur")
-            if isinstance(cur, Frame) and cur.phase == BACKWARD and cur.entry is not None:
-                figures.backward(cur.entry.path, now - state["mark"], now)
-                state["mark"] = now
-                state["cur"] = self.backward_root  # same phase; later bytes are no module's
+            cur = state.cur
+            if cur.phase == BACKWARD and cur.entry is not None:
+                figures.backward(cur.entry.path, now - state.mark, now)
+                state.mark = now
+                state.cur = self.backward_root  # same phase; later bytes are no module's
 
     def _account_backward(self, st: _Thread, frame: Frame) -> None:
         """Per-module figures: bytes a backward frame added, read at each switch."""
