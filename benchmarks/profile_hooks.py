@@ -27,9 +27,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from IPython.testing.globalipapp import start_ipython
+
+if TYPE_CHECKING:
+    from bench_kernel_cost import Kernel
 
 # Inside the kernel: wrap the extension's two hooks where IPython keeps them in a profiler.
 _PROFILE_HOOKS = """
@@ -159,37 +164,13 @@ def main() -> None:
     ip.run_line_magic("unload_ext", "gpumem_widget")
 
 
-def in_kernel(cells: int, lines: int) -> None:
+@contextmanager
+def _kernel(prefix: str) -> Iterator[tuple[Kernel, str]]:
+    """A real kernel (as `bench_kernel_cost.py` starts one) with torch imported and the
+    extension loaded: the kernel, and what the torch cell printed (its setup)."""
     from bench_kernel_cost import TORCH, Kernel, kernel_specs
 
-    folder = tempfile.mkdtemp(prefix="profile-hooks-")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
-        "GPUMEM_WIDGET_HISTORY": os.path.join(folder, "history.sqlite3"),
-    }
-    kernel = Kernel("gpumem_widget", kernel_specs(folder), env)
-    try:
-        for code in (TORCH, "%load_ext gpumem_widget"):
-            kernel.run(code)
-        for _ in range(50):
-            kernel.run("x = 1")
-        kernel.run(_PROFILE_HOOKS)
-        for _ in range(cells):
-            kernel.run("x = 1")
-        print("".join(kernel.run(_PRINT_PROFILE.format(lines=lines))[2]))
-    finally:
-        kernel.stop()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def parts(cells: int, headless: bool = False) -> None:
-    """Each part's wall and main-thread CPU per cell, in a real kernel, no profiler; the widget
-    shown by a front end unless `headless` (see `bench_kernel_cost.py`'s configurations)."""
-    from bench_kernel_cost import TORCH, Kernel, kernel_specs
-
-    folder = tempfile.mkdtemp(prefix="profile-parts-")
+    folder = tempfile.mkdtemp(prefix=prefix)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {
         **os.environ,
@@ -200,22 +181,39 @@ def parts(cells: int, headless: bool = False) -> None:
     try:
         setup = "".join(kernel.run(TORCH)[2]).strip()
         kernel.run("%load_ext gpumem_widget")
-        if not headless:
-            kernel.show_widget()
-        for _ in range(100):
-            kernel.run("x = 1")
-        kernel.run(_TIME_PARTS)
-        kernel.run(_START_PARTS)
-        t0 = time.perf_counter()
-        wall = []
-        for _ in range(cells):
-            wall.append(kernel.run("x = 1")[0])
-        took = time.perf_counter() - t0
-        # The cell that prints is not counted: `cells` cells ran since the start.
-        table = "".join(kernel.run(_PRINT_PARTS.format(cells=cells))[2])
+        yield kernel, setup
     finally:
         kernel.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _trivial_cells(kernel: Kernel, n: int) -> list[float]:
+    """Run `n` trivial cells: each one's kernel time (ms)."""
+    return [kernel.run("x = 1")[0] for _ in range(n)]
+
+
+def in_kernel(cells: int, lines: int) -> None:
+    with _kernel("profile-hooks-") as (kernel, _):
+        _trivial_cells(kernel, 50)
+        kernel.run(_PROFILE_HOOKS)
+        _trivial_cells(kernel, cells)
+        print("".join(kernel.run(_PRINT_PROFILE.format(lines=lines))[2]))
+
+
+def parts(cells: int, headless: bool = False) -> None:
+    """Each part's wall and main-thread CPU per cell, in a real kernel, no profiler; the widget
+    shown by a front end unless `headless` (see `bench_kernel_cost.py`'s configurations)."""
+    with _kernel("profile-parts-") as (kernel, setup):
+        if not headless:
+            kernel.show_widget()
+        _trivial_cells(kernel, 100)
+        kernel.run(_TIME_PARTS)
+        kernel.run(_START_PARTS)
+        t0 = time.perf_counter()
+        wall = _trivial_cells(kernel, cells)
+        took = time.perf_counter() - t0
+        # The cell that prints is not counted: `cells` cells ran since the start.
+        table = "".join(kernel.run(_PRINT_PARTS.format(cells=cells))[2])
     print(f"setup: {setup}; {cells} trivial cells in {took:.1f} s")
     print(f"{'part (main thread unless a thread)':<40}{'calls':>7}{'wall us':>11}{'cpu us':>11}")
     print(table.rstrip())

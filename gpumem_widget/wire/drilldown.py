@@ -1,13 +1,15 @@
 """The Snapshot tab's traits: ``drilldown`` (the overview), ``drilldown_alive`` (what is alive at
 an instant), ``drilldown_view`` (a zoom or another axis), ``drilldown_search`` and
 ``drilldown_compare``; the snapshot views (`snapshot/views/`: `active.py`, `modules.py`,
-`search.py`, `compare.py`, ...) build them with ``to_wire()``. `js/src/wire/drilldown.ts`
+`search.py`, `compare.py`, ...) build them with ``to_wire()``; ``drilldown_alive``'s module
+tree and segment map are in `module_tree.py` and `segments.py`. `js/src/wire/drilldown.ts`
 mirrors it."""
 
 from __future__ import annotations
 
 from typing import Literal, TypedDict
 
+from gpumem_widget.wire.module_tree import ModuleTreeView
 from gpumem_widget.wire.segments import SegmentMap
 from gpumem_widget.wire.table import PackedTable
 
@@ -165,20 +167,6 @@ class ModulesView(StackedView):
     traced: bool  # the module tracer wrote the tags
     reason: str | None  # why no module is shown, where none is
     reading: str | None  # the peak in one line
-
-
-class ModuleTreeView(TypedDict):
-    """Alive right after `event`, by module, rolled up; the rows that hold no module sit under
-    the root too, so the root's bytes are the active total."""
-
-    device: int
-    event: int
-    traced: bool
-    labels: list[str]  # each row's; the root first
-    # parent (-1: the root), bytes, then bytes per phase (forward, backward, optimizer,
-    # recompute, other: no phase), count
-    tree: PackedTable
-    truncated: int  # the smallest modules left out (their bytes are in their ancestors')
 
 
 class Site(TypedDict):

@@ -2,10 +2,10 @@
 
 No counterpart in `js/src/wire/`: this is an index, not a definition. The types live in the
 modules that mirror `js/src/wire/` file for file (`protocol.py`, `cell_usage.py`, `notes.py`,
-`segments.py`, `drilldown.py`, `messages.py`, `table.py`); the domain objects (ledger records,
-estimates, post-mortems, fragmentation figures, snapshot views) that build these dicts import
-them from here, so a type can move between those modules without touching its builders. The
-fixtures `js/test` decodes are written from the kernel's real output by
+`segments.py`, `drilldown.py`, `module_tree.py`, `messages.py`, `table.py`); the domain objects
+(ledger records, estimates, post-mortems, fragmentation figures, snapshot views) that build
+these dicts import them from here, so a type can move between those modules without touching
+its builders. The fixtures `js/test` decodes are written from the kernel's real output by
 `scripts/make_js_fixtures.py` (a pytest fails when they are out of date).
 """
 
@@ -37,7 +37,6 @@ from gpumem_widget.wire.drilldown import (
     LargestGap,
     ModuleSeries,
     ModulesView,
-    ModuleTreeView,
     NoAnswer,
     RangeView,
     ReservedFigures,
@@ -69,6 +68,7 @@ from gpumem_widget.wire.messages import (
     WorkerCompareRequest,
     WorkerSnapshotRequest,
 )
+from gpumem_widget.wire.module_tree import ModuleTreeView
 from gpumem_widget.wire.notes import (
     Comparison,
     DeviceOom,

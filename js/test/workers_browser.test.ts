@@ -12,7 +12,8 @@ import { serve } from "../dev/serve.mjs";
 const CHROMIUM = process.env["CHROMIUM"] ?? "/usr/bin/chromium";
 const JS_DIR = fileURLToPath(new URL("..", import.meta.url));
 
-describe.skipIf(!existsSync(CHROMIUM))("the Workers tab in a browser", () => {
+// A real browser: on a loaded 2-core machine (load 14) some tests took over vitest's 5 s default.
+describe.skipIf(!existsSync(CHROMIUM))("the Workers tab in a browser", { timeout: 30_000 }, () => {
   let browser: Browser;
   let server: Server;
   let page: Page;

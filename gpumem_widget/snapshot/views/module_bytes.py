@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from gpumem_widget.snapshot.model.data import I64
 from gpumem_widget.snapshot.model.replay import DeviceReplay, Intervals, Snapshot
-from gpumem_widget.snapshot.model.tags import PHASES, Phase, Tag, parent_path
+from gpumem_widget.snapshot.model.tags import PHASES, Phase, Tag
 from gpumem_widget.snapshot.views.facts import in_wire_form
 from gpumem_widget.snapshot.views.grid import group_peaks
 from gpumem_widget.snapshot.views.module_tags import (
@@ -84,6 +84,8 @@ class ModulesAt:
     traced: bool
     running: Tag | None  # the tag of the allocation made at `event` (None: not an allocation)
     shares: tuple[ModulePhaseBytes, ...]  # largest first
+    # Each module alive then and every ancestor, its submodules' bytes included (tree order).
+    rolled_up: tuple[tuple[str, int], ...]
 
     def by_phase(self) -> list[tuple[Phase | None, int]]:
         """Bytes by the phase that made them, largest first."""
@@ -97,10 +99,9 @@ class ModulesAt:
         every ancestor listed), so ``gpt`` holds all of ``gpt.h.3``'s."""
         out: dict[str | None, int] = {}
         for s in self.shares:
-            path = s.module
-            out[path] = out.get(path, 0) + s.bytes
-            while rolled and path is not None and (path := parent_path(path)) is not None:
-                out[path] = out.get(path, 0) + s.bytes
+            out[s.module] = out.get(s.module, 0) + s.bytes
+        if rolled:
+            out.update(self.rolled_up)
         return sorted(out.items(), key=lambda kv: -kv[1])
 
     @property
@@ -116,7 +117,8 @@ def modules_at(
 ) -> ModulesAt:
     """Alive right after `event` (None: at the device's peak, its first highest entry), by
     (module, phase)."""
-    d, rep, iv, t, event, alive = _instant(snap, device, event)
+    instant = _instant(snap, device, event)
+    d, rep, iv, t, event, alive = instant
     n_phase = len(PHASES) + 1  # slot len(PHASES): no phase
     key = (t.node.astype(np.int64) + 1) * n_phase + np.where(t.phase < 0, len(PHASES), t.phase)
     keys, inverse = np.unique(key[alive], return_inverse=True)
@@ -150,7 +152,24 @@ def modules_at(
         traced=t.traced,
         running=running,
         shares=tuple(shares),
+        rolled_up=tuple(
+            (p, int(b))
+            for p, (b, c) in zip(t.paths, _alive_by_path(instant).tolist(), strict=True)
+            if c
+        ),
     )
+
+
+def _alive_by_path(instant: _Instant) -> npt.NDArray[np.int64]:
+    """Bytes and allocations alive at the instant in each path of the module tree, its
+    submodules' included: a row a path (`ModuleTags.paths`), columns bytes and count."""
+    t, iv, alive = instant.tags, instant.iv, instant.alive
+    n = len(t.paths)
+    node = np.where(t.node < 0, n, t.node)[alive]  # n: in no module
+    own = np.stack(
+        [np.bincount(node, iv.size[alive], n + 1), np.bincount(node, minlength=n + 1)], axis=1
+    )
+    return t.roll_up(own[:n].astype(np.int64))
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +187,13 @@ class ModuleNode:
 def module_tree(snap: Snapshot, device: int | None = None) -> tuple[ModuleNode, ...]:
     """Every module the tags name and its ancestors, in tree order, each counting its
     submodules. Exact: the highest bytes come from the replay's intervals, a pass per depth."""
-    _, _, iv, t, _, alive = _instant(snap, device, None)  # alive at the peak
+    at = _instant(snap, device, None)  # alive at the peak
+    iv, t = at.iv, at.tags
     n = len(t.paths)
     if not n:
         return ()
     node = np.where(t.node < 0, n, t.node)  # n: in no module
-    own = np.bincount(node[alive], iv.size[alive], n + 1)[:n].astype(np.int64)
-    at_peak = t.roll_up(own)
+    at_peak = _alive_by_path(at)[:, 0]
     made = t.roll_up(np.bincount(node[iv.start >= 0], minlength=n + 1)[:n].astype(np.int64))
     highest = np.zeros(n, np.int64)
     where = np.full(n, -1, np.int64)

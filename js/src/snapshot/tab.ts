@@ -6,7 +6,8 @@
 
 import "./snapshot.css";
 import { drawCompare, StackedChart, seriesColor, type Pick } from "./drilldown_chart";
-import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type ModuleNode, type ModuleTree, type ModulesStacked, type Overview, PHASES, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
+import { parseAlive, parseCompare, parseDrilldown, parseRangeView, parseSearch, type Alive, type Band, type CellSlice, type Compare, type DeviceOverview, type DrilldownState, type ModulesStacked, type Overview, type RangeView, type SearchAnswer, type Series, type Stacked, type TreeNode } from "../wire/drilldown";
+import { PHASES, type ModuleNode, type ModuleTree } from "../wire/module_tree";
 import { formatBytes, formatDelta, formatDuration } from "../common/format";
 import { ProtocolError } from "../wire/json";
 import { sendToKernel } from "../wire/messages";

@@ -1,23 +1,16 @@
-// Decodes the Snapshot tab's traits (`drilldown`, `drilldown_alive`, ...): mirrors
-// gpumem_widget/wire/drilldown.py. The kernel reduced everything to screen size already; this
-// only checks shapes and reads the tables (through ./table, as float64). Any malformed part
-// raises ProtocolError, which the panel shows instead of drawing.
+// Decodes the Snapshot tab's traits (`drilldown`, `drilldown_alive`, ...; the alive answer's
+// module tree in ./module_tree): mirrors gpumem_widget/wire/drilldown.py. The kernel reduced
+// everything to screen size already; this only checks shapes and reads the tables (through
+// ./table, as float64). Any malformed part raises ProtocolError, which the panel shows instead
+// of drawing.
 
-import { describe, field, isBool, isNumber, isNumberOrNull, isObject, isString, isStringOrNull, optional, ProtocolError, type Json } from "./json";
-import { decodeF64Columns } from "./table";
-
-export type Columns = Map<string, Float64Array>;
+import { describe, field, isArray, isBool, isNumber, isNumberOrNull, isObject, isString, isStringOrNull, optional, ProtocolError, type Json } from "./json";
+import { parseModuleTree, type ModuleTree } from "./module_tree";
+import { column, decodeF64Columns } from "./table";
 
 /** A series' column at each screen column's lowest instant: its name and this suffix. */
 export const FLOOR = "_floor";
 
-function column(cols: Columns, name: string, what: string): Float64Array {
-  const c = cols.get(name);
-  if (!c) throw new ProtocolError(`${what}: no column ${JSON.stringify(name)}`);
-  return c;
-}
-
-const isArray = (v: unknown): v is unknown[] => Array.isArray(v);
 const isObj = (v: unknown): v is Json => isObject(v);
 
 export interface Series {
@@ -488,48 +481,6 @@ export interface Alive {
   segments: unknown; // the segment map, where the kernel computed one
   modules: ModuleTree | null; // the module tree at the same entry
   segmentsPending: boolean; // the map follows in a second answer for the same instant
-}
-
-export const PHASES = ["forward", "backward", "optimizer", "recompute", "other"] as const;
-
-/** One row of the module tree at an instant: a module (its submodules' bytes included), or
- * what no module holds; bytes per phase ("other": none). */
-export interface ModuleNode {
-  label: string;
-  bytes: number;
-  phases: Record<(typeof PHASES)[number], number>;
-  count: number; // allocations
-  depth: number; children: ModuleNode[]; // in tree order
-}
-
-export interface ModuleTree {
-  event: number; traced: boolean;
-  root: ModuleNode; // "active": every byte alive then, once
-  truncated: number; // the smallest modules left out
-}
-
-function parseModuleTree(raw: unknown): ModuleTree | null {
-  if (!isObject(raw)) return null;
-  const what = "drilldown_alive.modules";
-  const labels = field(raw, "labels", what, isArray, "a list");
-  const { n, columns } = decodeF64Columns(raw["tree"], `${what}.tree`);
-  if (n === 0 || labels.length !== n) throw new ProtocolError(`${what}: ${n} rows, ${labels.length} labels`);
-  const parent = column(columns, "parent", what);
-  const bytes = column(columns, "bytes", what);
-  const count = column(columns, "count", what);
-  const phase = PHASES.map((p) => column(columns, p, what));
-  const nodes: ModuleNode[] = labels.map((label, i) => {
-    const phases = Object.fromEntries(PHASES.map((p, k) => [p, phase[k]?.[i] ?? 0])) as ModuleNode["phases"];
-    return { label: isString(label) ? label : "?", bytes: bytes[i] ?? 0, phases, count: count[i] ?? 0, depth: 0, children: [] };
-  });
-  for (let i = 1; i < n; i++) {
-    const p = parent[i] ?? -1;
-    const up = nodes[p];
-    if (!up || p >= i) throw new ProtocolError(`${what}: row ${i} has parent ${p}`);
-    const node = nodes[i] as ModuleNode; // parents come first: its depth is final here
-    up.children.push(Object.assign(node, { depth: up.depth + 1 }));
-  }
-  return { event: optional(raw, "event", isNumber, -1), traced: raw["traced"] === true, root: nodes[0] as ModuleNode, truncated: optional(raw, "truncated", isNumber, 0) };
 }
 
 export type AliveState = { kind: "none" } | { kind: "error"; message: string } | { kind: "ready"; alive: Alive };

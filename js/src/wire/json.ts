@@ -30,6 +30,7 @@ export const isNumberOrNull = (v: unknown): v is number | null => v === null || 
 export const isString = (v: unknown): v is string => typeof v === "string";
 export const isStringOrNull = (v: unknown): v is string | null => v === null || typeof v === "string";
 export const isBool = (v: unknown): v is boolean => typeof v === "boolean";
+export const isArray = (v: unknown): v is unknown[] => Array.isArray(v);
 
 /** Optional fields: absent or wrong-typed reads as `fallback` (older kernels, partial status). */
 export function optional<T>(obj: Json, key: string, check: (v: unknown) => v is T, fallback: T): T {

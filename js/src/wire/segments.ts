@@ -2,7 +2,7 @@
 // browser reads it: checked field by field, each failure a ProtocolError naming the field. Mirrors
 // gpumem_widget/wire/segments.py.
 
-import { ProtocolError, field, isBool, isNumber, isNumberOrNull, isObject, isString, type Json } from "./json";
+import { ProtocolError, field, isArray, isBool, isNumber, isNumberOrNull, isObject, isString, type Json } from "./json";
 
 export type BlockState = "allocated" | "pending_free" | "free";
 
@@ -61,11 +61,10 @@ const STATES: Record<string, BlockState> = {
   free: "free",
   inactive: "free", // torch's name for a free block
 };
-const isList = (v: unknown): v is unknown[] => Array.isArray(v);
 const isNumberOrBool = (v: unknown): v is number | boolean => isNumber(v) || isBool(v);
 
 function list<T>(obj: Json, key: string, what: string, each: (v: Json, where: string) => T): T[] {
-  return field(obj, key, what, isList, "a list").map((v, i) => {
+  return field(obj, key, what, isArray, "a list").map((v, i) => {
     const where = `${what}.${key}[${i}]`;
     if (!isObject(v)) throw new ProtocolError(`${where}: expected an object`);
     return each(v, where);
@@ -78,7 +77,7 @@ export function parseSegmentMap(raw: unknown): SegmentMapView {
   const w = "segment_map";
   const stacks = list(raw, "stacks", w, (s, where) => ({
     site: field(s, "site", where, isString, "a string"),
-    frames: field(s, "frames", where, isList, "a list").filter(isString),
+    frames: field(s, "frames", where, isArray, "a list").filter(isString),
   }));
   const segments = list(raw, "segments", w, (s, where) => ({
     address: field(s, "address", where, isNumber, "a number"),

@@ -64,6 +64,13 @@ export function decodeColumns(raw: unknown, what: string): DecodedTable {
   return { n, columns };
 }
 
+/** A column the table must have: a ProtocolError names it where it is missing. */
+export function column<C extends Column>(columns: Map<string, C>, name: string, what: string): C {
+  const c = columns.get(name);
+  if (!c) throw new ProtocolError(`${what}: no column ${JSON.stringify(name)}`);
+  return c;
+}
+
 /** A table whose every column is read as float64 (f4 columns widened): the snapshot views. */
 export function decodeF64Columns(raw: unknown, what: string): DecodedTable<Float64Array> {
   const { n, columns } = decodeColumns(raw, what);
