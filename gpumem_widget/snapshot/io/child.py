@@ -61,7 +61,7 @@ def _vm_size() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any], Snapshot | None]:
+def _child(job: dict[str, Any], views: ChildViews | None) -> dict[str, Any]:
     where = job["path"]
     with contextlib.suppress(OSError, ValueError):
         # Virtual memory: what is mapped now (interpreter, numpy) plus the cap.
@@ -82,7 +82,7 @@ def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any
         with open_regular(where) as f:
             st = os.fstat(f.fileno())
         if identity(st) != job["identity"]:
-            return {"error": f"{where}: the file changed while it was being opened"}, None
+            return {"error": f"{where}: the file changed while it was being opened"}
         say("reading", 0.0)
         stats: dict[str, int] = {}
         previewed: dict[int, DeviceReplay] = {}  # the preview's replays, stacks to be filled in
@@ -104,17 +104,24 @@ def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any
             data, replays={d: with_stacks(r, data.traces[d]) for d, r in previewed.items()}
         )
         replays = {d: snap.replay(d) for d in snap.devices if d in data.traces}
+        later = (
+            _start_later_views(views, snap, Path(job["entry"]))
+            if views is not None and job.get("keep_segments")
+            else None
+        )
         first = _first_view(views, snap) if views is not None else None
         columnar.write(data, Path(job["entry"]), stats["bytes"], replays, first)
+        if later is not None:
+            os.write(later, b"w")  # the columns are in place: the helper may add its views
     except SnapshotLoadError as e:
         if not isinstance(e, OutOfMemory):
-            return {"error": str(e)}, None
-        return {"error": _too_big(where, job)}, None
+            return {"error": str(e)}
+        return {"error": _too_big(where, job)}
     except MemoryError:
-        return {"error": _too_big(where, job)}, None
+        return {"error": _too_big(where, job)}
     except OSError as e:
-        return {"error": f"{where}: {e.strerror or e}"}, None
-    return {"done": True}, snap
+        return {"error": f"{where}: {e.strerror or e}"}
+    return {"done": True}
 
 
 def identity(st: os.stat_result) -> list[int]:
@@ -177,16 +184,40 @@ def _peak_rss() -> int | None:
     return None
 
 
-def _keep_later_views(views: ChildViews, snap: Snapshot, entry: Path) -> None:
-    """The categories, then the segment map at the first device's peak (what the tab shows
-    beside what is alive there first), kept with the columns: computed here, in parallel with
-    the caller's other views, each written as soon as it is ready."""
+def _start_later_views(views: ChildViews, snap: Snapshot, entry: Path) -> int | None:
+    """Fork a helper that computes the categories, then the segment map at the first device's
+    peak (what the tab shows beside what is alive there first), and keeps each with the columns
+    as soon as it is ready and they are written: it runs on the other core while this process
+    computes the first view and writes the columns, and the caller its other views. Returns
+    the pipe on which this process says the columns are written (one byte; its end without one:
+    they never will be, and the helper exits). None: no helper (nothing to compute, or no fork).
+
+    The helper keeps this process's stdout and stderr open, so the caller's `finishing` is set
+    once it has exited too; it is in this process's group, which the caller kills on a cancel."""
     if not snap.devices or not _checked(snap.data):
-        return
-    with contextlib.suppress(Exception):  # the caller computes it where it is missing
-        columnar.write_extra(entry, columnar.CATEGORIES, views.categories(snap))
-    snap.release_pages()
-    columnar.write_extra(entry, columnar.PEAK_SEGMENTS, views.peak_segments(snap))
+        return None
+    written, told = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(written)
+        os.close(told)
+        return None
+    if pid:
+        os.close(written)
+        return told
+    os.close(told)
+    try:
+        categories: dict[int, CategoriesView] | None = None
+        with contextlib.suppress(Exception):  # the caller computes what is missing
+            categories = views.categories(snap)
+        if os.read(written, 1):
+            if categories is not None:
+                columnar.write_extra(entry, columnar.CATEGORIES, categories)
+            with contextlib.suppress(Exception):
+                columnar.write_extra(entry, columnar.PEAK_SEGMENTS, views.peak_segments(snap))
+    finally:
+        os._exit(0)
 
 
 def main(views_name: str = "") -> None:
@@ -200,12 +231,10 @@ def main(views_name: str = "") -> None:
     if not line:  # a spare no longer wanted, or its parent gone
         os._exit(0)
     job = json.loads(line)
-    result, snap = _child(job, views)
+    result = _child(job, views)
     print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
-    if snap is not None and views is not None and job.get("keep_segments"):
-        with contextlib.suppress(Exception):  # the caller computes it where it is missing
-            _keep_later_views(views, snap, Path(job["entry"]))
-    # Everything the caller needs is in the cache: skip freeing this process's objects.
+    # Everything the caller needs is in the cache (or on its way, from the helper that
+    # `_start_later_views` forked): skip freeing this process's objects.
     sys.stderr.flush()
     os._exit(0)
 

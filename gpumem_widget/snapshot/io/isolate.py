@@ -12,8 +12,9 @@ more than the columns.
 
 So that something is drawn early, the child sends a preview (active and reserved memory over
 the trace) as soon as the totals' columns are read, before the stacks; it keeps the tab's first
-view with the columns, and once they are written (the caller maps them and goes on) it replays
-the allocator to the peak and keeps that segment map too, under its RLIMIT_AS cap alone. What
+view with the columns; a helper it forks once the stacks are read computes the categories on
+the other core while it writes them, and once they are written (the caller maps them and goes
+on) replays the allocator to the peak and keeps that segment map too, under the cap alone. What
 it computes beyond the columns is named by the caller (`child.ChildViews`, a module given by
 name in the job): reading files imports no view. The child itself is `child`.
 
@@ -32,6 +33,7 @@ import logging
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -140,6 +142,7 @@ def open_file(
             return data, info, replays
     if not cache:
         entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
+    finishing: threading.Event | None = None
     try:
         peak, finishing = _run_child(
             where,
@@ -154,7 +157,8 @@ def open_file(
             keep_segments=cache,  # an uncached entry is removed once mapped
         )
     finally:
-        _spare.replace()
+        if finishing is None:  # it failed: the next spare now (else once the child has exited)
+            _spare.replace()
     if progress is not None:
         progress("mapping", None)
     try:
@@ -215,7 +219,7 @@ def _run_child(
                 sampled = max(sampled, rss)
                 if rss > limit_rss:
                     over = True
-                    child.kill()
+                    _kill_group(child)
                 if sel.select(_POLL_S):
                     chunk = os.read(child.stdout.fileno(), 65536)
                     if not chunk:
@@ -407,8 +411,10 @@ def stop_warm() -> None:
 
 
 def _finish_in_background(child: subprocess.Popen[bytes]) -> threading.Event:
-    """Let the child finish what it keeps beyond the columns (`_keep_peak_segments`) while the
-    caller goes on; the event is set once it has exited (and is reaped)."""
+    """Let the child finish what it keeps beyond the columns (`_keep_later_views`) while the
+    caller goes on; the event is set once it has exited (and is reaped). Only then is the next
+    spare readied: starting Python and numpy is half a second of a core, which the caller's
+    views and the child's need until then (on two cores it held the whole view back)."""
     done = threading.Event()
 
     def drain() -> None:
@@ -421,6 +427,7 @@ def _finish_in_background(child: subprocess.Popen[bytes]) -> threading.Event:
         child.stderr.close()
         child.wait()
         done.set()
+        _spare.replace()
 
     threading.Thread(target=drain, name="gpumem-snapshot-child", daemon=True).start()
     return done
@@ -452,9 +459,17 @@ def _hand(preview: Preview, view: dict[str, Any]) -> None:
 
 
 def _kill(child: subprocess.Popen[bytes]) -> None:
+    _kill_group(child)
+    child.wait()
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    """Kill `child` and the helper it forks (`child._start_later_views`): its process group,
+    as it leads a session of its own (and is not reaped yet, so the group is still its)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         child.kill()
-    child.wait()
 
 
 def _rss(pid: int) -> int:
