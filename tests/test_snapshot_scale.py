@@ -612,3 +612,45 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
     child._send_preview(first, data, replayed)
     assert capsys.readouterr().out == ""
     assert replayed == {}  # nothing sent, nothing kept: the conversion replays it itself
+
+
+def test_the_childs_helper_ends_with_the_child(tmp_path: Path) -> None:
+    """The helper the conversion child forks for its later views (in a session of its own)
+    is killed with the child, as on a cancel: nothing is left computing for a file given up."""
+    from gpumem_widget.snapshot.io import child
+    from gpumem_widget.snapshot.io.load import read_snapshot
+    from gpumem_widget.snapshot.model.replay import Snapshot
+
+    class Slow:
+        @staticmethod
+        def categories(snap: Snapshot) -> dict[int, Any]:
+            time.sleep(60)
+            return {}
+
+    snap = Snapshot(read_snapshot(pickle.dumps(small_snapshot(), protocol=4)))
+    told, said = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # stands for the conversion child
+        try:
+            helper = child._Helper.start(Slow, snap, tmp_path)  # type: ignore[arg-type]
+            os.write(said, str(helper.pid if helper else 0).encode())
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(said)
+    helper_pid = int(os.read(told, 32))
+    assert helper_pid
+    assert Path(f"/proc/{helper_pid}/stat").read_text().split()[5] == str(helper_pid)  # setsid
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+
+    def alive() -> bool:
+        try:  # a zombie (state Z) is dead, waiting to be reaped by init
+            return Path(f"/proc/{helper_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive()

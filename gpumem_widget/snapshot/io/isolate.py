@@ -33,7 +33,6 @@ import logging
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -219,7 +218,7 @@ def _run_child(
                 sampled = max(sampled, rss)
                 if rss > limit_rss:
                     over = True
-                    _kill_group(child)
+                    child.kill()
                 if sel.select(_POLL_S):
                     chunk = os.read(child.stdout.fileno(), 65536)
                     if not chunk:
@@ -459,17 +458,9 @@ def _hand(preview: Preview, view: dict[str, Any]) -> None:
 
 
 def _kill(child: subprocess.Popen[bytes]) -> None:
-    _kill_group(child)
-    child.wait()
-
-
-def _kill_group(child: subprocess.Popen[bytes]) -> None:
-    """Kill `child` and the helper it forks (`child._start_later_views`): its process group,
-    as it leads a session of its own (and is not reaped yet, so the group is still its)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
-        child.kill()
+        child.kill()  # its helper (`child._Helper`) dies with it
+    child.wait()
 
 
 def _rss(pid: int) -> int:
