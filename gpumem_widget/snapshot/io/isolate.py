@@ -341,13 +341,17 @@ class _Spare:
         with self._lock:
             self._forget_if_forked()
             self.wanted = True
-            if views is not None and views != self._views:
-                self._views = views
-                if self._child is not None:
-                    _reap(self._child)  # readied for other views
-                    self._child = None
-            if self._child is None or self._child.poll() is not None:
-                self._child = _spawn(self._views)
+            self._ready(views)
+
+    def _ready(self, views: str | None = None) -> None:
+        """Start the spare where none is alive (the lock held)."""
+        if views is not None and views != self._views:
+            self._views = views
+            if self._child is not None:
+                _reap(self._child)  # readied for other views
+                self._child = None
+        if self._child is None or self._child.poll() is not None:
+            self._child = _spawn(self._views)
 
     def take(self, views: str) -> subprocess.Popen[bytes] | None:
         """The spare, if one is ready for `views` and alive (the caller owns it then)."""
@@ -368,10 +372,14 @@ class _Spare:
             self._child, self._owner, self.wanted = None, os.getpid(), False
 
     def replace(self) -> None:
-        """Ready the next spare, if one is wanted (after a conversion: not competing with it)."""
-        if self.wanted:
-            with contextlib.suppress(OSError):
-                self.warm()
+        """Ready the next spare, if one is still wanted (after a conversion: not competing with
+        it). Checked under the lock: it runs on the thread that saw a child end, and a `stop`
+        meanwhile is final."""
+        with self._lock:
+            self._forget_if_forked()
+            if self.wanted:
+                with contextlib.suppress(OSError):
+                    self._ready()
 
     def stop(self) -> None:
         """No more spares; the one waiting exits (it reads the end of its stdin)."""
