@@ -328,7 +328,7 @@ class _Spare:
     """One conversion child started before it is needed: opening a file then skips starting
     Python and importing numpy and the conversion code (a quarter of a second on a 2-core
     machine). Only a caller that will open files asks for one (`warm`), and each file opened
-    while one is wanted readies the next once it is converted."""
+    while one is wanted readies the next once its child (and the child's helper) has exited."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
