@@ -313,11 +313,6 @@ def test_a_waiting_child_converts_the_next_file_and_another_takes_its_place(
         snap = open_snapshot(good, cache=False)
         assert spare.wait(timeout=10) == 0, "the waiting child did the conversion"
         assert snap.replay(0).active.tolist() == expected.replay(0).active.tolist()
-        # The next one is readied once the converting child has exited (not competing with
-        # what it and the caller compute after the columns are written).
-        deadline = time.monotonic() + 10
-        while isolate._spare._child is None and time.monotonic() < deadline:
-            time.sleep(0.01)
         following = isolate._spare._child
         assert following is not None
         assert following.pid != spare.pid
@@ -544,8 +539,8 @@ def vars_of(obj: Any) -> list[np.ndarray[Any, Any]]:
 
 
 def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
-    """After the columns, the child's helper replays the allocator to the first device's peak
-    and keeps that segment map (the slowest view) with them: the same map the kernel computes."""
+    """After the columns, the child replays the allocator to the first device's peak and keeps
+    that segment map (the slowest view) with them: the same map the kernel computes."""
     from gpumem_widget.drilldown import controller as drilldown
     from gpumem_widget.snapshot.io import columnar
     from gpumem_widget.snapshot.views.segment_views import segment_map
@@ -569,8 +564,8 @@ def test_the_child_keeps_the_segment_map_at_the_peak(tmp_path: Path) -> None:
 
 
 def test_the_child_keeps_the_categories_the_kernel_would_compute(tmp_path: Path) -> None:
-    """Before the segment map, the child's helper computes each device's categories (while the
-    child writes the columns) and keeps them with the columns: the view `overview` computes."""
+    """Before the segment map, the child computes each device's categories and keeps them with
+    the columns (in parallel with the kernel's other views): the view `overview` computes."""
     from gpumem_widget.drilldown import controller as drilldown
     from gpumem_widget.snapshot.io import columnar
     from gpumem_widget.snapshot.views.panel import category_view, overview
@@ -612,52 +607,3 @@ def test_a_preview_that_fails_is_skipped_not_the_open(
     child._send_preview(first, data, replayed)
     assert capsys.readouterr().out == ""
     assert replayed == {}  # nothing sent, nothing kept: the conversion replays it itself
-
-
-def test_the_childs_helper_ends_with_the_child(tmp_path: Path) -> None:
-    """The helper the conversion child forks for its later views (in a session of its own)
-    is killed with the child, as on a cancel: nothing is left computing for a file given up."""
-    from gpumem_widget.snapshot.io import child
-    from gpumem_widget.snapshot.io.load import read_snapshot
-    from gpumem_widget.snapshot.model.replay import Snapshot
-
-    class Slow:
-        @staticmethod
-        def categories(snap: Snapshot) -> dict[int, Any]:
-            time.sleep(60)
-            return {}
-
-    snap = Snapshot(read_snapshot(pickle.dumps(small_snapshot(), protocol=4)))
-    told, said = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # stands for the conversion child
-        try:
-            helper = child._Helper.start(Slow, snap, tmp_path)  # type: ignore[arg-type]
-            os.write(said, str(helper.pid if helper else 0).encode())
-            time.sleep(60)
-        finally:
-            os._exit(0)
-    os.close(said)
-    helper_pid = int(os.read(told, 32))
-    assert helper_pid
-
-    def session() -> str:
-        return Path(f"/proc/{helper_pid}/stat").read_text().rsplit(")", 1)[1].split()[3]
-
-    deadline = time.monotonic() + 10
-    while session() != str(helper_pid) and time.monotonic() < deadline:
-        time.sleep(0.01)  # it calls setsid once forked
-    assert session() == str(helper_pid)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-
-    def alive() -> bool:
-        try:  # a zombie (state Z) is dead, waiting to be reaped by init
-            return Path(f"/proc/{helper_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    deadline = time.monotonic() + 10
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not alive()

@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import resource
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -62,8 +61,7 @@ def _vm_size() -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any], _Helper | None]:
-    """Convert the file `job` names: the answer, and the helper forked for the later views."""
+def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any], Snapshot | None]:
     where = job["path"]
     with contextlib.suppress(OSError, ValueError):
         # Virtual memory: what is mapped now (interpreter, numpy) plus the cap.
@@ -80,12 +78,11 @@ def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any
         else:
             say("reading", done / total)
 
-    helper: _Helper | None = None
     try:
         with open_regular(where) as f:
             st = os.fstat(f.fileno())
         if identity(st) != job["identity"]:
-            return {"error": f"{where}: the file changed while it was being opened"}, helper
+            return {"error": f"{where}: the file changed while it was being opened"}, None
         say("reading", 0.0)
         stats: dict[str, int] = {}
         previewed: dict[int, DeviceReplay] = {}  # the preview's replays, stacks to be filled in
@@ -107,21 +104,17 @@ def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any
             data, replays={d: with_stacks(r, data.traces[d]) for d, r in previewed.items()}
         )
         replays = {d: snap.replay(d) for d in snap.devices if d in data.traces}
-        if views is not None and job.get("keep_segments"):
-            helper = _Helper.start(views, snap, Path(job["entry"]))
         first = _first_view(views, snap) if views is not None else None
         columnar.write(data, Path(job["entry"]), stats["bytes"], replays, first)
     except SnapshotLoadError as e:
         if not isinstance(e, OutOfMemory):
-            return {"error": str(e)}, helper
-        return {"error": _too_big(where, job)}, helper
+            return {"error": str(e)}, None
+        return {"error": _too_big(where, job)}, None
     except MemoryError:
-        return {"error": _too_big(where, job)}, helper
+        return {"error": _too_big(where, job)}, None
     except OSError as e:
-        return {"error": f"{where}: {e.strerror or e}"}, helper
-    if helper is not None:
-        helper.written()
-    return {"done": True}, helper
+        return {"error": f"{where}: {e.strerror or e}"}, None
+    return {"done": True}, snap
 
 
 def identity(st: os.stat_result) -> list[int]:
@@ -184,73 +177,16 @@ def _peak_rss() -> int | None:
     return None
 
 
-class _Helper:
-    """A process forked once the stacks are read: it computes the categories, then the segment
-    map at the first device's peak (what the tab shows beside what is alive there first), and
-    keeps each with the columns as soon as it is ready and they are written. It runs on the
-    other core while this process computes the first view and writes the columns, and the
-    caller its other views; in a session of its own, as this process is, so where the system
-    shares time between sessions (autogroups) it has its own share, not half of this one's.
-    The kernel kills it with this process (the parent-death signal); this process waits for it
-    before it exits, so the caller's `finishing` covers it."""
-
-    def __init__(self, pid: int, told: int) -> None:
-        self.pid = pid
-        self._told = told  # this process's end of the pipe that says the columns are written
-
-    @classmethod
-    def start(cls, views: ChildViews, snap: Snapshot, entry: Path) -> _Helper | None:
-        """The helper, forked (None: nothing to compute, or no fork)."""
-        if not snap.devices or not _checked(snap.data):
-            return None
-        written, told = os.pipe()
-        parent = os.getpid()
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(written)
-            os.close(told)
-            return None
-        if pid:
-            os.close(written)
-            return cls(pid, told)
-        try:
-            os.close(told)
-            _die_with(parent)
-            with contextlib.suppress(OSError):
-                os.setsid()
-            categories: dict[int, CategoriesView] | None = None
-            with contextlib.suppress(Exception):  # the caller computes what is missing
-                categories = views.categories(snap)
-            if os.read(written, 1):  # its end without a byte: the columns never will be
-                if categories is not None:
-                    columnar.write_extra(entry, columnar.CATEGORIES, categories)
-                with contextlib.suppress(Exception):
-                    columnar.write_extra(entry, columnar.PEAK_SEGMENTS, views.peak_segments(snap))
-        finally:
-            os._exit(0)
-
-    def written(self) -> None:
-        """The columns are in place: the helper may keep its views with them."""
-        os.write(self._told, b"w")
-
-    def wait(self) -> None:
-        """Wait for the helper to end (at once where the columns were not written)."""
-        os.close(self._told)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-
-
-def _die_with(parent: int) -> None:
-    """Have this process killed when its parent ends (Linux's parent-death signal); it exits
-    now where the parent has already ended."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(0)
+def _keep_later_views(views: ChildViews, snap: Snapshot, entry: Path) -> None:
+    """The categories, then the segment map at the first device's peak (what the tab shows
+    beside what is alive there first), kept with the columns: computed here, in parallel with
+    the caller's other views, each written as soon as it is ready."""
+    if not snap.devices or not _checked(snap.data):
+        return
+    with contextlib.suppress(Exception):  # the caller computes it where it is missing
+        columnar.write_extra(entry, columnar.CATEGORIES, views.categories(snap))
+    snap.release_pages()
+    columnar.write_extra(entry, columnar.PEAK_SEGMENTS, views.peak_segments(snap))
 
 
 def main(views_name: str = "") -> None:
@@ -264,12 +200,13 @@ def main(views_name: str = "") -> None:
     if not line:  # a spare no longer wanted, or its parent gone
         os._exit(0)
     job = json.loads(line)
-    result, helper = _child(job, views)
+    result, snap = _child(job, views)
     print(json.dumps({**result, "peak_rss": _peak_rss()}), flush=True)
-    sys.stderr.flush()
-    if helper is not None:
-        helper.wait()
+    if snap is not None and views is not None and job.get("keep_segments"):
+        with contextlib.suppress(Exception):  # the caller computes it where it is missing
+            _keep_later_views(views, snap, Path(job["entry"]))
     # Everything the caller needs is in the cache: skip freeing this process's objects.
+    sys.stderr.flush()
     os._exit(0)
 
 

@@ -12,9 +12,8 @@ more than the columns.
 
 So that something is drawn early, the child sends a preview (active and reserved memory over
 the trace) as soon as the totals' columns are read, before the stacks; it keeps the tab's first
-view with the columns; a helper it forks once the stacks are read computes the categories on
-the other core while it writes them, and once they are written (the caller maps them and goes
-on) replays the allocator to the peak and keeps that segment map too, under the cap alone. What
+view with the columns, and once they are written (the caller maps them and goes on) it replays
+the allocator to the peak and keeps that segment map too, under its RLIMIT_AS cap alone. What
 it computes beyond the columns is named by the caller (`child.ChildViews`, a module given by
 name in the job): reading files imports no view. The child itself is `child`.
 
@@ -141,7 +140,6 @@ def open_file(
             return data, info, replays
     if not cache:
         entry = entry.with_name(f"{entry.name}.once-{os.getpid()}-{threading.get_ident()}")
-    finishing: threading.Event | None = None
     try:
         peak, finishing = _run_child(
             where,
@@ -156,8 +154,7 @@ def open_file(
             keep_segments=cache,  # an uncached entry is removed once mapped
         )
     finally:
-        if finishing is None:  # it failed: the next spare now (else once the child has exited)
-            _spare.replace()
+        _spare.replace()
     if progress is not None:
         progress("mapping", None)
     try:
@@ -328,7 +325,7 @@ class _Spare:
     """One conversion child started before it is needed: opening a file then skips starting
     Python and importing numpy and the conversion code (a quarter of a second on a 2-core
     machine). Only a caller that will open files asks for one (`warm`), and each file opened
-    while one is wanted readies the next once its child (and the child's helper) has exited."""
+    while one is wanted readies the next once it is converted."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -341,17 +338,13 @@ class _Spare:
         with self._lock:
             self._forget_if_forked()
             self.wanted = True
-            self._ready(views)
-
-    def _ready(self, views: str | None = None) -> None:
-        """Start the spare where none is alive (the lock held)."""
-        if views is not None and views != self._views:
-            self._views = views
-            if self._child is not None:
-                _reap(self._child)  # readied for other views
-                self._child = None
-        if self._child is None or self._child.poll() is not None:
-            self._child = _spawn(self._views)
+            if views is not None and views != self._views:
+                self._views = views
+                if self._child is not None:
+                    _reap(self._child)  # readied for other views
+                    self._child = None
+            if self._child is None or self._child.poll() is not None:
+                self._child = _spawn(self._views)
 
     def take(self, views: str) -> subprocess.Popen[bytes] | None:
         """The spare, if one is ready for `views` and alive (the caller owns it then)."""
@@ -372,14 +365,10 @@ class _Spare:
             self._child, self._owner, self.wanted = None, os.getpid(), False
 
     def replace(self) -> None:
-        """Ready the next spare, if one is still wanted (after a conversion: not competing with
-        it). Checked under the lock: it runs on the thread that saw a child end, and a `stop`
-        meanwhile is final."""
-        with self._lock:
-            self._forget_if_forked()
-            if self.wanted:
-                with contextlib.suppress(OSError):
-                    self._ready()
+        """Ready the next spare, if one is wanted (after a conversion: not competing with it)."""
+        if self.wanted:
+            with contextlib.suppress(OSError):
+                self.warm()
 
     def stop(self) -> None:
         """No more spares; the one waiting exits (it reads the end of its stdin)."""
@@ -418,10 +407,8 @@ def stop_warm() -> None:
 
 
 def _finish_in_background(child: subprocess.Popen[bytes]) -> threading.Event:
-    """Let the child finish what it keeps beyond the columns (`_keep_later_views`) while the
-    caller goes on; the event is set once it has exited (and is reaped). Only then is the next
-    spare readied: starting Python and numpy is half a second of a core, which the caller's
-    views and the child's need until then (on two cores it held the whole view back)."""
+    """Let the child finish what it keeps beyond the columns (`_keep_peak_segments`) while the
+    caller goes on; the event is set once it has exited (and is reaped)."""
     done = threading.Event()
 
     def drain() -> None:
@@ -434,7 +421,6 @@ def _finish_in_background(child: subprocess.Popen[bytes]) -> threading.Event:
         child.stderr.close()
         child.wait()
         done.set()
-        _spare.replace()
 
     threading.Thread(target=drain, name="gpumem-snapshot-child", daemon=True).start()
     return done
@@ -467,7 +453,7 @@ def _hand(preview: Preview, view: dict[str, Any]) -> None:
 
 def _kill(child: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
-        child.kill()  # its helper (`child._Helper`) dies with it
+        child.kill()
     child.wait()
 
 

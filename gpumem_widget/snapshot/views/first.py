@@ -3,10 +3,9 @@
 `open_snapshot` names this module in the child's job (`io.isolate` knows no views: it imports
 the module it is given and calls these): `preview`, once the memory totals are read and
 before the stacks; `first_view`, kept with the columns, which a reopen draws at once;
-`categories`, computed by a helper the child forks while it computes the first view and
-writes the columns, kept with them once written; `peak_segments`, the allocator's segment map
-at the first device's peak (a Python replay of the entries up to it), computed by the helper
-next, while the caller computes the others. Its
+`categories`, kept with the columns once they are written, while the caller computes the rest;
+`peak_segments`, the allocator's segment map at the first device's peak (a Python replay of
+the entries up to it), kept with the columns while the caller computes the others. Its
 imports are at the top so that a spare child has imported all of it before its job arrives.
 """
 
