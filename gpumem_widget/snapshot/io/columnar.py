@@ -167,7 +167,7 @@ def write(
             columns[name] = {
                 "dtype": arr.dtype.str,
                 "length": len(arr),
-                "crc32": zlib.crc32(arr),  # in place: a copy of every column took 0.1 s
+                "crc32": zlib.crc32(arr.data),  # in place: a copy of every column took 0.1 s
             }
 
         for d, trace in data.traces.items():
