@@ -348,7 +348,9 @@ static Column *column(Reader *r, size_t k) {
     return (Column *)((char *)r + COLUMNS[k].at);
 }
 
-#define REPORT_EVERY (1 << 18) /* and the mapped pages read so far given back (c_reader) */
+/* And the mapped pages read so far given back (c_reader): at most 64 kB of the file stays
+ * mapped in, about what the unpickler buffers. */
+#define REPORT_EVERY (1 << 16)
 
 static int unsupported(const char *why) {
     if (!PyErr_Occurred()) PyErr_SetString(Unsupported, why);

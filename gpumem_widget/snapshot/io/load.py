@@ -358,8 +358,11 @@ def _refuse_deep_keys(f: BinaryIO, kind: str, max_bytes: int, where: str) -> Non
         ) from None
     finally:
         f.seek(0)
-    if depth is not None:
-        raise SnapshotLoadError(f"{where}: refused: {nesting.too_deep(depth)}")
+    if depth is not None:  # in the C reader's words: the same error on both paths
+        raise SnapshotLoadError(
+            f"{where}: refused: a dict key nested too deeply (tuples more than {nesting.LIMIT} "
+            "levels deep)"
+        )
 
 
 def _unpickle(reader: _LimitedReader, where: str) -> Any:
