@@ -361,6 +361,7 @@ KEPT_BY_THE_READER = {
     "popped strings": b"\x80\x02N" + b"".join(b"\x8c\x08%08d0" % k for k in range(400_000)) + b".",
     "popped tuples": b"\x80\x02N" + b")\x850" * 1_500_000 + b".",
     "lists of empty lists": b"\x80\x02]" + (b"(" + b"]" * 1000 + b"e") * 2000 + b".",
+    "popped lists of dicts": b"\x80\x02N" + (b"](" + b"}" * 100 + b"e0") * 20_000 + b".",
 }
 _PEAK = """
 import sys

@@ -308,6 +308,7 @@ typedef struct {
     List *lists;
     Py_ssize_t n_lists, lists_cap;
     int64_t free_lists; /* the first record given back (-1: none) */
+    int dropped_unread; /* a list of dicts let go of before anything took it */
     int64_t copied; /* items copied for frames that were a tuple or a built list */
     int64_t wasted; /* ids of lists built since, left in `items` */
 
@@ -364,6 +365,9 @@ static int unsupported(const char *why) {
 static void list_unref(Reader *r, int64_t i) {
     List *l = &r->lists[i];
     if (--l->refs > 0 || l->pinned) return;
+    /* Its dicts, numbered, stay in `objects` where the unpickler would free them: a pickle of
+     * lists dropped unread (none that pickle writes) is left to the unpickler. */
+    if (!l->obj && l->frames < 0 && l->len) r->dropped_unread = 1;
     if (l->obj) Py_CLEAR(l->obj);
     else if (l->frames < 0 && l->start + l->len == (int64_t)r->items.len) r->items.len = (size_t)l->start;
     else if (l->frames < 0) r->wasted += l->len;
@@ -1291,6 +1295,7 @@ static PyObject *run(Reader *r) {
             return NULL;
         }
         if (ok < 0) return NULL;
+        if (r->dropped_unread) return unsupported("a list dropped before anything took it"), NULL;
     }
 }
 
