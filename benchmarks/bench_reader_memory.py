@@ -1,12 +1,14 @@
 """Peak memory of reading crafted pickles with the C reader on and off.
 
-    python benchmarks/bench_reader_memory.py [--mb 100] [--only NAME]
+    python benchmarks/bench_reader_memory.py [--mb 100] [--only NAME...]
 
 Each file is `--mb` megabytes of one pattern an attacker can repeat cheaply (issue 28): reads of
 one memoized int, MEMOIZE runs, MARK runs, memoized empty lists, minimal trace entries, entries
-sharing one big frames tuple. Each is read by `read_snapshot` in a child process of its own,
-once with the reader (GPUMEM_WIDGET_C_READER=1) and once without (=0), and the child's peak
-resident memory (ru_maxrss) is reported, with a child that only imports as the floor. The bar:
+sharing one big frames tuple; and what the reader's tables once kept alive after the unpickler
+had let it go (popped strings, tuples, lists of dicts) or kept a record of (lists). Each is
+read by `read_snapshot` in a child process of its own, as the conversion child reads it, once
+with the reader (GPUMEM_WIDGET_C_READER=1) and once without (=0), and the child's peak
+resident memory (VmHWM) is reported, with a child that only imports as the floor. The bar:
 no file needs more memory with the reader than without. Results go to
 benchmarks/results/bench_reader_memory.json.
 """
@@ -60,6 +62,31 @@ def _empty_lists(size: int) -> bytes:
     return _fill(b"\x80\x04]\x94", b"(" + b"]\x94" * 1000 + b"e", b".", size)
 
 
+def _popped_strings(size: int) -> bytes:
+    """Distinct short strings, each dropped at once (POP)."""
+    count = size // 11
+    return b"\x80\x02N" + b"".join(b"\x8c\x08%08d0" % k for k in range(count)) + b"."
+
+
+def _popped_tuples(size: int) -> bytes:
+    """A tuple of a tuple, dropped at once, again and again."""
+    return _fill(b"\x80\x02N", b")\x850", b".", size)
+
+
+def _plain_empty_lists(size: int) -> bytes:
+    """A list of empty lists, none memoized."""
+    return _fill(b"\x80\x02]", b"(" + b"]" * 1000 + b"e", b".", size)
+
+
+def _lists_of_one_int(size: int) -> bytes:
+    return _fill(b"\x80\x02]", b"(" + b"]K\x07a" * 1000 + b"e", b".", size)
+
+
+def _popped_lists_of_dicts(size: int) -> bytes:
+    """Lists of 100 empty dicts, each list dropped at once."""
+    return _fill(b"\x80\x02N", b"](" + b"}" * 100 + b"e0", b".", size)
+
+
 def _str(s: bytes, idx: int) -> bytes:
     return b"X" + len(s).to_bytes(4, "little") + s + b"q" + bytes([idx]) + b"0"
 
@@ -91,21 +118,29 @@ PATTERNS: dict[str, Callable[[int], bytes]] = {
     "memoized_empty_lists": _empty_lists,
     "minimal_entries": _entries,
     "entries_sharing_a_frames_tuple": _shared_frames,
+    "popped_strings": _popped_strings,
+    "popped_tuples": _popped_tuples,
+    "plain_empty_lists": _plain_empty_lists,
+    "lists_of_one_int": _lists_of_one_int,
+    "popped_lists_of_dicts": _popped_lists_of_dicts,
 }
 
 CHILD = """
-import resource, sys, time
+import sys, time
 from gpumem_widget.snapshot import SnapshotLoadError, read_snapshot
 from gpumem_widget.snapshot.io import c_reader
 started = time.perf_counter()
 outcome = "imported"
 if sys.argv[1]:
     try:
-        read_snapshot(sys.argv[1], max_bytes=1 << 40)
+        read_snapshot(sys.argv[1], max_bytes=1 << 40, isolated=True)  # as the conversion child
         outcome = "read"
     except SnapshotLoadError as e:
         outcome = "error: " + str(e).split(": ", 1)[-1][:80]
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, c_reader.available(),
+# The child's own high-water mark: rusage's would count this script's at the fork (the files
+# it made), over the child's own for a file that needs less.
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(peak, c_reader.available(),
       round(time.perf_counter() - started, 2), outcome, sep="\\t")
 """
 
@@ -126,13 +161,13 @@ def _peak(path: str, reader: bool) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=100)
-    parser.add_argument("--only", choices=sorted(PATTERNS))
+    parser.add_argument("--only", choices=sorted(PATTERNS), nargs="*")
     args = parser.parse_args()
     result: dict[str, object] = {"file_mb": args.mb, "floor_mb": _peak("", True)["peak_mb"]}
     worse = []
     with tempfile.TemporaryDirectory(prefix="bench_reader_memory_") as folder:
         for name, make in PATTERNS.items():
-            if args.only and name != args.only:
+            if args.only and name not in args.only:
                 continue
             path = Path(folder) / f"{name}.pickle"
             path.write_bytes(make(args.mb * 1_000_000))

@@ -509,3 +509,47 @@ def test_counts_match_the_prompts_and_silent_requests_get_no_row(loaded: Loaded)
     assert (c.count, "c13 = 3") in rows
     assert c.count == a.count + 1  # the prompts the front end shows
     assert not [src for _, src in rows if src == "b13 = 2"]
+
+
+# A worker started in the very cell that loads the extension, before the session it builds on
+# its thread listens; then `%gpumem workers` asked until the worker is listed (30 s at most).
+WORKER_AFTER_LOAD = f"""
+import os, subprocess, sys
+get_ipython().run_line_magic("load_ext", "gpumem_widget")
+_worker = subprocess.Popen(
+    [sys.executable, {str(REPO / "tests" / "worker_process.py")!r}],
+    env=dict(os.environ, PYTHONPATH={str(REPO)!r}),
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+)
+"""
+LIST_THE_WORKER = """
+import contextlib, io, json, time
+for _ in range(300):
+    with contextlib.redirect_stdout(io.StringIO()) as _listed:
+        get_ipython().run_line_magic("gpumem", "workers")
+    if f"pid {_worker.pid}: live" in _listed.getvalue():
+        break
+    time.sleep(0.1)
+_first = _worker.stdout.readline().strip()
+_worker.stdin.close()
+_worker.wait(10)
+print(json.dumps({"first": _first, "listed": _listed.getvalue(), "pid": _worker.pid}))
+"""
+
+
+def test_a_worker_started_right_after_load_ext_is_listed(kernel_specs: KernelSpecManager) -> None:
+    """Issue 28, in a real kernel: a worker whose attach() ran before the kernel listened keeps
+    trying in the background and is listed; `%gpumem workers` says it started early."""
+    km, k = start_kernel(kernel_specs)
+    try:
+        started = k.execute(WORKER_AFTER_LOAD)
+        assert started.reply["content"]["status"] == "ok", started.reply["content"]
+        ex = k.execute(LIST_THE_WORKER, timeout=60)
+        assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+        seen = json.loads(ex.stdout())
+        assert f"pid {seen['pid']}: live" in seen["listed"], seen
+        if seen["first"] == "detached":  # it found nobody: the listing says why it came late
+            assert "started before this notebook listened" in seen["listed"], seen
+    finally:
+        k.client.stop_channels()
+        km.shutdown_kernel(now=True)

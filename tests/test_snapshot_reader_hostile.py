@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import pickle
 import pickletools
 import struct
@@ -182,6 +183,52 @@ def test_a_key_nested_too_deeply_is_refused_not_a_crash(tmp_path: Path) -> None:
     assert "nested too deeply" in done.stdout
 
 
+# Each way to unpickle in the calling process (no conversion child to die instead), with the
+# pickle at `path`: the reader off, a compressed file, a file the reader declines (a set before
+# the key: an opcode it does not read), pickled bytes, an export.
+IN_PROCESS = {
+    "reader off": "GPUMEM_WIDGET_C_READER=0 read_snapshot(path)",
+    "compressed": "read_snapshot(gz)",
+    "declined": "read_snapshot(declined)",
+    "bytes": "open_snapshot(open(path, 'rb').read())",
+    "export": "export_memory_viz(gz, path + '.out')",
+}
+
+
+@pytest.mark.parametrize("entry", IN_PROCESS.values(), ids=list(IN_PROCESS))
+def test_a_key_nested_too_deeply_is_refused_in_process_on_every_path(
+    tmp_path: Path, entry: str
+) -> None:
+    """Issue 28: unpickling in the calling process would overflow the C stack hashing such a
+    key (the process dies, a kernel with it); it is scanned for first and refused, in the
+    words the reader uses (run in a child process, so a crash would not take pytest with
+    it)."""
+    data = _deep_key(20_000)  # refused past 10,000 levels (300,000 would crash)
+    (tmp_path / "deep.pickle").write_bytes(data)
+    (tmp_path / "deep.pickle.gz").write_bytes(gzip.compress(data))
+    (tmp_path / "declined.pickle").write_bytes(b"\x80\x04\x8f(K\x01\x900" + data[2:])
+    env, call = entry.split(" ", 1) if entry.startswith("GPUMEM") else ("", entry)
+    code = (
+        "import os\n"
+        + (f"os.environ[{env.split('=')[0]!r}] = '0'\n" if env else "")
+        + "from gpumem_widget.snapshot import SnapshotLoadError, open_snapshot, read_snapshot\n"
+        "from gpumem_widget.snapshot.io.export import export_memory_viz\n"
+        f"path = {str(tmp_path / 'deep.pickle')!r}\n"
+        "gz, declined = path + '.gz', os.path.join(os.path.dirname(path), 'declined.pickle')\n"
+        "try:\n"
+        f"    {call}\n"
+        "except SnapshotLoadError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused: a dict key nested too deeply (tuples more than 10000 levels deep)" in (
+        done.stdout
+    ), done.stdout
+
+
 @pytest.mark.parametrize(
     ("reader", "compressed"), [("on", False), ("on", True), ("off", False)], ids=str
 )
@@ -306,3 +353,46 @@ def test_a_dict_held_twice_is_never_made_a_row(tmp_path: Path, entries: list[byt
         dicts = [e for e in top["device_traces"][0] if isinstance(e, dict)]
         assert len({id(d) for d in dicts}) < len(dicts) or not dicts  # still shared
     _same_both_ways(tmp_path, data)
+
+
+# Crafted files whose every object the unpickler lets go of at once (or holds only in a list
+# of them), where the reader's tables once held each one for the whole read.
+KEPT_BY_THE_READER = {
+    "popped strings": b"\x80\x02N" + b"".join(b"\x8c\x08%08d0" % k for k in range(400_000)) + b".",
+    "popped tuples": b"\x80\x02N" + b")\x850" * 1_500_000 + b".",
+    "lists of empty lists": b"\x80\x02]" + (b"(" + b"]" * 1000 + b"e") * 2000 + b".",
+    "popped lists of dicts": b"\x80\x02N" + (b"](" + b"}" * 100 + b"e0") * 20_000 + b".",
+}
+_PEAK = """
+import sys
+from gpumem_widget.snapshot import SnapshotLoadError, read_snapshot
+try:
+    read_snapshot(sys.argv[1], isolated=True)
+except SnapshotLoadError:
+    pass
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")))
+"""
+
+
+@pytest.mark.parametrize("data", KEPT_BY_THE_READER.values(), ids=list(KEPT_BY_THE_READER))
+def test_the_reader_keeps_no_more_than_the_unpickler(tmp_path: Path, data: bytes) -> None:
+    """Issue 28: no crafted file needs more memory with the reader than without. Each peak is
+    the child's own (VmHWM, not rusage, which would count pytest's at the fork); the reader's
+    fixed costs (its module, columns and tables) get 6 MB, where each of these files once
+    cost it 100 MB or more."""
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("the sanitizers' allocator keeps freed memory in quarantine")
+    path = tmp_path / "crafted.pickle"
+    path.write_bytes(data)
+    peaks = {}
+    for reader in ("1", "0"):
+        done = subprocess.run(
+            [sys.executable, "-c", _PEAK, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+            env={**os.environ, "GPUMEM_WIDGET_C_READER": reader},
+        )
+        peaks[reader] = int(done.stdout) >> 10
+    assert peaks["1"] <= peaks["0"] + 6, peaks

@@ -254,14 +254,18 @@ typedef struct {
 /* A list as its items' ids (items[start:start + len]) until something needs the list itself
  * (obj, owned, from then on). `frames`: the frames list number rows know it by, -1 until a row
  * takes it as its frames; after that it may not change. `uses`: how many times it was put in
- * something (a list, a tuple, a dict, an entry's frames, the result); `parent`: the list it
- * was appended to, where that was its only use (-1: none). A list that holds rows stays
- * empty, so it must be reachable from its own place in `device_traces` alone. */
+ * something (a list, a tuple, a dict, an entry's frames, the result); `parent`: for a list of
+ * rows, the list it was appended to, where that was its only use (-1: none). A list that holds
+ * rows stays empty, so it must be reachable from its own place in `device_traces` alone.
+ * `refs`: the stack and memo slots that name it; with none left, the record is given back for
+ * the next list (`start` then links the records given back), unless it is `pinned`: it holds
+ * rows, or is such a list's parent, which the end checks. */
 typedef struct {
     int64_t start, len;
     PyObject *obj;
-    int64_t uses, parent;
+    int64_t uses, parent, refs;
     int32_t frames;
+    uint8_t pinned, rows;
 } List;
 
 /* A list the rows [start, end) were appended to: lists[index]. */
@@ -303,6 +307,8 @@ typedef struct {
     Column items; /* int32 ids of the lists' items, as they were appended */
     List *lists;
     Py_ssize_t n_lists, lists_cap;
+    int64_t free_lists; /* the first record given back (-1: none) */
+    int dropped_unread; /* a list of dicts let go of before anything took it */
     int64_t copied; /* items copied for frames that were a tuple or a built list */
     int64_t wasted; /* ids of lists built since, left in `items` */
 
@@ -343,7 +349,9 @@ static Column *column(Reader *r, size_t k) {
     return (Column *)((char *)r + COLUMNS[k].at);
 }
 
-#define REPORT_EVERY (1 << 18) /* and the mapped pages read so far given back (c_reader) */
+/* And the mapped pages read so far given back (c_reader): at most 64 kB of the file stays
+ * mapped in, about what the unpickler buffers. */
+#define REPORT_EVERY (1 << 16)
 
 static int unsupported(const char *why) {
     if (!PyErr_Occurred()) PyErr_SetString(Unsupported, why);
@@ -351,6 +359,26 @@ static int unsupported(const char *why) {
 }
 
 /* -- stack, marks, memo ------------------------------------------------------------------ */
+
+/* A stack or memo slot naming list `i` let go of. Records of lists no slot names are given back:
+ * kept, a crafted file of many small lists needed 48 bytes a list more than the unpickler. */
+static void list_unref(Reader *r, int64_t i) {
+    List *l = &r->lists[i];
+    if (--l->refs > 0 || l->pinned) return;
+    /* Its dicts, numbered, stay in `objects` where the unpickler would free them: a pickle of
+     * lists dropped unread (none that pickle writes) is left to the unpickler. */
+    if (!l->obj && l->frames < 0 && l->len) r->dropped_unread = 1;
+    if (l->obj) Py_CLEAR(l->obj);
+    else if (l->frames < 0 && l->start + l->len == (int64_t)r->items.len) r->items.len = (size_t)l->start;
+    else if (l->frames < 0) r->wasted += l->len;
+    l->start = r->free_lists;
+    r->free_lists = i;
+}
+
+static void memo_drop(Reader *r, Memo *m) {
+    if (*m && MEMO_TAG(*m) == M_LIST) list_unref(r, (int64_t)(*m >> 2));
+    memo_clear(m);
+}
 
 /* A real pickle's stack holds a batch of 1,000 items or pairs per open container, its marks one
  * per open container; deeper ones are crafted, and the unpickler reads them (in the memory they
@@ -472,9 +500,10 @@ static int memo_put(Reader *r, Py_ssize_t idx) {
         m = (Memo)top->i << 2 | M_ROW;
     } else {
         m = (Memo)top->i << 2 | M_LIST;
+        r->lists[top->i].refs++;
     }
     Memo *slot = &r->memo[idx];
-    if (*slot) memo_clear(slot);
+    if (*slot) memo_drop(r, slot);
     else r->memo_len++;
     *slot = m;
     return 0;
@@ -485,7 +514,9 @@ static int memo_get(Reader *r, Py_ssize_t idx) {
     Memo *m = &r->memo[idx];
     switch (MEMO_TAG(*m)) {
     case M_ROW: return unsupported("a trace entry referenced twice");
-    case M_LIST: return push_val(r, K_LIST, NULL, (int64_t)(*m >> 2));
+    case M_LIST:
+        r->lists[*m >> 2].refs++;
+        return push_val(r, K_LIST, NULL, (int64_t)(*m >> 2));
     case M_FRESH: *m &= ~(Memo)3; break; /* read back: no longer fresh */
     default: break;
     }
@@ -493,6 +524,22 @@ static int memo_get(Reader *r, Py_ssize_t idx) {
 }
 
 /* -- objects and lists -------------------------------------------------------------------- */
+
+/* The tables below that hold objects by identity (short strings, dict keys, nested tuples) keep
+ * only what something else still holds: an entry no one else holds is let go of when its table
+ * fills, and the table grows only if the entries still held fill half of it. Kept to the end,
+ * they held every string and tuple a crafted file made and dropped, which the unpickler frees
+ * at once (100 MB of popped tuples: gigabytes). An immortal object is never let go of. */
+static int only_held_here(PyObject *o) {
+    return Py_REFCNT(o) == 1;
+}
+
+/* A table's room for `live` entries: `first` for a new one, the same where they fill a quarter
+ * of it at most (entries let go of made the room), else twice. */
+static size_t table_cap(size_t cap, size_t live, size_t first) {
+    if (!cap) return first;
+    return live <= cap / 4 ? cap : cap * 2;
+}
 
 static int objs_grow(Objects *t) {
     size_t cap = t->cap ? t->cap * 2 : 1024;
@@ -535,19 +582,27 @@ static int32_t obj_id(Reader *r, PyObject *o) {
 }
 
 static int push_list(Reader *r) {
-    if (r->n_lists == r->lists_cap) {
-        Py_ssize_t cap = r->lists_cap ? r->lists_cap * 2 : 4096;
-        if (region_grow(&r->lists, sizeof(List), r->lists_cap, cap) < 0) return -1;
-        r->lists_cap = cap;
+    int64_t i = r->free_lists;
+    if (i >= 0) {
+        r->free_lists = r->lists[i].start;
+    } else {
+        if (r->n_lists == r->lists_cap) {
+            Py_ssize_t cap = r->lists_cap ? r->lists_cap * 2 : 4096;
+            if (region_grow(&r->lists, sizeof(List), r->lists_cap, cap) < 0) return -1;
+            r->lists_cap = cap;
+        }
+        i = r->n_lists++;
     }
-    List *l = &r->lists[r->n_lists];
+    List *l = &r->lists[i];
     l->start = (int64_t)r->items.len;
     l->len = 0;
     l->obj = NULL;
     l->frames = -1;
     l->uses = 0;
     l->parent = -1;
-    return push_val(r, K_LIST, NULL, r->n_lists++);
+    l->refs = 1;
+    l->pinned = l->rows = 0;
+    return push_val(r, K_LIST, NULL, i);
 }
 
 /* The list itself (borrowed), built from its items the first time it is needed. Its ids, if
@@ -611,14 +666,21 @@ static int read_long(Reader *r, Py_ssize_t n) {
 }
 
 static int short_strs_grow(ShortStrings *t) {
-    size_t cap = t->cap ? t->cap * 2 : 256;
+    size_t live = 0;
+    for (size_t k = 0; k < t->cap; k++) live += t->slots[k].str && !only_held_here(t->slots[k].str);
+    size_t cap = table_cap(t->cap, live, 256);
     StrSlot *slots = region_resize(NULL, 0, cap * sizeof(StrSlot));
     if (!slots) {
         PyErr_NoMemory();
         return -1;
     }
     for (size_t k = 0; k < t->cap; k++) {
-        if (!t->slots[k].str) continue;
+        PyObject *str = t->slots[k].str;
+        if (!str) continue;
+        if (only_held_here(str)) {
+            Py_DECREF(str);
+            continue;
+        }
         size_t h = t->slots[k].hash & (cap - 1);
         while (slots[h].str) h = (h + 1) & (cap - 1);
         slots[h] = t->slots[k];
@@ -626,6 +688,7 @@ static int short_strs_grow(ShortStrings *t) {
     region_free(t->slots, t->cap * sizeof(StrSlot));
     t->slots = slots;
     t->cap = cap;
+    t->n = live;
     return 0;
 }
 
@@ -674,7 +737,10 @@ static inline Py_ssize_t read_size(Reader *r, int n) {
 /* -- rows --------------------------------------------------------------------------------- */
 
 static int key_fields_grow(Reader *r) {
-    size_t cap = r->key_fields.cap ? r->key_fields.cap * 2 : 64;
+    size_t live = 0;
+    for (size_t k = 0; k < r->key_fields.cap; k++)
+        live += r->key_fields.keys[k] && !only_held_here(r->key_fields.keys[k]);
+    size_t cap = table_cap(r->key_fields.cap, live, 64);
     PyObject **keys = region_resize(NULL, 0, cap * sizeof(PyObject *));
     int8_t *fields = region_resize(NULL, 0, cap);
     if (!keys || !fields) {
@@ -686,6 +752,10 @@ static int key_fields_grow(Reader *r) {
     for (size_t k = 0; k < r->key_fields.cap; k++) {
         PyObject *key = r->key_fields.keys[k];
         if (!key) continue;
+        if (only_held_here(key)) {
+            Py_DECREF(key);
+            continue;
+        }
         size_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 40 & (cap - 1);
         while (keys[h]) h = (h + 1) & (cap - 1);
         keys[h] = key;
@@ -696,6 +766,7 @@ static int key_fields_grow(Reader *r) {
     r->key_fields.keys = keys;
     r->key_fields.fields = fields;
     r->key_fields.cap = cap;
+    r->key_fields.n = live;
     return 0;
 }
 
@@ -728,7 +799,10 @@ static int field_of(Reader *r, const Val *key) {
 #define MAX_KEY_NESTING 10000
 
 static int nested_grow(Reader *r) {
-    size_t cap = r->nested.cap ? r->nested.cap * 2 : 64;
+    size_t live = 0;
+    for (size_t k = 0; k < r->nested.cap; k++)
+        live += r->nested.keys[k] && !only_held_here(r->nested.keys[k]);
+    size_t cap = table_cap(r->nested.cap, live, 64);
     PyObject **keys = region_resize(NULL, 0, cap * sizeof(PyObject *));
     uint32_t *depth = region_resize(NULL, 0, cap * sizeof(uint32_t));
     if (!keys || !depth) {
@@ -740,6 +814,10 @@ static int nested_grow(Reader *r) {
     for (size_t k = 0; k < r->nested.cap; k++) {
         PyObject *key = r->nested.keys[k];
         if (!key) continue;
+        if (only_held_here(key)) {
+            Py_DECREF(key);
+            continue;
+        }
         size_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 40 & (cap - 1);
         while (keys[h]) h = (h + 1) & (cap - 1);
         keys[h] = key;
@@ -750,6 +828,7 @@ static int nested_grow(Reader *r) {
     r->nested.keys = keys;
     r->nested.depth = depth;
     r->nested.cap = cap;
+    r->nested.n = live;
     return 0;
 }
 
@@ -913,7 +992,11 @@ static RowList *row_list_of(Reader *r, PyObject *list) {
 /* -- building ----------------------------------------------------------------------------- */
 
 static void drop(Reader *r, Py_ssize_t from) {
-    while (r->sp > from) val_clear(&r->stack[--r->sp]);
+    while (r->sp > from) {
+        Val *v = &r->stack[--r->sp];
+        if (v->kind == K_LIST) list_unref(r, v->i);
+        val_clear(v);
+    }
 }
 
 /* A list longer than this is no frames list: it is built (ids and then the list would take
@@ -924,7 +1007,10 @@ static void drop(Reader *r, Py_ssize_t from) {
 #define MAX_WASTED ((int64_t)1 << 20)
 
 /* stack[mark:] appended to the list at stack[mark - 1]: as ids while the list is a short run
- * of ids at the end of `items` and they are objects; into the list itself otherwise. */
+ * of ids at the end of `items` and they are dicts (frames, segments and blocks are lists of
+ * dicts); into the list itself otherwise. A list of anything else is built at once: its items
+ * numbered would cost the reader an id, a place in `objects` and in its table each, where the
+ * unpickler's list costs a pointer (lists of lists: 3 MB more on a crafted 100 MB file). */
 static int append_items(Reader *r, Py_ssize_t mark) {
     if (mark <= fence(r) || mark > r->sp) return unsupported("append across a mark");
     Val *target = &r->stack[mark - 1];
@@ -932,10 +1018,10 @@ static int append_items(Reader *r, Py_ssize_t mark) {
     List *l = &r->lists[target->i];
     if (l->frames >= 0) return unsupported("a frames list changed after an entry took it");
     Val *items = &r->stack[mark];
-    Py_ssize_t n = r->sp - mark, nrows = 0, nobjs = 0;
+    Py_ssize_t n = r->sp - mark, nrows = 0, ndicts = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         nrows += items[k].kind == K_ROW;
-        nobjs += items[k].kind == K_OBJ;
+        ndicts += items[k].kind == K_OBJ && PyDict_CheckExact(items[k].o);
     }
     if (nrows) {
         if (nrows != n) return unsupported("a list of trace entries holding something else");
@@ -944,6 +1030,7 @@ static int append_items(Reader *r, Py_ssize_t mark) {
         RowList *rl = row_list_of(r, list);
         if (!rl) {
             if (LIST_SIZE(list) != 0) return unsupported("trace entries after other items");
+            if (l->uses) return unsupported("trace entries added to a list already placed");
             if (r->n_row_lists == MAX_ROW_LISTS) return unsupported("too many lists of entries");
             if (r->n_row_lists == r->row_lists_cap) {
                 Py_ssize_t cap = r->row_lists_cap ? r->row_lists_cap * 2 : 8;
@@ -957,12 +1044,13 @@ static int append_items(Reader *r, Py_ssize_t mark) {
             rl->list = list;
             rl->start = rl->end = items[0].i;
             rl->index = target->i;
+            l->pinned = l->rows = 1;
         }
         for (Py_ssize_t k = 0; k < n; k++) {
             if (items[k].i != rl->end) return unsupported("trace entries out of order");
             rl->end++;
         }
-    } else if (!l->obj && nobjs == n && l->start + l->len == (int64_t)r->items.len &&
+    } else if (!l->obj && ndicts == n && l->start + l->len == (int64_t)r->items.len &&
                l->len + n <= MAX_ID_RUN && r->wasted <= MAX_WASTED) {
         for (Py_ssize_t k = 0; k < n; k++) {
             int32_t id = obj_id(r, items[k].o);
@@ -983,8 +1071,11 @@ static int append_items(Reader *r, Py_ssize_t mark) {
                 Py_DECREF(slice);
                 return -1;
             }
-            if (items[k].kind == K_LIST && r->lists[items[k].i].uses == 1)
+            if (items[k].kind == K_LIST && r->lists[items[k].i].rows &&
+                r->lists[items[k].i].uses == 1) {
                 r->lists[items[k].i].parent = target->i;
+                l->pinned = 1;
+            }
             LIST_SET(slice, k, o);
         }
         Py_ssize_t at = LIST_SIZE(list);
@@ -1133,6 +1224,7 @@ static PyObject *run(Reader *r) {
             {
                 Val *v = &r->stack[r->sp - 1];
                 v->fresh = 0; /* held twice now */
+                if (v->kind == K_LIST) r->lists[v->i].refs++;
                 ok = v->kind == K_OBJ ? push_val(r, K_OBJ, Py_NewRef(v->o), 0)
                                       : push_val(r, v->kind, NULL, v->i);
             }
@@ -1203,6 +1295,7 @@ static PyObject *run(Reader *r) {
             return NULL;
         }
         if (ok < 0) return NULL;
+        if (r->dropped_unread) return unsupported("a list dropped before anything took it"), NULL;
     }
 }
 
@@ -1274,7 +1367,7 @@ static void reader_free(Reader *r) {
     drop(r, 0);
     region_free(r->stack, (size_t)r->stack_cap * sizeof(Val));
     region_free(r->marks, (size_t)r->marks_cap * sizeof(Py_ssize_t));
-    for (Py_ssize_t k = 0; k < r->memo_cap; k++) memo_clear(&r->memo[k]);
+    for (Py_ssize_t k = 0; k < r->memo_cap; k++) memo_drop(r, &r->memo[k]);
     region_free(r->memo, (size_t)r->memo_cap * sizeof(Memo));
     for (size_t k = 0; k < N_COLUMNS; k++) Py_XDECREF(column(r, k)->bytes);
     for (size_t k = 0; k < r->short_strs.cap; k++) Py_XDECREF(r->short_strs.slots[k].str);
@@ -1310,6 +1403,7 @@ static PyObject *read_rows(PyObject *Py_UNUSED(self), PyObject *args, PyObject *
     r.buf = view.buf;
     r.len = view.len;
     r.progress = progress;
+    r.free_lists = -1;
     r.objs.objects = PyList_New(0);
     r.actions.ids = PyDict_New();
     r.actions.order = PyList_New(0);

@@ -200,7 +200,7 @@ def _releasing(
         return progress
     released = told = 0
 
-    def step(done: int, total: int) -> None:  # called every 256 kB
+    def step(done: int, total: int) -> None:  # called every 64 kB
         nonlocal released, told
         upto = done - done % mmap.PAGESIZE
         if upto > released:

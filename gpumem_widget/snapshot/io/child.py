@@ -91,6 +91,7 @@ def _child(job: dict[str, Any], views: ChildViews | None) -> tuple[dict[str, Any
             max_bytes=int(job["max_bytes"]),
             progress=reading,
             stats=stats,
+            isolated=True,  # a crash here is named by the parent (`isolate`)
             early=(
                 (lambda early: _send_preview(views, early, previewed))
                 if job["preview"] and views is not None

@@ -14,15 +14,16 @@ import gc
 import gzip
 import io
 import lzma
+import math
 import mmap
 import os
 import pickle
 import stat
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn, cast
 
-from gpumem_widget.snapshot.io import c_reader
+from gpumem_widget.snapshot.io import c_reader, nesting
 from gpumem_widget.snapshot.io.c_reader import TraceRows
 from gpumem_widget.snapshot.io.convert import convert
 from gpumem_widget.snapshot.io.entries import Invalid
@@ -69,6 +70,7 @@ def read_snapshot(
     progress: Callable[[int, int], None] | None = None,
     stats: dict[str, int] | None = None,
     early: Callable[[SnapshotData], None] | None = None,
+    isolated: bool = False,
 ) -> SnapshotData:
     """Load a snapshot from a path, pickled bytes, or a `_snapshot()` dict into typed data.
 
@@ -76,7 +78,10 @@ def read_snapshot(
     `progress(done, total)` is told the file bytes read so far now and then; `stats` gets
     ``"bytes"``, how many (decompressed) bytes the pickle took; `early` gets the snapshot as
     soon as its memory totals can be replayed, before its stacks are read (their columns are
-    zeros then), to draw a first view from."""
+    zeros then), to draw a first view from. `isolated`: this process is the conversion child,
+    whose parent names a crash (`nesting.diagnose`), so the unpickler runs unchecked; anywhere
+    else what it would read is first scanned for a key too deep to hash (a crash, not an
+    error), which only the unpickler's path needs: the C reader refuses such a key itself."""
     with _collector_paused():
         rows_of: dict[int, TraceRows] = {}  # the entries the C reader read, by their list
         if isinstance(src, (str, os.PathLike)):
@@ -86,12 +91,17 @@ def read_snapshot(
                 if got := _read_rows(f, max_bytes, where, progress, total):
                     raw, rows_of, read = got
                 else:
-                    raw, read = _unpickle_stream(f, max_bytes, where, progress, total)
+                    raw, read = _unpickle_stream(
+                        f, max_bytes, where, progress, total, isolated=isolated
+                    )
             if progress is not None:
                 progress(total, total)  # read: conversion starts
         elif isinstance(src, (bytes, bytearray, memoryview)):
             where = "snapshot bytes"
-            raw, read = _unpickle_stream(io.BytesIO(bytes(src)), max_bytes, where, None, 0)
+            if got := _read_bytes(src, max_bytes, where):
+                raw, rows_of, read = got
+            else:
+                raw, read = _unpickle_stream(io.BytesIO(bytes(src)), max_bytes, where, None, 0)
         else:
             where = "snapshot"
             raw, read = src, -1
@@ -265,12 +275,30 @@ def _read_rows(
     except (OSError, ValueError):  # no room to map it (the child's address space is capped)
         return None
     try:
-        got = c_reader.read(data, progress)
-    except c_reader.NestedTooDeeply as e:
-        raise SnapshotLoadError(f"{where}: refused: {e}") from None
+        got = _read_refusing_deep_keys(data, where, progress)
     finally:
         data.close()
     return None if got is None else (*got, total)
+
+
+def _read_bytes(
+    src: bytes | bytearray | memoryview, max_bytes: int, where: str
+) -> tuple[Any, dict[int, TraceRows], int] | None:
+    """Pickled bytes read by the C reader, as `_read_rows` reads a file."""
+    size = memoryview(src).nbytes
+    if not c_reader.available() or not 0 < size <= max_bytes or _compression(io.BytesIO(src[:6])):
+        return None
+    got = _read_refusing_deep_keys(src, where, None)
+    return None if got is None else (*got, size)
+
+
+def _read_refusing_deep_keys(
+    data: Any, where: str, progress: Callable[[int, int], None] | None
+) -> tuple[Any, dict[int, TraceRows]] | None:
+    try:
+        return c_reader.read(data, progress)
+    except c_reader.NestedTooDeeply as e:
+        raise SnapshotLoadError(f"{where}: refused: {e}") from None
 
 
 def _unpickle_stream(
@@ -279,16 +307,17 @@ def _unpickle_stream(
     where: str,
     progress: Callable[[int, int], None] | None,
     total: int,
+    *,
+    isolated: bool = False,
 ) -> tuple[Any, int]:
     """Unpickle from `f` (gunzipped or unxz'd when its magic number says so), reading at most
-    `max_bytes` decompressed bytes; the object and how many bytes it took."""
+    `max_bytes` decompressed bytes; the object and how many bytes it took. Unless `isolated`,
+    `f` is scanned for keys nested too deeply first (see `read_snapshot`)."""
     kind = _compression(f)
+    if not isolated:
+        _refuse_deep_keys(f, kind, max_bytes, where)
     with contextlib.ExitStack() as closing:
-        stream: Any = f
-        if kind == "gzip":
-            stream = closing.enter_context(gzip.GzipFile(fileobj=f))
-        elif kind == "xz":
-            stream = closing.enter_context(lzma.LZMAFile(f))
+        stream = _decompressed(f, kind, closing)
         reader = _LimitedReader(stream, max_bytes, f, progress, total)
         try:
             return _unpickle(reader, where), reader.count
@@ -304,6 +333,36 @@ def _unpickle_stream(
                     f"({type(e).__name__}: {e})"
                 ) from None
             raise SnapshotLoadError(f"{where}: truncated or corrupt {kind} data ({e})") from None
+
+
+def _decompressed(f: BinaryIO, kind: str, closing: contextlib.ExitStack) -> Any:
+    if kind == "gzip":
+        return closing.enter_context(gzip.GzipFile(fileobj=f))
+    if kind == "xz":
+        return closing.enter_context(lzma.LZMAFile(f))
+    return f
+
+
+def _refuse_deep_keys(f: BinaryIO, kind: str, max_bytes: int, where: str) -> None:
+    """Refuse what `f` holds (read from its start, rewound after) if a dict key or set item in
+    it nests tuples too deep to hash: in this process, the unpickler would crash on it."""
+    try:
+        with contextlib.ExitStack() as closing:
+            stream = _LimitedReader(_decompressed(f, kind, closing), max_bytes, None, None, 0)
+            depth = nesting.deepest_key(cast(BinaryIO, stream), seconds=math.inf, strict=True)
+    except nesting.GaveUp:
+        raise SnapshotLoadError(
+            f"{where}: refused: a stack or memo beyond any snapshot's, too large to check for "
+            "keys nested too deeply before unpickling here (open_snapshot reads it in a child "
+            "process)"
+        ) from None
+    finally:
+        f.seek(0)
+    if depth is not None:  # in the C reader's words: the same error on both paths
+        raise SnapshotLoadError(
+            f"{where}: refused: a dict key nested too deeply (tuples more than {nesting.LIMIT} "
+            "levels deep)"
+        )
 
 
 def _unpickle(reader: _LimitedReader, where: str) -> Any:

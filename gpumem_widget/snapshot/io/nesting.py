@@ -3,9 +3,12 @@
 CPython's unpickler hashes a dict key (or set item) with `tuplehash`, which recurses once a
 level of nesting on the C stack with no limit: a key nested ~150,000 tuples deep kills the
 process (SIGSEGV). Checking every file for that before unpickling would cost a pass over its
-opcodes, most of a `pickle.load`; no real snapshot comes near it. So the unpickler runs
-unchecked, in the conversion child, and only when that child dies (or ends without a word) is
-the file scanned here, in a process of its own, bounded, to name the cause.
+opcodes, about 12 times a `pickle.load`'s time; no real snapshot comes near it. So the
+unpickler runs unchecked in the conversion child, and only when that child dies (or ends
+without a word) is the file scanned here, in a process of its own, bounded, to name the cause.
+Anywhere else a crash would take the caller with it: there `io.load` scans before it unpickles
+(only what the C reader left to the unpickler: compressed files, pickles it declines, or all
+where no reader is built).
 
 The scan follows the pickle machine's stack (each slot: how many tuples deep it is) with
 `pickletools.genops`, stdlib only, and stops at the first hashed key deeper than `LIMIT` (or
@@ -54,10 +57,17 @@ _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
 
 
-def deepest_key(stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECONDS) -> int | None:
+class GaveUp(Exception):
+    """The scan followed more stack and memo slots than it may (`deepest_key`'s `strict`)."""
+
+
+def deepest_key(
+    stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECONDS, *, strict: bool = False
+) -> int | None:
     """The depth of the first dict key or set item in the pickle on `stream` that nests tuples
-    more than `limit` deep; None if there is none, or the scan ran out of time or bytes first.
-    The memo keeps only slots that hold a nested tuple (depth 2 or more)."""
+    more than `limit` deep; None if there is none, or the scan ran out of time or bytes first
+    (`strict`: running out of slots raises GaveUp instead). The memo keeps only slots that hold
+    a nested tuple (depth 2 or more)."""
     stack: list[int] = []  # each slot's depth (0: not a tuple)
     marks: list[int] = []
     memo: dict[int, int] = {}
@@ -65,9 +75,11 @@ def deepest_key(stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECO
     give_up = time.monotonic() + seconds
     try:
         for count, (op, arg, _) in enumerate(pickletools.genops(stream)):
-            if count & 0xFFFF == 0 and (
-                time.monotonic() > give_up or len(stack) + len(memo) > _SCAN_SLOTS
-            ):
+            if count & 0xFFFF == 0 and len(stack) + len(memo) > _SCAN_SLOTS:
+                if strict:
+                    raise GaveUp
+                return None
+            if count & 0xFFFF == 0 and time.monotonic() > give_up:
                 return None
             name = op.name
             if name == "MARK":
@@ -107,6 +119,8 @@ def deepest_key(stream: BinaryIO, limit: int = LIMIT, seconds: float = SCAN_SECO
             if hashed and max(hashed) > limit:
                 return max(hashed)
             _apply(op, stack, marks)
+    except GaveUp:
+        raise
     except Exception:  # truncated, corrupt or an opcode out of place: nothing more to learn
         return None
     return None
@@ -165,8 +179,11 @@ def diagnose(path: str) -> str | None:
         depth = json.loads(done.stdout.decode().strip().splitlines()[-1])["depth"]
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, KeyError):
         return None
-    if not isinstance(depth, int):
-        return None
+    return too_deep(depth) if isinstance(depth, int) else None
+
+
+def too_deep(depth: int) -> str:
+    """What is wrong with a file holding a key `depth` tuples deep, in words."""
     return (
         f"a dict key nested too deeply (tuples {depth} levels deep, more than {LIMIT}): "
         "hashing it overflows the unpickler's C stack"
