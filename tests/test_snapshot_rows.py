@@ -293,8 +293,13 @@ def test_read_snapshot_uses_it_for_files(tmp_path: Path, monkeypatch: pytest.Mon
     read_snapshot(path)
     assert calls == [path.stat().st_size]
     path.with_suffix(".gz").write_bytes(gzip.compress(path.read_bytes()))
-    read_snapshot(path.with_suffix(".gz"))  # compressed files stream through the unpickler
-    assert len(calls) == 1
+    # In the conversion child compressed files stream through the unpickler (a bomb ends at
+    # its first bad byte); in any other process they are inflated and read by the C reader,
+    # which refuses a too-deep key itself (the unpickler's path would first scan for one).
+    read_snapshot(path.with_suffix(".gz"), isolated=True)
+    assert calls == [path.stat().st_size]
+    read_snapshot(path.with_suffix(".gz"))
+    assert calls == [path.stat().st_size] * 2
 
 
 def test_without_it_every_file_is_unpickled(tmp_path: Path, unpickler_only: None) -> None:

@@ -88,7 +88,10 @@ def read_snapshot(
             where = os.fspath(src)
             with open_regular(where) as f:
                 total = os.fstat(f.fileno()).st_size
-                if got := _read_rows(f, max_bytes, where, progress, total):
+                # Mapped and read by the C reader; else, compressed, inflated and read by it.
+                if (got := _read_rows(f, max_bytes, where, progress, total)) or (
+                    not isolated and (got := _read_inflated(f, max_bytes, where))
+                ):
                     raw, rows_of, read = got
                 else:
                     raw, read = _unpickle_stream(
@@ -279,6 +282,36 @@ def _read_rows(
     finally:
         data.close()
     return None if got is None else (*got, total)
+
+
+def _read_inflated(
+    f: BinaryIO, max_bytes: int, where: str
+) -> tuple[Any, dict[int, TraceRows], int] | None:
+    """A compressed file read in this process (not the conversion child): inflated in memory, to
+    at most `max_bytes`, and read by the C reader, which refuses a key nested too deeply itself,
+    so the unpickler's much slower scan for one (`_refuse_deep_keys`) runs only where the reader
+    declines. None (`f` rewound) where the unpickler must read it, which also says why a file
+    is corrupt or too large."""
+    kind = _compression(f)
+    if not kind or not c_reader.available():
+        return None
+    parts: list[bytes] = []
+    size = 0
+    try:
+        with contextlib.ExitStack() as closing:
+            stream = _decompressed(f, kind, closing)
+            while chunk := stream.read(_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    return None
+                parts.append(chunk)
+    except (OSError, EOFError, zlib.error, lzma.LZMAError):
+        return None
+    finally:
+        f.seek(0)
+    data = b"".join(parts)
+    del parts
+    return _read_bytes(data, max_bytes, where)
 
 
 def _read_bytes(
