@@ -2,15 +2,18 @@
 // records what rendered: Bokeh documents, canvases, tables, errors, blocked requests. Optionally
 // picks each entry of the rank selector in turn. It asserts nothing: test_report_browser.py does.
 //
-// Usage: node open_report.mjs PLAN.json   PLAN: {chromium, html, screenshot, result, selectRanks}
+// Usage: node open_report.mjs PLAN.json   PLAN: {browser, html, screenshot, result, selectRanks}
+//   (browser: the endpoint of the run's Chromium, from browser_server.mjs)
 
 import { readFile, writeFile } from "node:fs/promises";
 import { pathToFileURL } from "node:url";
 import { chromium } from "playwright-core";
-import { BROWSER_ARGS, isLocal } from "./browser.mjs";
+import { isLocal } from "./browser.mjs";
 
 // A report draws its plots within a second or two; generous for a loaded 2-core machine.
 const RENDER_TIMEOUT_MS = 30000;
+// What is drawn counts as done once it reads the same this long apart.
+const STEADY_MS = 200;
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
 const result = {
@@ -58,11 +61,19 @@ async function rendered(page) {
   });
 }
 
-const browser = await chromium.launch({
-  executablePath: plan.chromium,
-  headless: true,
-  args: BROWSER_ARGS,
-});
+/** What `rendered` reads, once two readings STEADY_MS apart agree (Bokeh has drawn). */
+async function steady(page) {
+  let last = await rendered(page);
+  for (const deadline = Date.now() + RENDER_TIMEOUT_MS; Date.now() < deadline; ) {
+    await new Promise((r) => setTimeout(r, STEADY_MS));
+    const now = await rendered(page);
+    if (JSON.stringify(now) === JSON.stringify(last)) return now;
+    last = now;
+  }
+  return last;
+}
+
+const browser = await chromium.connect(plan.browser);
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1800 } });
   await page.route("**/*", (route) => {
@@ -100,16 +111,14 @@ try {
     null,
     { timeout: RENDER_TIMEOUT_MS },
   ).catch(() => {});
-  await page.waitForTimeout(500);
-  Object.assign(result, await rendered(page));
+  Object.assign(result, await steady(page));
   await page.screenshot({ path: plan.screenshot, fullPage: true });
   if (plan.selectRanks) {
     const select = page.locator("select").first();
     const values = await select.locator("option").evaluateAll((os) => os.map((o) => o.value));
     for (const value of values.reverse()) {
       await select.selectOption(value);
-      await page.waitForTimeout(700);
-      const now = await rendered(page);
+      const now = await steady(page);
       const heading = await page.evaluate(() => {
         const texts = [];
         const walk = (root) => {
