@@ -1,10 +1,10 @@
 """The widget in a real JupyterLab and a real Jupyter Notebook 7, driven in Debian's Chromium
 (see README.md in this folder).
 
-A server (`jupyter lab` or `jupyter notebook`) runs on localhost in a temporary folder holding one
-notebook; `drive_lab.mjs` (playwright-core) runs its cells with Shift+Enter, blocks and records
-every non-local request, and writes what the page showed to a JSON file; the same test asserts on
-it for both front ends (Notebook 7 is built from JupyterLab's components: the same cell DOM).
+The run's `jupyter lab` server (conftest.py; it serves Notebook 7 too) holds the test's notebook;
+`drive_lab.mjs` (playwright-core) runs its cells with Shift+Enter, blocks and records every
+non-local request, and writes what the page showed to a JSON file; the same test asserts on it
+for both front ends (Notebook 7 is built from JupyterLab's components: the same cell DOM).
 """
 
 from __future__ import annotations
