@@ -127,19 +127,24 @@ ifndef TEST_PYTHONS
 TEST_PYTHONS := $(foreach v,10 11 12 13 14,$(shell command -v python3.$(v))) \
 	$(wildcard $(HOME)/.pyenv/versions/3.1*/bin/python3.1?)
 endif
-# "3.X:interpreter", the first one found of each version.
+# "3.X:interpreter", the first one found of each version; asked of the interpreters only when a
+# test-python target needs it (once), so that no other `make` waits for them.
 VERSION_OF := import sys; print("%d.%d" % sys.version_info[:2])
-PYTHONS_BY_VERSION := $(shell own=$$($(PY) -c '$(VERSION_OF)' 2>/dev/null); \
+PYTHONS_BY_VERSION = $(eval PYTHONS_BY_VERSION := $(shell own=$$($(PY) -c '$(VERSION_OF)' 2>/dev/null); \
 	for py in $(TEST_PYTHONS); do v=$$($$py -c '$(VERSION_OF)' 2>/dev/null) \
-	  && [ "$$v" != "$$own" ] && echo "$$v:$$py"; done | awk -F: '!seen[$$1]++')
+	  && [ "$$v" != "$$own" ] && echo "$$v:$$py"; done | awk -F: '!seen[$$1]++'))$(PYTHONS_BY_VERSION)
 # Each run's address space is capped: uncapped, a test of these grew to 23 GB on Python 3.12
 # (killed for memory); capped, the allocation fails at once, as the tests expect.
 TEST_MEMORY_KB ?= 8000000
 VERSION_TESTS ?= tests/test_snapshot_rows.py tests/test_snapshot_reader_hostile.py tests/test_cli.py \
 	tests/test_wheels.py::test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2
 
-test-pythons: $(foreach p,$(PYTHONS_BY_VERSION),test-python-$(firstword $(subst :, ,$(p))))
-	@echo "make: tested on Python $(foreach p,$(PYTHONS_BY_VERSION),$(firstword $(subst :, ,$(p))))"
+TESTED_VERSIONS = $(foreach p,$(PYTHONS_BY_VERSION),$(firstword $(subst :, ,$(p))))
+
+# A recipe, not prerequisites, so that the interpreters are asked only here (jobs: `make -j`'s).
+test-pythons:
+	@$(MAKE) --no-print-directory $(addprefix test-python-,$(TESTED_VERSIONS))
+	@echo "make: tested on Python $(TESTED_VERSIONS)"
 
 .stamps/requirements-without-torch.txt: pyproject.toml
 	@mkdir -p $(@D) && $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
