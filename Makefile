@@ -20,7 +20,7 @@ BUILDVENV ?= .buildvenv
 BUILD_TOOLS := "build>=1.2" "hatchling>=1.21" "ziglang>=0.13" "auditwheel>=6"
 DEMO_PORT ?= 8888
 
-.PHONY: setup demo test lint typecheck js-test pytest native-check browser bench clean \
+.PHONY: setup demo test ci lint typecheck js-test pytest native-check browser bench clean \
 	buildvenv wheels test-pythons test-aarch64
 
 # A torch that $(PY) already imports (a CUDA build, say) is never downloaded again: a .pth file
@@ -103,39 +103,64 @@ js-test:
 pytest:
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test: setup buildvenv browser lint typecheck js-test pytest native-check
+# The checks that time nothing run two at a time (CI has 2 cores; each is mostly one process),
+# then pytest alone: its kernel and browser tests time what they see. native-check ends before
+# pytest starts (it puts the ordinary C reader back when it ends). `make ci` adds the other
+# Pythons and the aarch64 wheel to the first group (.ci/run).
+CHECKS := lint typecheck js-test native-check
+test: setup buildvenv browser
+	$(MAKE) -j2 --output-sync=target $(CHECKS)
+	$(MAKE) pytest
+
+ci: setup buildvenv browser
+	$(MAKE) -j2 --output-sync=target $(CHECKS) test-pythons test-aarch64
+	$(MAKE) pytest
 
 # Every other CPython here: each python3.1X on PATH and in pyenv (TEST_PYTHONS=... names others), in
 # a venv of its own (.venv-3.X), with the package (its C reader built for that version) and its
 # dependencies but no torch: PyPI has only CUDA builds of torch for those (several GB each), and
 # this machine's CPU build is for 3.11. So they run the tests that need no torch: the C reader
 # against the unpickler on real and hostile files, pickle protocol 5, and the command line.
+# The version of .venv's Python is left out: `make pytest` runs all of these there already.
+# One target per version (test-python-3.X), so that `make -j2` runs two at a time.
 ifndef TEST_PYTHONS
 TEST_PYTHONS := $(foreach v,10 11 12 13 14,$(shell command -v python3.$(v))) \
 	$(wildcard $(HOME)/.pyenv/versions/3.1*/bin/python3.1?)
 endif
+# "3.X:interpreter", the first one found of each version; asked of the interpreters only when a
+# test-python target needs it (once), so that no other `make` waits for them.
+VERSION_OF := import sys; print("%d.%d" % sys.version_info[:2])
+PYTHONS_BY_VERSION = $(eval PYTHONS_BY_VERSION := $(shell own=$$($(PY) -c '$(VERSION_OF)' 2>/dev/null); \
+	for py in $(TEST_PYTHONS); do v=$$($$py -c '$(VERSION_OF)' 2>/dev/null) \
+	  && [ "$$v" != "$$own" ] && echo "$$v:$$py"; done | awk -F: '!seen[$$1]++'))$(PYTHONS_BY_VERSION)
 # Each run's address space is capped: uncapped, a test of these grew to 23 GB on Python 3.12
 # (killed for memory); capped, the allocation fails at once, as the tests expect.
 TEST_MEMORY_KB ?= 8000000
 VERSION_TESTS ?= tests/test_snapshot_rows.py tests/test_snapshot_reader_hostile.py tests/test_cli.py \
 	tests/test_wheels.py::test_a_snapshot_pickled_with_protocol_5_opens_as_with_protocol_2
 
+TESTED_VERSIONS = $(foreach p,$(PYTHONS_BY_VERSION),$(firstword $(subst :, ,$(p))))
+
+# A recipe, not prerequisites, so that the interpreters are asked only here (jobs: `make -j`'s).
 test-pythons:
-	@mkdir -p .stamps && $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	@$(MAKE) --no-print-directory $(addprefix test-python-,$(TESTED_VERSIONS))
+	@echo "make: tested on Python $(TESTED_VERSIONS)"
+
+.stamps/requirements-without-torch.txt: pyproject.toml
+	@mkdir -p $(@D) && $(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	  test = [r for r in p["optional-dependencies"]["test"] if r.split(">")[0] in \
 	          ("pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "jupyter_client")]; \
-	  print(*[r for r in p["dependencies"] if not r.startswith("torch")], *test, sep="\n")' \
-	  > .stamps/requirements-without-torch.txt
-	@done=""; for py in $(TEST_PYTHONS); do \
-	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || continue; \
-	  case " $$done " in *" $$v "*) continue;; esac; done="$$done $$v"; \
-	  echo "make: Python $$v ($$py): $(VERSION_TESTS)"; \
-	  { [ -x .venv-$$v/bin/python ] || $$py -m venv .venv-$$v; } \
-	  && .venv-$$v/bin/pip install -q -r .stamps/requirements-without-torch.txt \
-	  && .venv-$$v/bin/pip install -q --no-deps -e . \
-	  && (ulimit -v $(TEST_MEMORY_KB) && .venv-$$v/bin/python -m pytest -q -p no:cacheprovider \
-	       $(VERSION_TESTS)) || exit 1; \
-	done; echo "make: tested on Python$$done"
+	  print(*[r for r in p["dependencies"] if not r.startswith("torch")], *test, sep="\n")' > $@
+
+test-python-%: .stamps/requirements-without-torch.txt
+	@py=$(lastword $(subst :, ,$(filter $*:%,$(PYTHONS_BY_VERSION)))); \
+	[ -n "$$py" ] || { echo "make: no Python $* here"; exit 1; }; \
+	echo "make: Python $* ($$py): $(VERSION_TESTS)"; \
+	{ [ -x .venv-$*/bin/python ] || $$py -m venv .venv-$*; } \
+	  && .venv-$*/bin/pip install -q -r $< \
+	  && .venv-$*/bin/pip install -q --no-deps -e . \
+	  && ulimit -v $(TEST_MEMORY_KB) && .venv-$*/bin/python -m pytest -q -p no:cacheprovider \
+	       $(VERSION_TESTS)
 
 # Wheels into dist/: the sdist, the pure wheel, manylinux binary wheels for x86_64 and aarch64
 # (scripts/build_wheels.py; tests/test_wheels.py builds and installs them in `make test`).

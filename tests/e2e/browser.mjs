@@ -1,5 +1,6 @@
-// What every e2e driver shares: Debian's Chromium launched with no background networking, and
-// every non-local request refused and recorded (a test fails if anything tried to leave).
+// What every e2e driver shares: Debian's Chromium with no background networking (launched once
+// for the run by browser_server.mjs), and every non-local request refused and recorded (a test
+// fails if anything tried to leave).
 
 import { chromium } from "playwright-core";
 
@@ -20,14 +21,12 @@ export function isLocal(url) {
   return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
 }
 
-/** A fresh-profile browser context for driving JupyterLab (plan: {profile, chromium, stepTimeoutMs}). */
-export async function launchLab(plan) {
-  const context = await chromium.launchPersistentContext(plan.profile, {
-    executablePath: plan.chromium,
-    headless: true,
-    args: BROWSER_ARGS,
-    viewport: { width: 1280, height: 1500 },
-  });
+/** A fresh context (no cookies, storage or cache) in the run's one Chromium (plan.browser, the
+ * endpoint browser_server.mjs printed), with plan.stepTimeoutMs for every step. Closing its
+ * browser (`context.browser().close()`) ends this connection, not Chromium. */
+export async function newContext(plan, options = {}) {
+  const browser = await chromium.connect(plan.browser);
+  const context = await browser.newContext({ viewport: { width: 1280, height: 1500 }, ...options });
   context.setDefaultTimeout(plan.stepTimeoutMs);
   return context;
 }

@@ -7,19 +7,12 @@
 //
 // Usage: node drive_lab.mjs PLAN.json   (PLAN: see test_lab_e2e.py, `plan`)
 
-import { readFile, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { blockNonLocal, launchLab } from "./browser.mjs";
+import { LAB, cellDone, drive, kernelIdle, selectCell, startCell, waitPrompt } from "./lab_page.mjs";
 
-// Everything this script knows about the page's DOM, in one place.
+// Everything this script knows about the widget's DOM, in one place (the notebook's: LAB).
 const SEL = {
-  // JupyterLab
-  cell: ".jp-Notebook .jp-Cell",
-  prompt: ".jp-InputPrompt",
-  // The status bar's kernel item reads "<kernel> | Idle" only once a kernel is connected and idle
-  // (the toolbar's execution indicator already says "idle" before any kernel exists).
-  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
-  kernelIdlePattern: "\\|\\s*Idle$",
   // gpumem_widget's DOM contract
   widget: ".gpumem-widget",
   chart: ".gpumem-widget .gpumem-chart",
@@ -37,13 +30,10 @@ const POLL_MS = 200;
 const ROW_TIMEOUT_MS = 15000;
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
-// Per front end: where the notebook opens, and how its own errors are told from ours.
-const APP = {
-  lab: { path: (nb) => `/lab/tree/${nb}`, ownBundle: null },
-  // Notebook 7 (7.6.5 here) raises a TypeError of its own ("reading 'schema'") while the page
-  // loads, before any cell runs, every frame in its notebook_core bundle: kept apart from ours.
-  notebook: { path: (nb) => `/notebooks/${nb}`, ownBundle: /\/static\/notebook\/notebook_core\./ },
-}[plan.app ?? "lab"];
+// Per front end: how its own errors are told from ours. Notebook 7 (7.6.5 here) raises a
+// TypeError of its own ("reading 'schema'") while the page loads, before any cell runs, every
+// frame in its notebook_core bundle: kept apart from ours.
+const OWN_BUNDLE = { lab: null, notebook: /\/static\/notebook\/notebook_core\./ }[plan.app];
 const started = Date.now();
 const result = {
   steps: {}, // step name -> seconds since start
@@ -66,37 +56,32 @@ const step = (name) => {
   result.steps[name] = (Date.now() - started) / 1000;
 };
 
-const context = await launchLab(plan);
-
-/** Until the server says the notebook's kernel is idle with a front end connected to it. */
-async function kernelReady() {
-  const deadline = Date.now() + plan.stepTimeoutMs;
-  for (;;) {
-    const response = await fetch(`${plan.url}/api/kernels`, { headers: { Authorization: `token ${plan.token}` } });
-    const kernels = response.ok ? await response.json() : [];
-    if (kernels.some((k) => k.execution_state === "idle" && k.connections > 0)) return;
-    if (Date.now() > deadline) throw new Error(`no idle, connected kernel: ${JSON.stringify(kernels)}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
 async function shoot(page, name) {
   const path = join(plan.artifacts, name);
   await page.screenshot({ path, fullPage: true });
   result.screenshots.push(path);
 }
 
-try {
-  await blockNonLocal(context, result.blocked, (url) => {
-    if (new URL(url).pathname.endsWith(`/${plan.xssSrc}`)) result.localXssFetches.push(url);
-  });
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => {
-    const text = `${e.name}: ${e.message}`;
-    const frames = (e.stack ?? "").split("\n").filter((l) => l.includes("://"));
-    const own = APP.ownBundle !== null && frames.length > 0 && frames.every((l) => APP.ownBundle.test(l));
-    (own ? result.appErrors : result.pageErrors).push(own ? text : `${text}\n${e.stack ?? ""}`);
-  });
+/** A page error from the front end's own bundle, kept apart in `appErrors`. */
+function appError(e) {
+  const frames = (e.stack ?? "").split("\n").filter((l) => l.includes("://"));
+  const own = OWN_BUNDLE !== null && frames.length > 0 && frames.every((l) => OWN_BUNDLE.test(l));
+  if (own) result.appErrors.push(`${e.name}: ${e.message}`);
+  return own;
+}
+
+async function widgetText(page) {
+  result.widgetTextAtFailure = await page
+    .locator(SEL.widget)
+    .first()
+    .innerText({ timeout: 2000 })
+    .catch((err) => `(no widget text: ${err.message.split("\n")[0]})`);
+}
+
+const onLocal = (url) => {
+  if (new URL(url).pathname.endsWith(`/${plan.xssSrc}`)) result.localXssFetches.push(url);
+};
+await drive(plan, result, { failureShot: `${plan.app}-failure.png`, onLocal, onPageError: appError, onFailure: widgetText }, async (page) => {
   page.on("console", (m) => {
     if (m.type() === "error") result.consoleErrors.push(m.text());
   });
@@ -105,47 +90,26 @@ try {
     void d.dismiss();
   });
 
-  await page.goto(`${plan.url}${APP.path(plan.notebook)}?token=${plan.token}`);
+  await page.goto(plan.page);
   // Probes: one request and one dialog that the recorders must catch (so an empty list means
   // something, not a listener that never fired).
   await page.evaluate((url) => fetch(url).catch(() => null), plan.probeUrl);
   await page.evaluate((text) => window.alert(text), plan.probeDialog);
   await page.waitForFunction(
     ({ sel, n }) => document.querySelectorAll(sel).length === n,
-    { sel: SEL.cell, n: plan.cells.length },
+    { sel: LAB.cell, n: plan.cells.length },
   );
-  if (plan.app === "notebook") {
-    await kernelReady(); // Notebook 7 has no status bar: ask the server
-  } else {
-    await page.waitForFunction(
-      ({ sel, pattern }) =>
-        [...document.querySelectorAll(sel)].some((e) => new RegExp(pattern).test(e.textContent.trim())),
-      { sel: SEL.kernelStatus, pattern: SEL.kernelIdlePattern },
-    );
-  }
+  await kernelIdle(page, plan);
   step("notebook open");
 
-  const cells = page.locator(SEL.cell);
-  const promptOf = (i) => cells.nth(i).locator(SEL.prompt).innerText();
-  const waitPrompt = (i, pattern, timeout) =>
-    page.waitForFunction(
-      ({ sel, prompt, i, pattern }) => {
-        const el = document.querySelectorAll(sel)[i]?.querySelector(prompt);
-        return el !== null && el !== undefined && new RegExp(pattern).test(el.textContent.trim());
-      },
-      { sel: SEL.cell, prompt: SEL.prompt, i, pattern },
-      { timeout },
-    );
+  const promptOf = (i) => page.locator(LAB.cell).nth(i).locator(LAB.prompt).innerText();
   const countOf = async (i) => Number((await promptOf(i)).match(/\d+/)[0]);
-
-  // Select the first cell in command mode; Shift+Enter then runs a cell and selects the next.
-  await cells.nth(0).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
+  await selectCell(page, 0);
 
   const long = plan.cells.length - 1; // the long cell comes last
   for (let i = 0; i < long; i++) {
-    await page.keyboard.press("Shift+Enter");
-    await waitPrompt(i, "^\\[\\d+\\]:$", plan.stepTimeoutMs);
+    await startCell(page, i, plan.cells.length);
+    await cellDone(page, i);
     result.prompts.push(await promptOf(i));
     if (i === 0) {
       const loaded = Date.now(); // `%load_ext` has returned (its prompt shows its number)
@@ -172,9 +136,9 @@ try {
 
   const snapshot = () =>
     page.evaluate(
-      ({ SEL, i }) => {
+      ({ SEL, LAB, i }) => {
         const chart = document.querySelector(SEL.chart);
-        const prompt = document.querySelectorAll(SEL.cell)[i].querySelector(SEL.prompt);
+        const prompt = document.querySelectorAll(LAB.cell)[i].querySelector(LAB.prompt);
         const counts = (sel, visibleOnly) =>
           [...document.querySelectorAll(sel)]
             .filter((e) => !visibleOnly || (!e.hidden && e.getClientRects().length > 0))
@@ -190,11 +154,11 @@ try {
           widgetVisible: !!document.querySelector(SEL.widget)?.getClientRects().length,
         };
       },
-      { SEL, i: long },
+      { SEL, LAB, i: long },
     );
 
-  await page.keyboard.press("Shift+Enter");
-  await waitPrompt(long, "^\\[\\*\\]:$", plan.stepTimeoutMs);
+  await startCell(page, long, plan.cells.length);
+  await waitPrompt(page, long, "^\\[\\*\\]:$");
   step("long cell running");
   let shotTaken = false;
   for (;;) {
@@ -251,19 +215,4 @@ try {
   };
   await shoot(page, `${plan.app}-final.png`);
   step("done");
-} catch (e) {
-  result.error = String(e?.stack ?? e);
-  const page = context.pages()[0];
-  if (page) {
-    await shoot(page, `${plan.app}-failure.png`).catch(() => {});
-    result.widgetTextAtFailure = await page
-      .locator(SEL.widget)
-      .first()
-      .innerText({ timeout: 2000 })
-      .catch((err) => `(no widget text: ${err.message.split("\n")[0]})`);
-  }
-} finally {
-  await context.close();
-  await writeFile(plan.result, JSON.stringify(result, null, 2));
-}
-process.exitCode = result.error === null ? 0 : 1;
+});

@@ -8,15 +8,13 @@
 //
 // Usage: node drive_lab_snapshot.mjs PLAN.json   (PLAN: see test_lab_snapshot.py)
 
-import { readFile, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { blockNonLocal, launchLab } from "./browser.mjs";
+import { drive, openNotebook, runCell, settled } from "./lab_page.mjs";
 
 const SEL = {
-  cell: ".jp-Notebook .jp-Cell",
-  prompt: ".jp-InputPrompt",
-  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
   widget: ".gpumem-widget",
+  body: ".gpumem-widget .gpumem-drilldown-body",
   snapshotTab: '.gpumem-widget nav.gpumem-tabs button[data-tab="snapshot"]',
   chart: ".gpumem-widget .gpumem-drilldown-chart",
   canvas: ".gpumem-widget .gpumem-drilldown-chart canvas",
@@ -27,7 +25,6 @@ const SEL = {
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
 const result = { blocked: [], pageErrors: [], views: {}, screenshots: [], error: null };
-const context = await launchLab(plan);
 
 /** The chart as drawn now: its axis, the highest value drawn, its range, the labels' boxes. */
 const chartState = (page) =>
@@ -50,33 +47,16 @@ const chartState = (page) =>
     };
   }, SEL);
 
-try {
-  await blockNonLocal(context, result.blocked);
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
-  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
-  await page.waitForFunction(({ sel, n }) => document.querySelectorAll(sel).length === n, { sel: SEL.cell, n: plan.cells.length });
-  await page.waitForFunction(
-    (sel) => [...document.querySelectorAll(sel)].some((e) => /\|\s*Idle$/.test(e.textContent.trim())),
-    SEL.kernelStatus,
-  );
-  const cells = page.locator(SEL.cell);
-  await cells.nth(0).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
-  for (let i = 0; i < plan.cells.length; i++) {
-    await page.keyboard.press(i < plan.cells.length - 1 ? "Shift+Enter" : "Control+Enter");
-    await page.waitForFunction(
-      ({ sel, prompt, i }) => /^\[\d+\]:$/.test(document.querySelectorAll(sel)[i]?.querySelector(prompt)?.textContent.trim() ?? ""),
-      { sel: SEL.cell, prompt: SEL.prompt, i },
-      { timeout: 120000 },
-    );
-  }
+await drive(plan, result, { failureShot: `lab-snapshot-${plan.theme}-failure.png` }, async (page) => {
+  const n = plan.cells.length;
+  await openNotebook(page, plan, n);
+  for (let i = 0; i < n; i++) await runCell(page, i, n, 120000);
   await page.locator(SEL.snapshotTab).first().click();
   // The whole view: the chart, what is alive at the peak, and its segment map (enabled).
   await page.waitForSelector(SEL.aliveHeading, { timeout: 60000 });
   await page.waitForFunction((sel) => document.querySelector(sel)?.disabled === false, SEL.segmentsButton, { timeout: 60000 });
   await page.mouse.move(0, 0);
-  await page.waitForTimeout(300);
+  await settled(page, SEL.chart);
   const widget = page.locator(SEL.widget).first();
   // The widget as far as the page shows it (its lower rows run on below the window).
   const picture = async (path) => {
@@ -99,15 +79,10 @@ try {
   await page.mouse.move(box.x + to, y, { steps: 4 });
   await page.mouse.up();
   await page.waitForFunction(({ sel, before }) => document.querySelector(sel)?.dataset.range !== before, { sel: SEL.chart, before });
-  await page.waitForTimeout(1500); // the kernel's re-aggregated answer replaces the stretched columns
+  // The kernel's re-aggregated answer (no request pending) replaces the stretched columns.
+  await page.waitForFunction((sel) => document.querySelector(sel)?.dataset.pending === undefined, SEL.body);
   await page.mouse.move(0, 0);
+  await settled(page, SEL.chart);
   result.views.zoomed = await chartState(page);
   await picture(join(plan.artifacts, `lab-snapshot-zoom-${plan.theme}.png`));
-} catch (e) {
-  result.error = String(e?.stack ?? e);
-  const page = context.pages()[0];
-  if (page) await page.screenshot({ path: join(plan.artifacts, `lab-snapshot-${plan.theme}-failure.png`), fullPage: true }).catch(() => {});
-} finally {
-  await writeFile(plan.result, JSON.stringify(result, null, 1));
-  await context.close();
-}
+});

@@ -7,15 +7,12 @@
 //
 // Usage: node drive_memory_tab.mjs PLAN.json   (PLAN: see test_memory_tab.py)
 
-import { readFile, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { blockNonLocal, launchLab, measureContrast } from "./browser.mjs";
+import { measureContrast } from "./browser.mjs";
+import { cellOutput, drive, openNotebook, runCell, selectCell, settled, tooltipGone } from "./lab_page.mjs";
 
 const SEL = {
-  cell: ".jp-Notebook .jp-Cell",
-  prompt: ".jp-InputPrompt",
-  output: ".jp-OutputArea-output",
-  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
   widget: ".gpumem-widget",
   chart: ".gpumem-widget .gpumem-chart",
   ledgerRow: ".gpumem-widget tr[data-execution-count]",
@@ -28,33 +25,14 @@ const SEL = {
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
 const result = { blocked: [], pageErrors: [], truth: null, shown: null, contrast: [], screenshot: null, error: null };
-const context = await launchLab(plan);
 
-try {
-  await blockNonLocal(context, result.blocked);
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
-  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
-  await page.waitForFunction(({ sel, n }) => document.querySelectorAll(sel).length === n, { sel: SEL.cell, n: plan.cells.length });
-  await page.waitForFunction(
-    (sel) => [...document.querySelectorAll(sel)].some((e) => /\|\s*Idle$/.test(e.textContent.trim())),
-    SEL.kernelStatus,
-  );
-  const cells = page.locator(SEL.cell);
-  await cells.nth(0).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
-  const run = async (i) => {
-    await page.keyboard.press("Shift+Enter");
-    await page.waitForFunction(
-      ({ sel, prompt, i }) => /^\[\d+\]:$/.test(document.querySelectorAll(sel)[i]?.querySelector(prompt)?.textContent.trim() ?? ""),
-      { sel: SEL.cell, prompt: SEL.prompt, i },
-    );
-    return Number((await cells.nth(i).locator(SEL.prompt).innerText()).match(/\d+/)[0]);
-  };
+await drive(plan, result, { failureShot: `memory-${plan.theme}-failure.png` }, async (page) => {
+  const n = plan.cells.length;
+  await openNotebook(page, plan, n);
   // Every cell but the last, which prints the kernel's ledger (the truth) once the picture is
   // taken, so that its own row is not in it.
   let last = 0;
-  for (let i = 0; i < plan.cells.length - 1; i++) last = await run(i);
+  for (let i = 0; i < n - 1; i++) last = await runCell(page, i, n);
   await page.waitForSelector(`${SEL.ledgerRow}[data-execution-count="${last}"]`);
   await page.waitForFunction(({ sel, n }) => document.querySelectorAll(`${sel}[data-execution-count="${n}"]`).length === 1, { sel: SEL.band, n: last });
 
@@ -67,9 +45,9 @@ try {
   const tooltip = await page.locator(SEL.tooltip).innerText();
   await page.locator(SEL.showAll, { hasText: "Show all" }).click();
   await page.mouse.move(0, 0); // the tooltip off the picture
-  await page.waitForTimeout(500); // a redraw or two
+  await tooltipGone(page);
+  await settled(page, `${SEL.chart}, ${SEL.band}`); // the whole session drawn
 
-  const widget = page.locator(SEL.widget);
   result.shown = await page.evaluate((SEL) => {
     const text = (el) => (el ? el.innerText.trim() : null);
     const root = document.querySelector(SEL.widget);
@@ -100,17 +78,9 @@ try {
   result.shown.tooltip = tooltip;
   for (const f of await measureContrast(page)) result.contrast.push({ ...f, where: plan.theme });
   result.screenshot = join(plan.artifacts, `memory-${plan.theme}.png`);
-  await widget.screenshot({ path: result.screenshot });
-  const truthCell = plan.cells.length - 1;
-  await cells.nth(truthCell).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
-  await run(truthCell);
-  result.truth = JSON.parse(await cells.nth(truthCell).locator(SEL.output).innerText());
-} catch (e) {
-  result.error = String(e?.stack ?? e);
-  const page = context.pages()[0];
-  if (page) await page.screenshot({ path: join(plan.artifacts, `memory-${plan.theme}-failure.png`), fullPage: true }).catch(() => {});
-} finally {
-  await writeFile(plan.result, JSON.stringify(result, null, 1));
-  await context.close();
-}
+  await page.locator(SEL.widget).screenshot({ path: result.screenshot });
+  const truthCell = n - 1;
+  await selectCell(page, truthCell);
+  await runCell(page, truthCell, n);
+  result.truth = JSON.parse(await cellOutput(page, truthCell));
+});

@@ -8,16 +8,14 @@
 //
 // Usage: node drive_phase_spans.mjs PLAN.json
 
-import { readFile, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { blockNonLocal, launchLab, measureContrast } from "./browser.mjs";
+import { measureContrast } from "./browser.mjs";
+import { cellDone, cellOutput, drive, openNotebook, runCell, selectCell, settled, startCell, tooltipGone } from "./lab_page.mjs";
 
 const SEL = {
-  cell: ".jp-Notebook .jp-Cell",
-  prompt: ".jp-InputPrompt",
-  output: ".jp-OutputArea-output",
-  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
   widget: ".gpumem-widget",
+  chart: ".gpumem-widget .gpumem-chart",
   ledgerRow: ".gpumem-widget tr[data-execution-count]",
   band: ".gpumem-widget .gpumem-band[data-execution-count]",
   phase: ".gpumem-widget .gpumem-phase:not([hidden])",
@@ -28,7 +26,6 @@ const SEL = {
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
 const result = { blocked: [], pageErrors: [], truth: null, live: null, spans: null, band: null, tooltips: [], legend: null, modules: null, details: null, contrast: [], screenshots: [], error: null };
-const context = await launchLab(plan);
 
 const drawn = ({ sel, n }) =>
   [...document.querySelectorAll(sel)]
@@ -38,28 +35,11 @@ const drawn = ({ sel, n }) =>
       return { cell: Number(e.dataset.cell), phase: e.dataset.phase, open: e.dataset.open === "true", merged: Number(e.dataset.merged), left: r.left, right: r.right, index: Number(e.dataset.index) };
     });
 
-try {
-  await blockNonLocal(context, result.blocked);
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
-  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
-  await page.waitForFunction(({ sel, n }) => document.querySelectorAll(sel).length === n, { sel: SEL.cell, n: plan.cells.length });
-  await page.waitForFunction(
-    (sel) => [...document.querySelectorAll(sel)].some((e) => /\|\s*Idle$/.test(e.textContent.trim())),
-    SEL.kernelStatus,
-  );
-  const cells = page.locator(SEL.cell);
-  await cells.nth(0).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
-  const finished = async (i) => {
-    await page.waitForFunction(
-      ({ sel, prompt, i }) => /^\[\d+\]:$/.test(document.querySelectorAll(sel)[i]?.querySelector(prompt)?.textContent.trim() ?? ""),
-      { sel: SEL.cell, prompt: SEL.prompt, i },
-    );
-    return Number((await cells.nth(i).locator(SEL.prompt).innerText()).match(/\d+/)[0]);
-  };
-  for (let i = 0; i < plan.cells.length - 1; i++) {
-    await page.keyboard.press("Shift+Enter");
+await drive(plan, result, { failureShot: `phases-${plan.theme}-failure.png` }, async (page) => {
+  const count = plan.cells.length;
+  await openNotebook(page, plan, count);
+  for (let i = 0; i < count - 1; i++) {
+    await startCell(page, i, count);
     if (i === plan.liveCell) {
       // While it runs: the running band, and under it the spans so far (the last one open).
       await page.waitForSelector(".gpumem-widget .gpumem-band[data-running]:not([hidden])");
@@ -67,7 +47,7 @@ try {
       const running = await page.locator(".gpumem-widget .gpumem-band[data-running]").getAttribute("data-execution-count");
       result.live = { running: Number(running), spans: await page.evaluate(drawn, { sel: SEL.phase, n: null }) };
     }
-    await finished(i);
+    await cellDone(page, i);
   }
 
   // The training cell: its row selected (the chart zooms to its band), its spans and details.
@@ -76,7 +56,7 @@ try {
   await page.locator(`${SEL.ledgerRow}[data-execution-count="${n}"]`).click();
   await page.locator(`${SEL.details}[data-execution-count="${n}"]`).waitFor({ state: "visible" });
   await page.mouse.move(0, 0);
-  await page.waitForTimeout(800); // the zoom drawn
+  await settled(page, `${SEL.chart}, ${SEL.band}, ${SEL.phase}`); // the zoom drawn
   result.spans = await page.evaluate(drawn, { sel: SEL.phase, n });
   result.band = await page.evaluate((sel) => {
     const r = document.querySelector(sel).getBoundingClientRect();
@@ -90,7 +70,7 @@ try {
     result.tooltips.push(await page.locator(SEL.tooltip).innerText());
   }
   await page.mouse.move(0, 0);
-  await page.waitForTimeout(300);
+  await tooltipGone(page);
   result.modules = await page.evaluate((sel) =>
     [...document.querySelectorAll(`${sel} tr[data-module]`)].map((tr) => ({
       path: tr.dataset.module,
@@ -105,17 +85,8 @@ try {
   await page.locator(SEL.details).screenshot({ path: detailsShot });
   result.screenshots.push(chartShot, detailsShot);
 
-  const truthCell = plan.cells.length - 1;
-  await cells.nth(truthCell).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
-  await page.keyboard.press("Shift+Enter");
-  await finished(truthCell);
-  result.truth = JSON.parse(await cells.nth(truthCell).locator(SEL.output).innerText());
-} catch (e) {
-  result.error = String(e?.stack ?? e);
-  const page = context.pages()[0];
-  if (page) await page.screenshot({ path: join(plan.artifacts, `phases-${plan.theme}-failure.png`), fullPage: true }).catch(() => {});
-} finally {
-  await writeFile(plan.result, JSON.stringify(result, null, 1));
-  await context.close();
-}
+  const truthCell = count - 1;
+  await selectCell(page, truthCell);
+  await runCell(page, truthCell, count);
+  result.truth = JSON.parse(await cellOutput(page, truthCell));
+});

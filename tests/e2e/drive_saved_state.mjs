@@ -5,16 +5,12 @@
 //
 // Usage: node drive_saved_state.mjs PLAN.json   (PLAN: see test_saved_state.py, `plan`)
 
-import { readFile, writeFile } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { blockNonLocal, launchLab } from "./browser.mjs";
+import { LAB, cellDone, drive, kernelIdle, openNotebook, startCell } from "./lab_page.mjs";
 
 // The page's DOM, as in drive_lab.mjs.
 const SEL = {
-  cell: ".jp-Notebook .jp-Cell",
-  prompt: ".jp-InputPrompt",
-  kernelStatus: "#jp-main-statusbar .jp-StatusBar-TextItem",
-  kernelIdlePattern: "\\|\\s*Idle$",
   dirtyTab: ".lm-TabBar-tab.jp-mod-dirty",
   widget: ".gpumem-widget",
   chartCanvas: ".gpumem-widget .gpumem-chart canvas",
@@ -54,8 +50,6 @@ async function api(method, path) {
   return r.status === 204 ? null : r.json();
 }
 
-const context = await launchLab(plan);
-
 async function shoot(page, name) {
   const path = join(plan.artifacts, name);
   await page.screenshot({ path, fullPage: true });
@@ -82,43 +76,18 @@ const widgetView = (page) =>
     };
   }, SEL);
 
-try {
-  await blockNonLocal(context, result.blocked);
-  const page = context.pages()[0] ?? (await context.newPage());
-  page.on("pageerror", (e) => result.pageErrors.push(`${e.name}: ${e.message}`));
+await drive(plan, result, { failureShot: "saved-state-failure.png" }, async (page) => {
   page.on("dialog", (d) => {
     result.dialogs.push(`${d.type()}: ${d.message()}`);
     void d.dismiss();
   });
-
-  const waitCells = () =>
-    page.waitForFunction(
-      ({ sel, n }) => document.querySelectorAll(sel).length === n,
-      { sel: SEL.cell, n: plan.cells.length },
-    );
-  const waitIdle = () =>
-    page.waitForFunction(
-      ({ sel, pattern }) =>
-        [...document.querySelectorAll(sel)].some((e) => new RegExp(pattern).test(e.textContent.trim())),
-      { sel: SEL.kernelStatus, pattern: SEL.kernelIdlePattern },
-    );
-  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
-  await waitCells();
-  await waitIdle();
+  const count = plan.cells.length;
+  await openNotebook(page, plan, count);
   step("notebook open");
-
-  const cells = page.locator(SEL.cell);
-  await cells.nth(0).locator(SEL.prompt).click();
-  await page.keyboard.press("Escape");
-  for (let i = 0; i < plan.cells.length; i++) {
-    // Shift+Enter on the last cell would add a new one; Ctrl+Enter runs it in place.
-    await page.keyboard.press(i < plan.cells.length - 1 ? "Shift+Enter" : "Control+Enter");
-    await page.waitForFunction(
-      ({ sel, prompt, i }) =>
-        /^\[\d+\]:$/.test(document.querySelectorAll(sel)[i]?.querySelector(prompt)?.textContent.trim() ?? ""),
-      { sel: SEL.cell, prompt: SEL.prompt, i },
-    );
-    result.prompts.push(await cells.nth(i).locator(SEL.prompt).innerText());
+  for (let i = 0; i < count; i++) {
+    await startCell(page, i, count);
+    await cellDone(page, i);
+    result.prompts.push(await page.locator(LAB.cell).nth(i).locator(LAB.prompt).innerText());
   }
   const recorded = result.prompts.slice(1).map((p) => Number(p.match(/\d+/)[0]));
   for (const n of recorded) {
@@ -136,15 +105,15 @@ try {
   // only come from the file. (Lab cannot show it with no kernel at all: the widget manager of
   // @jupyter-widgets/jupyterlab-manager 5.0 loads the saved state only after loading a kernel's.)
   await page.goto("about:blank");
-  const sessions = await api("GET", "/api/sessions");
-  for (const s of sessions.filter((s) => s.path === plan.notebook)) {
+  const sessions = async () => (await api("GET", "/api/sessions")).filter((s) => s.path === plan.notebook);
+  for (const s of await sessions()) {
     result.endedKernels.push(s.kernel.id);
     await api("DELETE", `/api/sessions/${s.id}`);
   }
   step("kernel ended");
-  await page.goto(`${plan.url}/lab/tree/${plan.notebook}?token=${plan.token}`);
-  await waitCells();
-  await waitIdle();
+  await page.goto(plan.page);
+  await page.waitForFunction(({ sel, n }) => document.querySelectorAll(sel).length === n, { sel: LAB.cell, n: count });
+  await kernelIdle(page, plan);
   await page.waitForSelector(SEL.widget, { state: "visible" });
   await page.waitForSelector(SEL.chartCanvas, { state: "attached" });
   for (const n of recorded) {
@@ -153,17 +122,9 @@ try {
   result.reopened = {
     ...(await widgetView(page)),
     recorded,
-    prompts: await page.locator(`${SEL.cell} ${SEL.prompt}`).allInnerTexts(),
-    kernels: await api("GET", "/api/kernels"),
+    prompts: await page.locator(`${LAB.cell} ${LAB.prompt}`).allInnerTexts(),
+    kernels: (await sessions()).map((s) => s.kernel), // the notebook's (other tests' are not)
   };
   await shoot(page, "saved-state-reopened.png");
   step("done");
-} catch (e) {
-  result.error = String(e?.stack ?? e);
-  const page = context.pages()[0];
-  if (page) await shoot(page, "saved-state-failure.png").catch(() => {});
-} finally {
-  await context.close();
-  await writeFile(plan.result, JSON.stringify(result, null, 2));
-}
-process.exitCode = result.error === null ? 0 : 1;
+});

@@ -5,12 +5,13 @@
 // It asserts nothing: test_snapshot_tab.py does.
 //
 // Usage: node drive_snapshot_tab.mjs PLAN.json
-//   PLAN: {url, chromium, artifacts, result, scenarios: [name], shots: [{scenario, action, name}]}
+//   PLAN: {url, browser, artifacts, result, scenarios: [name], shots: [{scenario, action, name}]}
+//   (browser: the endpoint of the run's Chromium, from browser_server.mjs)
 
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
-import { BROWSER_ARGS, isLocal, measureContrast } from "./browser.mjs";
+import { isLocal, measureContrast } from "./browser.mjs";
 
 const plan = JSON.parse(await readFile(process.argv[2], "utf8"));
 const result = { blocked: [], pageErrors: [], scenarios: {}, replays: {}, narrow: {}, columns: {}, contrast: [], shots: [], error: null };
@@ -254,7 +255,7 @@ const actions = {
   },
 };
 
-const browser = await chromium.launch({ executablePath: plan.chromium, headless: true, args: BROWSER_ARGS });
+const browser = await chromium.connect(plan.browser);
 try {
   const context = await browser.newContext({ viewport: { width: 1040, height: 1400 }, deviceScaleFactor: 1 });
   await context.route("**/*", (route) => {

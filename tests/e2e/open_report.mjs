@@ -2,12 +2,13 @@
 // records what rendered: Bokeh documents, canvases, tables, errors, blocked requests. Optionally
 // picks each rank's tab in turn. It asserts nothing: test_report_browser.py does.
 //
-// Usage: node open_report.mjs PLAN.json   PLAN: {chromium, html, screenshot, result, selectRanks}
+// Usage: node open_report.mjs PLAN.json   PLAN: {browser, html, screenshot, result, selectRanks}
+//   (browser: the endpoint of the run's Chromium, from browser_server.mjs)
 
 import { readFile, writeFile } from "node:fs/promises";
 import { pathToFileURL } from "node:url";
 import { chromium } from "playwright-core";
-import { BROWSER_ARGS, isLocal } from "./browser.mjs";
+import { isLocal } from "./browser.mjs";
 import { pageState, rankTitles, showRank } from "./report_page.mjs";
 
 // A report draws its plots within a second or two; generous for a loaded 2-core machine.
@@ -28,11 +29,7 @@ const result = {
   error: null,
 };
 
-const browser = await chromium.launch({
-  executablePath: plan.chromium,
-  headless: true,
-  args: BROWSER_ARGS,
-});
+const browser = await chromium.connect(plan.browser);
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1800 } });
   await page.route("**/*", (route) => {

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from independent_replay import FIXTURES, independent_peak, raw
-from test_lab_e2e import NOTEBOOK, bundle, driver_deps, run_driver, running_lab
+from lab_server import Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-__all__ = ["bundle", "driver_deps"]  # fixtures, shared with test_lab_e2e.py
 
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 HEADROOM = 1.08  # js/src/snapshot/drilldown_chart.ts
@@ -37,20 +36,18 @@ def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
 
 
 @pytest.mark.parametrize("theme", list(THEMES))
-def test_the_snapshot_tab_in_jupyterlab(
-    bundle: None, driver_deps: None, theme: str, tmp_path: Path
-) -> None:
+def test_the_snapshot_tab_in_jupyterlab(lab: Lab, theme: str) -> None:
     path = FIXTURES / "train_tagged.pickle.gz"
     cells = [
         "%load_ext gpumem_widget",
         f"import gpumem_widget\n_snap = gpumem_widget.show_snapshot({str(path)!r})",
     ]
     settings = {"@jupyterlab/apputils-extension/themes": {"theme": THEMES[theme]}}
-    with running_lab(tmp_path, cells, settings) as lab:
-        plan = {"url": lab.url, "token": lab.token, "notebook": NOTEBOOK, "cells": cells}
-        plan["theme"] = theme
-        r = run_driver("drive_lab_snapshot.mjs", plan, tmp_path, name=f"lab_snapshot_{theme}")
-        assert r["error"] is None, f"{r['error']}\nserver log:\n{lab.log_tail()}"
+    lab.open(cells, settings)
+    r = lab.drive(
+        "drive_lab_snapshot.mjs", {"cells": cells, "theme": theme}, name=f"lab_snapshot_{theme}"
+    )
+    assert r["error"] is None, f"{r['error']}\nserver log:\n{lab.log_tail()}"
     assert r["blocked"] == [], r["blocked"]
     assert r["pageErrors"] == [], r["pageErrors"]
     peak, _ = independent_peak(raw("train_tagged"), 0)

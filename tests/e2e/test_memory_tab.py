@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 import torch
-from test_lab_e2e import NOTEBOOK, bundle, driver_deps, run_driver, running_lab
+from lab_server import Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-__all__ = ["bundle", "driver_deps"]  # fixtures, shared with test_lab_e2e.py
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
@@ -74,23 +73,14 @@ def test_js_bytes_is_the_browsers_formatting() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="pictures host-memory mode")
 @pytest.mark.parametrize("theme", list(THEMES))
-def test_the_memory_tab_as_a_user_sees_it(
-    bundle: None, driver_deps: None, theme: str, tmp_path: Path
-) -> None:
+def test_the_memory_tab_as_a_user_sees_it(lab: Lab, theme: str) -> None:
     cells = quickstart_cells()
     spike = next(i for i, src in enumerate(cells) if src.startswith("spike =")) + 1
     settings = {"@jupyterlab/apputils-extension/themes": {"theme": THEMES[theme]}}
-    with running_lab(tmp_path, cells, settings) as lab:
-        plan = {
-            "url": lab.url,
-            "token": lab.token,
-            "notebook": NOTEBOOK,
-            "cells": cells,
-            "theme": theme,
-            "detailsCell": spike,
-        }
-        r = run_driver("drive_memory_tab.mjs", plan, tmp_path, name=f"memory_{theme}")
-        assert r["error"] is None, f"{r['error']}\nserver log:\n{lab.log_tail()}"
+    lab.open(cells, settings)
+    plan = {"cells": cells, "theme": theme, "detailsCell": spike}
+    r = lab.drive("drive_memory_tab.mjs", plan, name=f"memory_{theme}")
+    assert r["error"] is None, f"{r['error']}\nserver log:\n{lab.log_tail()}"
     assert r["blocked"] == [], r["blocked"]
     assert r["pageErrors"] == [], r["pageErrors"]
     shown: dict[str, Any] = r["shown"]

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_lab_e2e import NOTEBOOK, bundle, driver_deps, run_driver, running_lab
+from lab_server import Lab
 from test_memory_tab import MIN_CONTRAST, THEMES, js_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-__all__ = ["bundle", "driver_deps"]
 
 STEPS = 4
 MODEL = """
@@ -80,22 +79,12 @@ def js_duration(s: float) -> str:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="pictures host-memory mode")
 @pytest.mark.parametrize("theme", list(THEMES))
-def test_phase_spans_and_modules_as_a_user_sees_them(
-    bundle: None, driver_deps: None, theme: str, tmp_path: Path
-) -> None:
+def test_phase_spans_and_modules_as_a_user_sees_them(lab: Lab, theme: str) -> None:
     settings = {"@jupyterlab/apputils-extension/themes": {"theme": THEMES[theme]}}
-    with running_lab(tmp_path, CELLS, settings) as lab:
-        plan = {
-            "url": lab.url,
-            "token": lab.token,
-            "notebook": NOTEBOOK,
-            "cells": CELLS,
-            "theme": theme,
-            "liveCell": LIVE_CELL,
-            "detailsCell": TRAIN,
-        }
-        r = run_driver("drive_phase_spans.mjs", plan, tmp_path, name=f"phases_{theme}")
-        assert r["error"] is None, f"{r['error']}\nserver log:\n{lab.log_tail()}"
+    lab.open(CELLS, settings)
+    plan = {"cells": CELLS, "theme": theme, "liveCell": LIVE_CELL, "detailsCell": TRAIN}
+    r = lab.drive("drive_phase_spans.mjs", plan, name=f"phases_{theme}")
+    assert r["error"] is None, f"{r['error']}\nserver log:\n{lab.log_tail()}"
     assert r["blocked"] == [], r["blocked"]
     assert r["pageErrors"] == [], r["pageErrors"]
     record = r["truth"][str(TRAIN)]

@@ -5,7 +5,6 @@ Screenshots go to tests/e2e/artifacts/."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 from allocator_sim import AllocatorSim, frame
+from drivers import ARTIFACTS, NODE
 from IPython.core.interactiveshell import InteractiveShell
 
 from gpumem_widget.live.session import Session
@@ -23,32 +23,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SNAPSHOTS = REPO / "tests" / "fixtures" / "snapshots"
-CHROMIUM = Path("/usr/bin/chromium")
-NODE = shutil.which("node")
-ARTIFACTS = HERE / "artifacts"
 # Markup and TeX delimiters where a report shows untrusted text (frame names, tags, cells): an
 # injected <img> would raise a dialog, TeX would make BokehJS fetch MathJax from a CDN.
 HOSTILE = "<img src=x onerror=alert(1)> $$x^2$$"
 
 
-def _skip_reason() -> str | None:
-    if not CHROMIUM.is_file():
-        return f"needs {CHROMIUM}"
-    if NODE is None:
-        return "needs node"
-    if not (HERE / "node_modules" / "playwright-core" / "package.json").is_file():
-        return "needs tests/e2e/node_modules (npm ci in tests/e2e)"
-    return None
-
-
-if (_reason := _skip_reason()) is not None:
-    pytestmark.append(pytest.mark.skip(reason=_reason))
-
-
-def open_in_browser(html: Path, name: str, *, select_ranks: bool = False) -> dict[str, Any]:
+def open_in_browser(
+    browser: str, html: Path, name: str, *, select_ranks: bool = False
+) -> dict[str, Any]:
     ARTIFACTS.mkdir(exist_ok=True)
     plan = {
-        "chromium": str(CHROMIUM),
+        "browser": browser,
         "html": str(html),
         "screenshot": str(ARTIFACTS / f"report-{name}.png"),
         "result": str(html.with_suffix(".json")),
@@ -107,7 +92,9 @@ def session() -> Iterator[Session]:
         s.stop()
 
 
-def test_session_and_snapshot_report_renders(session: Session, tmp_path: Path) -> None:
+def test_session_and_snapshot_report_renders(
+    browser: str, session: Session, tmp_path: Path
+) -> None:
     html = report(
         tmp_path / "both.html",
         session=session,
@@ -117,32 +104,32 @@ def test_session_and_snapshot_report_renders(session: Session, tmp_path: Path) -
         ],
         title=HOSTILE,
     )
-    result = open_in_browser(html, "session-and-snapshots")
+    result = open_in_browser(browser, html, "session-and-snapshots")
     # Overview, timeline, and the first snapshot's two plots; ledger, overview and panel tables.
     assert result["plotViews"] >= 4
     assert result["paintedCanvases"] >= 4
     assert result["tableRows"] >= 3 + 2 + 1  # ledger, overview, the hostile cell
 
 
-def test_snapshot_report_from_the_cli_renders(tmp_path: Path) -> None:
+def test_snapshot_report_from_the_cli_renders(browser: str, tmp_path: Path) -> None:
     from gpumem_widget.cli import main
 
     out = tmp_path / "cli.html"
     assert main(["report", str(SNAPSHOTS / "train_tagged.pickle.gz"), "-o", str(out)]) == 0
-    result = open_in_browser(out, "snapshot")
+    result = open_in_browser(browser, out, "snapshot")
     # By site, by category, reserved vs active, and the segment map at the peak.
     assert result["plotViews"] == 4
     assert result["paintedCanvases"] >= 2
     assert result["tableRows"] >= 4  # the four tagged cells, at least
 
 
-def test_rank_selector_switches_panels(tmp_path: Path) -> None:
+def test_rank_selector_switches_panels(browser: str, tmp_path: Path) -> None:
     names = ["train_tagged", "oom", "expandable"]
     html = report(
         tmp_path / "ranks.html",
         snapshots=[(f"rank {i}", SNAPSHOTS / f"{n}.pickle.gz") for i, n in enumerate(names)],
     )
-    result = open_in_browser(html, "ranks", select_ranks=True)
+    result = open_in_browser(browser, html, "ranks", select_ranks=True)
     shown = [r["headings"] for r in result["ranks"]]
     # The driver clicks the tabs last to first; each shows only its own panel.
     assert shown == [

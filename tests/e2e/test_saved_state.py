@@ -10,22 +10,13 @@ driver.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_lab_e2e import (
-    NOTEBOOK,
-    Lab,
-    bundle,
-    driver_deps,
-    run_driver,
-    running_lab,
-)
+from lab_server import Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-__all__ = ["bundle", "driver_deps"]  # fixtures, shared with test_lab_e2e.py
 
 CELLS = [
     "%load_ext gpumem_widget",
@@ -38,24 +29,16 @@ SAVE_STATE = {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True}}
 MAX_STATE_BYTES = 1_000_000
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    with running_lab(tmp_path, CELLS, SAVE_STATE) as lab:
-        yield lab
-
-
 def _widget_models(notebook: dict[str, Any]) -> list[dict[str, Any]]:
     state = notebook["metadata"]["widgets"][WIDGET_STATE]["state"]
     return [m["state"] for m in state.values() if m["state"].get("_model_module") == "anywidget"]
 
 
-def test_saved_notebook_reopens_without_kernel(
-    bundle: None, driver_deps: None, lab: Lab, tmp_path: Path
-) -> None:
+def test_saved_notebook_reopens_without_kernel(lab: Lab) -> None:
     for old in Path(__file__).parent.glob("artifacts/saved-state-*.png"):
         old.unlink()
-    plan = {"url": lab.url, "token": lab.token, "notebook": NOTEBOOK, "cells": CELLS}
-    r = run_driver("drive_saved_state.mjs", plan, tmp_path)
+    lab.open(CELLS, SAVE_STATE)
+    r = lab.drive("drive_saved_state.mjs", {"cells": CELLS})
     assert r["error"] is None, (
         f"the driver failed: {r['error']}\nsteps: {r['steps']}\npage errors: {r['pageErrors']}\n"
         f"screenshots: {r['screenshots']}\nserver log:\n{lab.log_tail()}"
@@ -67,7 +50,7 @@ def test_saved_notebook_reopens_without_kernel(
     assert sorted(r["live"]["rows"]) == recorded, r["live"]
 
     # The file on disk holds our model with a ledger record per cell, and stays small.
-    path = tmp_path / "root" / NOTEBOOK
+    path = lab.path
     assert path.stat().st_size < MAX_STATE_BYTES, path.stat().st_size
     models = _widget_models(json.loads(path.read_text()))
     assert len(models) == 1, models

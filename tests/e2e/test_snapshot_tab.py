@@ -17,12 +17,12 @@ Screenshots of each view go to `artifacts/` (those in docs/screenshots/ are copi
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import ARTIFACTS, NODE
 from independent_replay import (
     independent_active,
     independent_peak,
@@ -31,7 +31,6 @@ from independent_replay import (
     raw,
 )
 from snapshot_bridge import COMPARE, THEME_CSS, Bridge, serve
-from test_lab_e2e import driver_deps  # noqa: F401  (a fixture: playwright-core installed)
 
 from gpumem_widget.units import format_bytes
 
@@ -40,9 +39,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BUNDLE = REPO / "gpumem_widget" / "static" / "widget.js"
-CHROMIUM = Path("/usr/bin/chromium")
-NODE = shutil.which("node")
-ARTIFACTS = HERE / "artifacts"
 FIXTURES = REPO / "tests" / "fixtures" / "snapshots"
 SCENARIOS = sorted(p.name.removesuffix(".pickle.gz") for p in FIXTURES.glob("*.pickle.gz"))
 SHOTS = [
@@ -70,17 +66,12 @@ def js_bytes(n: int) -> str:
     return f"{digits} {units[k]}"
 
 
-if not (CHROMIUM.is_file() and NODE):
-    pytestmark.append(pytest.mark.skip(reason="needs node and /usr/bin/chromium"))
-elif not all(p.is_file() for p in THEME_CSS.values()):
+if not all(p.is_file() for p in THEME_CSS.values()):
     pytestmark.append(pytest.mark.skip(reason="needs JupyterLab's theme stylesheets"))
 
 
 @pytest.fixture(scope="module")
-def drawn(
-    tmp_path_factory: pytest.TempPathFactory,
-    driver_deps: None,  # noqa: F811
-) -> tuple[dict[str, Any], Bridge]:
+def drawn(tmp_path_factory: pytest.TempPathFactory, browser: str) -> tuple[dict[str, Any], Bridge]:
     if not BUNDLE.is_file():
         pytest.fail(f"{BUNDLE} is missing: build it (cd js && npm ci && npm run build)")
     tmp = tmp_path_factory.mktemp("snapshot-tab")
@@ -89,7 +80,7 @@ def drawn(
     ARTIFACTS.mkdir(exist_ok=True)
     plan = {
         "url": url,
-        "chromium": str(CHROMIUM),
+        "browser": browser,
         "artifacts": str(ARTIFACTS),
         "result": str(tmp / "result.json"),
         "scenarios": SCENARIOS,
