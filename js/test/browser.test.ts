@@ -366,7 +366,9 @@ describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", { timeout: 30_
     await page.locator('.gpumem-band[data-execution-count="1"]').dispatchEvent("click");
     await page.locator('.gpumem-details[data-execution-count="1"]').waitFor();
     const sent = await page.evaluate(() => (window as unknown as DevWindow).gpumemDev.model.sent ?? []);
+    // The view first tells the kernel it is shown (the kernel then stops sending per-cell rows).
     expect(sent).toEqual([
+      { type: "shown" },
       { type: "cells_page", before: 280, limit: 200 },
       { type: "cells_page", execution_count: 1, limit: 20 },
     ]);
