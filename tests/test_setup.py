@@ -153,6 +153,8 @@ def test_make_demo_prints_the_address_with_its_token_last(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # As a user runs it: not as a sub-make of `make ci` (its flags would print directories).
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")},
     )
     try:
         assert demo.stdout is not None

@@ -289,12 +289,16 @@ def test_cancel_kills_the_child(slow_file: Path) -> None:
 
 
 def _children() -> list[int]:
+    """This process's conversion children (not the run's other children, such as the browser
+    tests' shared JupyterLab server)."""
     me = str(os.getpid())
     kids = []
     for pid in os.listdir("/proc"):
         try:
             if pid.isdigit() and Path(f"/proc/{pid}/stat").read_text().split()[3] == me:
-                kids.append(int(pid))
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if isolate._BOOTSTRAP.encode() in argv:
+                    kids.append(int(pid))
         except (OSError, IndexError):
             continue
     return kids

@@ -11,6 +11,7 @@ The last cell prints the kernel's own notes: what is drawn is checked against th
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,10 @@ TRAIN = LIVE_CELL + 1
 
 
 def three_digits(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+    """`threeDigits` of js/src/common/format.ts: `toFixed` takes the larger of two equally near
+    values (634.5 is "635"), where Python's format rounds a tie to even ("634")."""
+    places = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
 
 
 def js_duration(s: float) -> str:
