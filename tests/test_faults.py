@@ -161,6 +161,12 @@ STORM = textwrap.dedent(
     with open(sys.argv[2], "w") as f:
         json.dump({"sent": sent, "cells": cells, "ran": ip.user_ns["ran"], "rows": rows,
                    "escaped": escaped}, f)
+    # Skip the interpreter's teardown: about one run in twelve an interrupt landed in IPython's
+    # own atexit (`InteractiveShell.reset`) although SIGINT was ignored by then, with or without
+    # the extension's atexit flush (not yet understood); the teardown is not what this checks.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
     """
 )
 
