@@ -104,16 +104,19 @@ pytest:
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The checks that time nothing run two at a time (CI has 2 cores; each is mostly one process),
-# then pytest alone: its kernel and browser tests time what they see. native-check ends before
+# then the JS tests and pytest, each alone: their browser and kernel tests wait on what they see
+# (beside native-check a JS browser test once ran past its 30 s). native-check ends before
 # pytest starts (it puts the ordinary C reader back when it ends). `make ci` adds the other
 # Pythons and the aarch64 wheel to the first group (.ci/run).
-CHECKS := lint typecheck js-test native-check
+CHECKS := lint typecheck native-check
 test: setup buildvenv browser
 	$(MAKE) -j2 --output-sync=target $(CHECKS)
+	$(MAKE) js-test
 	$(MAKE) pytest
 
 ci: setup buildvenv browser
 	$(MAKE) -j2 --output-sync=target $(CHECKS) test-pythons test-aarch64
+	$(MAKE) js-test
 	$(MAKE) pytest
 
 # Every other CPython here: each python3.1X on PATH and in pyenv (TEST_PYTHONS=... names others), in

@@ -28,7 +28,7 @@ interface DevWindow {
 }
 
 // A real browser: on a loaded 2-core machine (load 14) some tests took over vitest's 5 s default.
-describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", { timeout: 30_000 }, () => {
+describe.skipIf(!existsSync(CHROMIUM))("the widget in a browser", { timeout: 60_000 }, () => {
   let browser: Browser;
   let server: Server;
   let page: Page;
