@@ -553,3 +553,40 @@ def test_a_worker_started_right_after_load_ext_is_listed(kernel_specs: KernelSpe
     finally:
         k.client.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+# A hook registered after the extension's: the raw ledger's length as the cell's hooks end
+# (`current_session().ledger`: `ledger()` would make a pending record there and then).
+WATCH_THE_LEDGER = """\
+import gpumem_widget as _g
+_at_post = []
+get_ipython().events.register(
+    "post_run_cell", lambda _r: _at_post.append(len(_g.current_session().ledger))
+)
+"""
+
+
+def test_a_shown_widgets_cell_gets_its_record_once_its_reply_is_out(
+    kernel_specs: KernelSpecManager,
+) -> None:
+    """Issue 28's hot path: where a front end shows the widget, a cell's hooks take only the
+    edge readings; its record is made when the kernel has sent the reply, before the next cell,
+    with the same figures, and reaches the widget with the thread's next publish."""
+    km, k = start_kernel(kernel_specs)
+    try:
+        loaded = load(k)
+        shown = {"method": "custom", "content": {"type": "shown"}}
+        message = {"comm_id": loaded.comm_id, "data": shown}
+        k.client.shell_channel.send(k.client.session.msg("comm_msg", message))
+        assert k.execute(WATCH_THE_LEDGER).reply["content"]["status"] == "ok"
+        ex = k.execute("import numpy as _np; _big = _np.ones(10_000_000)")  # 80 MB, all touched
+        assert ex.reply["content"]["status"] == "ok", ex.reply["content"]
+        rec = k.wait_for_record(loaded.comm_id, ex.count, k.log.index(ex.messages[0]))
+        grown = rec["host_rss_after"] - rec["host_rss_before"]
+        assert 70e6 < grown < 200e6, grown
+        check = k.execute("print([_at_post[-1], len(_g.current_session().ledger)])")
+        at_post, now = json.loads(check.stdout())
+        assert now == at_post + 1  # the big cell's record came after its hooks, before this cell
+    finally:
+        k.client.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -43,9 +43,10 @@ def read_row(
     stats: Sequence[AllocatorStats | None] | None = None,
     nvml: bool = True,
     hold_gil: bool = False,
+    rss: tuple[int | None] | None = None,
 ) -> npt.NDArray[np.float64]:
     """One sample in `protocol.timeline_columns` order; NaN where a source has nothing.
-    `stats`, when the caller has just read them, saves reading the allocator twice;
+    `stats` and `rss` (a 1-tuple), when the caller has just read them, save reading them twice;
     `nvml=False` skips NVML's process list, the costliest read (about 40 us); `hold_gil`: NVML
     read from a cell hook (`nvml._library`)."""
     n = readers.num_devices
@@ -66,9 +67,9 @@ def read_row(
             if mem is not None:
                 row[k + 5] = mem[0]
         k += len(protocol.DEVICE_FIELDS)
-    rss = readers.host.rss()
-    if rss is not None:
-        row[k] = rss
+    host = readers.host.rss() if rss is None else rss[0]
+    if host is not None:
+        row[k] = host
     return row
 
 
@@ -171,8 +172,12 @@ class Sampler:
         with self._rate_lock:
             self.busy = False
             self._cell_ended = time.monotonic()
-            self._poke(1.0 / protocol.MAX_PUBLISH_HZ)  # publish this cell's record soon
         return out
+
+    def publish_soon(self) -> None:
+        """A cell's record is in the ledger: publish it within `1 / MAX_PUBLISH_HZ` s."""
+        with self._rate_lock:
+            self._poke(1.0 / protocol.MAX_PUBLISH_HZ)
 
     def poke(self) -> None:
         """Wake the thread now (to publish to a new widget)."""

@@ -6,11 +6,13 @@ in the widget's status, and never reaches the user's cell.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import dataclasses
 import functools
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -26,7 +28,7 @@ from gpumem_widget.live.publisher import LedgerPages, Publisher
 from gpumem_widget.live.readers import Readers, imported_torch
 from gpumem_widget.live.sampler import Sampler
 from gpumem_widget.live.timeline import Timeline
-from gpumem_widget.live.tracker import CellTracker, PeakMode
+from gpumem_widget.live.tracker import CellEnd, CellTracker, PeakMode
 from gpumem_widget.live.workers import WorkerHubLike
 from gpumem_widget.snapshot.views.panel import CellWindow
 from gpumem_widget.wire import payloads, protocol
@@ -68,6 +70,18 @@ def close_widget(widget: GpuMemWidget) -> None:
     layout = widget.layout  # a child widget with its own comm: close it too
     widget.close()
     layout.close()
+
+
+def _after_reply(make_record: Callable[[], None]) -> bool:
+    """Have the kernel's event loop call `make_record` once it has sent the cell's reply (it
+    sends the reply, then runs what the cell's handler scheduled); False outside a kernel (a
+    plain IPython shell has no running loop: the caller makes the record at once)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    loop.call_soon(make_record)
+    return True
 
 
 def guarded(method: F) -> F:
@@ -152,6 +166,9 @@ class Session:
         self.workers: WorkerHubLike | None = None
         self.interrupts = InterruptGuard()
         self._raise_interrupt = RaiseInterrupt()
+        # The last cell's edge readings while its record waits for the kernel's reply to go out.
+        self._ended: CellEnd | None = None
+        self._ended_lock = threading.Lock()
         self.widget.status = self.status()
 
     def _new_widget(self, shown: GpuMemWidget | None = None) -> GpuMemWidget:
@@ -323,6 +340,7 @@ class Session:
                 self._interrupt_cell()
 
     def _start_cell(self, info: Any) -> None:
+        self._record_ended()  # the previous cell's, if the kernel has not made it yet
         if self.oom is not None:
             self.oom.drain()  # events from between cells belong to no cell
         count = self._upcoming_count(info)
@@ -351,20 +369,46 @@ class Session:
         error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         self.attach_torch()  # this cell imported torch: its record has the GPU too
         modules.cell_finished()
-        record = self.tracker.finish(
-            error, execution_count=getattr(result, "execution_count", None)
-        )
-        if record is None:
+        end = self.tracker.end(error, execution_count=getattr(result, "execution_count", None))
+        if end is None:
             return
         try:
-            self._finish_cell(record, error)
+            end.interrupted = self.interrupts.pending
+            if self._cell_sends_its_row():  # inside the cell's execution: see there
+                self._finish_cell(self.tracker.record(end), end)
+            else:
+                self._ended = end
+                if not _after_reply(self._record_after_reply):
+                    self._record_ended()
         finally:
             if self.interrupts.take():
+                end.interrupted = True  # for a record still to be made
                 print(
                     "KeyboardInterrupt: came as the cell finished (its code had run to the end; "
                     "gpumem_widget held it to keep the cell's row)",
                     file=sys.stderr,
                 )
+
+    def _record_after_reply(self) -> None:
+        """The ended cell's record, made once the kernel has sent the cell's reply (the user has
+        their result; see `_after_reply`), with SIGINT held as in the hooks."""
+        guard = self.interrupts
+        try:
+            guard.hold()
+            self._record_ended()
+        except Exception as e:
+            self.report_error(f"post_run_cell: {type(e).__name__}: {e}")
+        finally:
+            guard.release()
+            guard.take()  # came between cells: no cell to give it to
+
+    def _record_ended(self) -> None:
+        """Make the ended cell's record now, if it is not made yet: anything that reads the
+        ledger, and the next cell's start, first calls this."""
+        with self._ended_lock:  # `records()` may be called on another thread
+            end, self._ended = self._ended, None
+        if end is not None:
+            self._finish_cell(self.tracker.record(end), end)
 
     def _interrupt_cell(self, on: bool = True) -> None:
         """Arm (or disarm) the one-shot transformer that makes the cell raise KeyboardInterrupt."""
@@ -376,11 +420,11 @@ class Session:
         elif not on and self._raise_interrupt in transformers:
             transformers.remove(self._raise_interrupt)
 
-    def _finish_cell(self, record: CellRecord, error: BaseException | None) -> None:
-        if self.interrupts.pending and record.error is None:
+    def _finish_cell(self, record: CellRecord, end: CellEnd) -> None:
+        if end.interrupted and record.error is None:
             record = dataclasses.replace(record, error="KeyboardInterrupt")
         cell_notes: dict[str, Any] = {}
-        finished = notes.FinishedCell(record, error)
+        finished = notes.FinishedCell(record, end.error)
         for name, annotate in self.annotators:
             try:
                 note = annotate(finished)
@@ -397,16 +441,19 @@ class Session:
         if self._cell_sends_its_row():
             with self.sampler.layout_lock:
                 self.publisher.ledger_now()  # this cell's row goes out as part of the cell
+        else:
+            self.sampler.publish_soon()
         self.history.cell_finished(record)
 
     def _cell_sends_its_row(self) -> bool:
         """Whether a finished cell sends its row in a message of its own, inside its execution.
         Only a client that keeps just the updates a cell caused needs that (nbclient, nbconvert:
-        no front end renders the widget there); a front end that shows it keeps the state
-        itself, so the row rides with the thread's next publish (`end_cell` wakes it within
-        `1 / MAX_PUBLISH_HZ` s), and back-to-back cells share one message: a message is most of
-        what a trivial cell costs in a real kernel (docs/BENCHMARKS.md). With the thread stopped
-        the cell sends it, shown or not."""
+        no front end renders the widget there). A front end that shows it keeps the state
+        itself: the record is made once the kernel's reply is out (`_after_reply`), and rides
+        with the thread's next publish (`publish_soon` wakes it within `1 / MAX_PUBLISH_HZ` s),
+        back-to-back cells' in one message: a message is most of what a trivial cell costs in a
+        real kernel (docs/BENCHMARKS.md). With the thread stopped the cell sends it, shown or
+        not."""
         return not self.widget.shown or self.sampler.state == "stopped"
 
     def _upcoming_count(self, info: Any) -> int:
@@ -431,6 +478,7 @@ class Session:
         """Publish now what the thread has not sent yet: the rows of cells that ended within its
         last publish period, which a shown widget leaves to it (`_cell_sends_its_row`). At exit
         the thread may still hold the lock (a hung driver read): then nothing is sent."""
+        self._record_ended()
         if not self.sampler.layout_lock.acquire(timeout=FLUSH_WAIT_S):
             return
         try:
@@ -454,6 +502,7 @@ class Session:
         close_widget(self.widget)
 
     def records(self) -> LedgerRecords:
+        self._record_ended()
         return self.ledger.records()
 
     def ledger_windows(self) -> list[CellWindow]:
@@ -462,6 +511,7 @@ class Session:
 
     def reset(self) -> None:
         """Forget the ledger, the timeline and the session peaks."""
+        self._ended = None
         self.ledger.clear()
         self.timeline.clear()
         self.tracker.reset()

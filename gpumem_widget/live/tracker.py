@@ -41,6 +41,20 @@ class _CellStart:
 
 
 @dataclass(slots=True)
+class CellEnd:
+    """A cell's edge readings, taken as it ends (`CellTracker.end`)."""
+
+    start: _CellStart
+    error: BaseException | None
+    execution_count: int | None
+    duration: float
+    after: list[AllocatorStats | None]
+    rss: int | None
+    sampled: npt.NDArray[np.float64] | None  # the per-column maxima sampled during the cell
+    interrupted: bool = False  # a Ctrl-C came while the hooks held it
+
+
+@dataclass(slots=True)
 class SessionPeak:
     allocated: int = 0
     reserved: int = 0
@@ -121,54 +135,72 @@ class CellTracker:
         self.torch_failure = None
         return stats
 
-    def finish(
+    def end(
         self, error: BaseException | None = None, execution_count: int | None = None
-    ) -> CellRecord | None:
-        """Close the running cell (`execution_count`, when given, is the authoritative number) and
-        return its record, for the caller to annotate and append to the ledger; None if no cell
-        was started (e.g. the hooks were added mid-cell)."""
+    ) -> CellEnd | None:
+        """Close the running cell at its edge: only the readings that must be taken before
+        anything else runs (the allocator's counters, RSS, the clock, the sampled maxima).
+        `execution_count`, when given, is the authoritative number. None if no cell was started
+        (e.g. the hooks were added mid-cell). `record` makes the row from it."""
         start, self._current = self._current, None
         if start is None:
             return None
         with self.sampler.layout_lock:
-            return self._finish(start, error, execution_count)
+            duration = time.perf_counter() - start.t0
+            try:
+                self.readers.torch.set_tag("")
+            except Exception as e:
+                start.missing["cell tag"] = _why("_set_memory_metadata", e)
+            after = [self._stats(d, start.missing) for d in range(self.readers.num_devices)]
+            return CellEnd(
+                start=start,
+                error=error,
+                execution_count=execution_count,
+                duration=duration,
+                after=after,
+                rss=self.readers.host.rss(),
+                sampled=self.sampler.end_cell(),
+            )
 
-    def _finish(
-        self, start: _CellStart, error: BaseException | None, execution_count: int | None
-    ) -> CellRecord:
-        duration = time.perf_counter() - start.t0
-        missing = start.missing
-        try:
-            self.readers.torch.set_tag("")
-        except Exception as e:
-            missing["cell tag"] = _why("_set_memory_metadata", e)
-        after = [self._stats(d, missing) for d in range(self.readers.num_devices)]
-        row = self.sampler.record(read_row(self.readers, after, hold_gil=True))
-        sampled = self.sampler.end_cell()
+    def record(self, end: CellEnd) -> CellRecord:
+        """The cell's record, from its edge readings and the rest read now: NVML's figures,
+        which only the driver changes (nothing of the notebook's has run since the edge: the
+        session makes this before the next cell starts), and the end's timeline sample."""
+        with self.sampler.layout_lock:
+            return self._record(end)
+
+    def _record(self, end: CellEnd) -> CellRecord:
+        start, after, missing = end.start, end.after, end.start.missing
+        # A device that appeared since the edge (the sampler opened torch's reader) has no
+        # reading here: NaN in the row, no figures in the record.
+        known = after + [None] * (self.readers.num_devices - len(after))
+        row = self.sampler.record(read_row(self.readers, known, hold_gil=True, rss=(end.rss,)))
         # A device that appeared during the cell (the cell imported torch): its allocator held
         # nothing at the cell's start, and its peak counters count from then.
         before = start.stats + [ZERO_STATS] * (len(after) - len(start.stats))
         devices = tuple(
-            self._device_usage(d, was, now, row, sampled)
+            self._device_usage(d, was, now, row, end.sampled)
             for d, (was, now) in enumerate(zip(before, after, strict=True))
             if was is not None and now is not None
         )
-        rss_after = self._value(row, protocol.HOST_RSS_COLUMN)
-        if rss_after is None and self.readers.host.failure is not None:
+        if end.rss is None and self.readers.host.failure is not None:
             missing["host_rss_after"] = self.readers.host.failure
+        error = end.error
         return CellRecord(
-            execution_count=start.execution_count if execution_count is None else execution_count,
+            execution_count=(
+                start.execution_count if end.execution_count is None else end.execution_count
+            ),
             cell_id=start.cell_id,
             source=start.source,
             started=start.started,
-            duration=duration,
+            duration=end.duration,
             error=type(error).__name__ if error is not None else None,
             oom=is_cuda_oom(error) or any(d.ooms > 0 for d in devices),
             devices=devices,
             host_rss_before=start.rss,
-            host_rss_after=rss_after,
+            host_rss_after=end.rss,
             host_rss_peak=_max_known(
-                start.rss, rss_after, self._value(sampled, protocol.HOST_RSS_COLUMN)
+                start.rss, end.rss, self._value(end.sampled, protocol.HOST_RSS_COLUMN)
             ),
             missing=missing,
         )

@@ -7,6 +7,7 @@ and never initialises CUDA or creates a context on a device the user has not tou
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -109,23 +110,35 @@ class TorchCudaReader:
             self.reason = "no CUDA devices visible"
         from torch.cuda import memory
 
-        self._nested = memory.memory_stats_as_nested_dict
-        self._set_metadata = getattr(memory, "_set_memory_metadata", None)
+        # The C functions behind `memory_stats_as_nested_dict`, `reset_peak_memory_stats` and
+        # `_set_memory_metadata`, called with a device index as they are (their wrappers'
+        # checks cost a cell's hooks more than the calls; the public ones where they are gone).
+        c = torch._C
+        self._initialized: Callable[[], bool] = torch.cuda.is_initialized
+        self._nested: Callable[[int], dict[str, Any]] = getattr(
+            c, "_cuda_memoryStats", memory.memory_stats_as_nested_dict
+        )
+        self._reset: Callable[[int], None] = getattr(
+            c, "_cuda_resetPeakMemoryStats", memory.reset_peak_memory_stats
+        )
+        self._set_metadata: Callable[[str], None] | None = getattr(
+            c, "_cuda_setMemoryMetadata", getattr(memory, "_set_memory_metadata", None)
+        )
         self._has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
 
     def stats(self, device: int) -> AllocatorStats:
         """Counters for one device; zeros before CUDA is initialised (the allocator has none)."""
-        if not self.available:
+        if not self.available or not self._initialized():
             return ZERO_STATS
         return stats_from_nested(self._nested(device))
 
     def reset_peaks(self, device: int) -> None:
-        if self.available and self._torch.cuda.is_initialized():
-            self._torch.cuda.reset_peak_memory_stats(device)
+        if self.available and self._initialized():
+            self._reset(device)
 
     def mem_get_info(self, device: int) -> tuple[int, int] | None:
         """(free, total) from the driver, only where a context exists (the call would make one)."""
-        if not self.available or not self._torch.cuda.is_initialized():
+        if not self.available or not self._initialized():
             return None
         if self._has_context is not None and not self._has_context(device):
             return None
@@ -141,7 +154,7 @@ class TorchCudaReader:
         snapshots as user_metadata). PyTorch keeps it per thread: autograd's threads (all of
         backward) and threads the notebook starts are not tagged by this; the module tracer
         (`live.modules`) tags the former, `gpumem_widget.tagged_thread()` the latter."""
-        if self.can_tag and self._torch.cuda.is_initialized():
+        if self.can_tag and self._initialized():
             assert self._set_metadata is not None
             self._set_metadata(tag)
 
